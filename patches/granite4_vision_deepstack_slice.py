@@ -1,0 +1,305 @@
+"""vllm#40917: Granite4Vision hands the compiled model full-size deepstack buffers.
+
+Symptom: decode with Granite4Vision runs about 5x slower than it should.
+``forward`` builds the ``IntermediateTensors`` it passes to the language model
+from the persistent buffers ``self._ds_buffers[lvl]``, which hold
+``max_num_batched_tokens`` rows. Inductor specialises on that size and
+generates kernels for the whole buffer on every step, however few tokens
+there are. The fix slices each buffer to the rows of this step,
+``n = inputs_embeds.size(0)``.
+
+Fix safety: one statement, ``n = inputs_embeds.size(0)``, is added before the
+``IntermediateTensors`` is built, and each ``self._ds_buffers[lvl]`` in it
+becomes ``self._ds_buffers[lvl][:n]``. A later ``n = ...`` in upstream's
+``forward`` (the buffer clearing) assigns ``n`` again before reading it, so it
+is unaffected. If ``n`` is read before that point the code is reported
+drifted, since the new assignment could change its meaning.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from deepstack_patch.protocol import Example, Finding, Patch, PatchState
+from deepstack_patch.syntax import (
+    called_name,
+    finding,
+    is_self_attribute,
+    iter_functions,
+    parameter_names,
+    rewrite_functions,
+)
+
+if TYPE_CHECKING:
+    import libcst
+
+BEFORE = '''
+class Granite4VisionForConditionalGeneration(nn.Module):
+    def forward(self, input_ids, positions, intermediate_tensors=None,
+                inputs_embeds=None, **kwargs):
+        if (
+            inputs_embeds is not None
+            and get_pp_group().is_first_rank
+            and self._ds_layer_indices
+        ):
+            ds: IntermediateTensors | None = IntermediateTensors(
+                {
+                    f"ds_{llm_layer}": self._ds_buffers[lvl]
+                    for lvl, llm_layer in enumerate(self._ds_layer_indices)
+                }
+            )
+        else:
+            ds = None
+        return self.language_model.model(input_ids, positions,
+                                         deepstack_input_embeds=ds)
+'''
+
+AFTER = '''
+class Granite4VisionForConditionalGeneration(nn.Module):
+    def forward(self, input_ids, positions, intermediate_tensors=None,
+                inputs_embeds=None, **kwargs):
+        if (
+            inputs_embeds is not None
+            and get_pp_group().is_first_rank
+            and self._ds_layer_indices
+        ):
+            n = inputs_embeds.size(0)
+            ds: IntermediateTensors | None = IntermediateTensors(
+                {
+                    f"ds_{llm_layer}": self._ds_buffers[lvl][:n]
+                    for lvl, llm_layer in enumerate(self._ds_layer_indices)
+                }
+            )
+        else:
+            ds = None
+        return self.language_model.model(input_ids, positions,
+                                         deepstack_input_embeds=ds)
+'''
+
+# A vendor renamed the loop variables and the embeddings are positional: the
+# fix follows the names the code uses.
+RENAMED_BEFORE = """
+class Model:
+    def forward(self, input_ids, positions, inputs_embeds=None):
+        if inputs_embeds is not None:
+            ds = IntermediateTensors({
+                f"ds_{layer}": self._ds_buffers[i]  # deepstack level i
+                for i, layer in enumerate(self._ds_layer_indices)
+            })
+        return ds
+"""
+
+RENAMED_AFTER = """
+class Model:
+    def forward(self, input_ids, positions, inputs_embeds=None):
+        if inputs_embeds is not None:
+            n = inputs_embeds.size(0)
+            ds = IntermediateTensors({
+                f"ds_{layer}": self._ds_buffers[i][:n]  # deepstack level i
+                for i, layer in enumerate(self._ds_layer_indices)
+            })
+        return ds
+"""
+
+# Sliced by something else: neither the bug nor the fix, so nothing is touched.
+SLICED_OTHERWISE = """
+class Model:
+    def forward(self, input_ids, positions, inputs_embeds=None):
+        ds = IntermediateTensors({
+            f"ds_{layer}": self._ds_buffers[i][: self.max_tokens]
+            for i, layer in enumerate(self._ds_layer_indices)
+        })
+        return ds
+"""
+
+# `n` is read before the point where the fix would assign it.
+N_IN_USE = """
+class Model:
+    def forward(self, input_ids, positions, inputs_embeds=None):
+        n = len(input_ids)
+        ds = IntermediateTensors({
+            f"ds_{layer}": self._ds_buffers[i]
+            for i, layer in enumerate(self._ds_layer_indices)
+        })
+        return ds, n
+"""
+
+
+class Granite4VisionDeepstackSlice(Patch):
+    id = "vllm#40917"
+    title = "Granite4Vision: slice deepstack buffers to the step's tokens"
+    upstream_url = "https://github.com/vllm-project/vllm/pull/40917"
+    fixed_in = "0.21.0"
+    symptom = (
+        "Granite4Vision decode about 5x slower: Inductor compiles for the "
+        "full max_num_batched_tokens deepstack buffer on every step"
+    )
+    also_changes = (
+        "Adds `n = inputs_embeds.size(0)` before the IntermediateTensors is "
+        "built; nothing else in forward changes."
+    )
+    paths = ("vllm/model_executor/models/*.py",)
+    markers = (b"_ds_buffers",)
+    parts = {"": "method that builds IntermediateTensors from self._ds_buffers"}
+    examples = (
+        Example("upstream 0.20.x forward", BEFORE, AFTER),
+        Example("renamed loop variables, trailing comment", RENAMED_BEFORE, RENAMED_AFTER),
+        Example("already sliced (upstream 0.21.0)", AFTER, state=PatchState.APPLIED),
+        Example("sliced by another bound", SLICED_OTHERWISE, state=PatchState.DRIFTED),
+        Example("n read before the fix's assignment", N_IN_USE, state=PatchState.DRIFTED),
+    )
+
+    def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
+        findings = []
+        for qualname, function in iter_functions(tree):
+            builds = [
+                call
+                for call in ast.walk(function)
+                if called_name(call) == "IntermediateTensors"
+                and any(_buffer_subscripts(arg) for arg in call.args)
+            ]
+            if builds:
+                findings.append(self._recognise_function(qualname, function, builds))
+        return findings
+
+    def _recognise_function(
+        self, qualname: str, function: ast.FunctionDef, builds: list[ast.Call]
+    ) -> Finding:
+        expected = (
+            "expected IntermediateTensors({...: self._ds_buffers[lvl] for ...}) "
+            "(needed) or the same with [lvl][:n] after n = inputs_embeds.size(0) "
+            "(applied)"
+        )
+        if "inputs_embeds" not in parameter_names(function):
+            return finding(
+                PatchState.DRIFTED,
+                qualname,
+                function,
+                f"no inputs_embeds parameter to size the slice by; {expected}",
+            )
+        subscripts = [s for call in builds for arg in call.args for s in _buffer_subscripts(arg)]
+        if all(_is_whole_buffer(s) for s in subscripts):
+            first_build = min(call.lineno for call in builds)
+            if _reads_name_before(function, "n", first_build):
+                return finding(
+                    PatchState.DRIFTED,
+                    qualname,
+                    function,
+                    f"`n` is read before line {first_build}, where the fix would "
+                    "assign it",
+                )
+            return finding(PatchState.NEEDED, qualname, function)
+        if all(_is_sliced_by_n(s) for s in subscripts) and _assigns_rows(function):
+            return finding(PatchState.APPLIED, qualname, function)
+        return finding(PatchState.DRIFTED, qualname, function, expected)
+
+    def rewrite(self, module: libcst.Module, needed: Sequence[Finding]) -> libcst.Module:
+        return rewrite_functions(module, {f.symbol: _slice_buffers for f in needed})
+
+
+def _buffer_subscripts(node: ast.AST) -> list[ast.Subscript]:
+    """Outermost subscripts of ``self._ds_buffers`` inside ``node``."""
+    found = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Subscript):
+            inner = sub
+            while isinstance(inner, ast.Subscript) and not is_self_attribute(
+                inner.value, "_ds_buffers"
+            ):
+                inner = inner.value
+            if isinstance(inner, ast.Subscript) and is_self_attribute(inner.value, "_ds_buffers"):
+                found.append(sub)
+    # ast.walk visits outer subscripts first; keep only those not inside another.
+    outer = []
+    for sub in found:
+        if not any(sub is not other and sub in ast.walk(other) for other in found):
+            outer.append(sub)
+    return outer
+
+
+def _is_whole_buffer(node: ast.Subscript) -> bool:
+    """``self._ds_buffers[lvl]``."""
+    return is_self_attribute(node.value, "_ds_buffers") and isinstance(node.slice, ast.Name)
+
+
+def _is_sliced_by_n(node: ast.Subscript) -> bool:
+    """``self._ds_buffers[lvl][:n]``."""
+    return (
+        isinstance(node.value, ast.Subscript)
+        and _is_whole_buffer(node.value)
+        and isinstance(node.slice, ast.Slice)
+        and node.slice.lower is None
+        and node.slice.step is None
+        and isinstance(node.slice.upper, ast.Name)
+        and node.slice.upper.id == "n"
+    )
+
+
+def _assigns_rows(function: ast.FunctionDef) -> bool:
+    """``n = inputs_embeds.size(0)`` somewhere in ``function``."""
+    expected = ast.dump(ast.parse("n = inputs_embeds.size(0)").body[0])
+    return any(ast.dump(node) == expected for node in ast.walk(function))
+
+
+def _reads_name_before(function: ast.FunctionDef, name: str, line: int) -> bool:
+    return any(
+        isinstance(node, ast.Name)
+        and node.id == name
+        and isinstance(node.ctx, ast.Load)
+        and node.lineno < line
+        for node in ast.walk(function)
+    )
+
+
+def _slice_buffers(function: libcst.FunctionDef) -> libcst.FunctionDef:
+    """Insert ``n = inputs_embeds.size(0)`` and slice every buffer to ``[:n]``."""
+    import libcst
+    import libcst.matchers as m
+
+    whole_buffer = m.Subscript(
+        value=m.Attribute(value=m.Name("self"), attr=m.Name("_ds_buffers")),
+        slice=[m.SubscriptElement(slice=m.Index(value=m.Name()))],
+    )
+    builds_from_buffers = m.Call(
+        func=m.Name("IntermediateTensors") | m.Attribute(attr=m.Name("IntermediateTensors")),
+        args=[m.ZeroOrMore(), m.Arg(value=m.MatchIfTrue(lambda v: bool(m.findall(v, whole_buffer)))), m.ZeroOrMore()],
+    )
+
+    class SliceBuffers(libcst.CSTTransformer):
+        def leave_Subscript(
+            self, original: libcst.Subscript, updated: libcst.Subscript
+        ) -> libcst.BaseExpression:
+            if not m.matches(original, whole_buffer):
+                return updated
+            return libcst.Subscript(
+                value=updated,
+                slice=[
+                    libcst.SubscriptElement(
+                        slice=libcst.Slice(lower=None, upper=libcst.Name("n"))
+                    )
+                ],
+            )
+
+    class InsertRowCount(libcst.CSTTransformer):
+        def leave_IndentedBlock(
+            self, original: libcst.IndentedBlock, updated: libcst.IndentedBlock
+        ) -> libcst.IndentedBlock:
+            body: list[libcst.BaseStatement] = []
+            for statement in updated.body:
+                if m.findall(statement, builds_from_buffers) and isinstance(
+                    statement, libcst.SimpleStatementLine
+                ):
+                    row_count = libcst.parse_statement("n = inputs_embeds.size(0)\n")
+                    # Comments above the statement stay above the group.
+                    body.append(row_count.with_changes(leading_lines=statement.leading_lines))
+                    statement = statement.with_changes(leading_lines=[])
+                    statement = statement.visit(SliceBuffers())
+                body.append(statement)
+            return updated.with_changes(body=body)
+
+    return function.visit(InsertRowCount())
+
+
+PATCH = Granite4VisionDeepstackSlice()

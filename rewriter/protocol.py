@@ -1,0 +1,188 @@
+"""The patch protocol: what a patch module declares and what the engine asks of it.
+
+A patch recognises its target in one file's CPython ``ast`` (cheap: no LibCST
+import for files that need nothing) and reports one :class:`Finding` per
+target location. Only when a finding is ``needed`` does the engine hand the
+file's LibCST module to :meth:`Patch.rewrite`. After every rewrite the engine
+recognises the new code again and insists on ``applied``: a rewrite that does
+not produce the shape its own recogniser accepts is never written.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:  # LibCST is imported only when something is rewritten.
+    import libcst
+
+
+class PatchState(str, enum.Enum):
+    """The state of one patch (or one of its targets) in one tree."""
+
+    NEEDED = "needed"
+    APPLIED = "applied"
+    NOT_APPLICABLE = "not-applicable"
+    DRIFTED = "drifted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# When several findings are combined, the most urgent state wins: a single
+# drifted location blocks the patch; a single needed one makes it needed.
+_URGENCY = [
+    PatchState.DRIFTED,
+    PatchState.NEEDED,
+    PatchState.APPLIED,
+    PatchState.NOT_APPLICABLE,
+]
+
+
+def combine_states(states: Sequence[PatchState]) -> PatchState:
+    """Combine the states of several locations: the most urgent one wins."""
+    for state in _URGENCY:
+        if state in states:
+            return state
+    return PatchState.NOT_APPLICABLE
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The state of one target location, as a patch recognised it.
+
+    ``symbol`` is the qualified name of the recognised code
+    (``Class.method``), ``line`` its first line, and ``span`` the range of
+    lines a rewrite may touch (inclusive); the engine refuses a rewrite that
+    changes anything outside the spans of the needed findings. ``rewrites``
+    names the functions the fixed code consists of, so that tests can compare
+    them with upstream's. ``reason`` says why a location is not needed: what
+    was expected where it drifted, why the patch does not apply.
+    """
+
+    state: PatchState
+    symbol: str
+    line: int
+    span: tuple[int, int]
+    reason: str = ""
+    part: str = ""
+    rewrites: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Example:
+    """A worked example: ``before`` becomes ``after``; ``after`` stays.
+
+    ``state`` is what the patch must recognise in ``before``. For an example
+    that must not be rewritten (already fixed, drifted, not applicable), leave
+    ``after`` as ``None``: the harness checks the state and that nothing is
+    rewritten.
+    """
+
+    name: str
+    before: str
+    after: str | None = None
+    state: PatchState = PatchState.NEEDED
+
+
+class Patch:
+    """One upstream fix. Subclasses fill in the metadata and the two hooks.
+
+    Metadata is class-level so that `deepstack-patch list` needs no parsing.
+    """
+
+    #: The upstream reference, e.g. ``vllm#40917``.
+    id: ClassVar[str]
+    title: ClassVar[str]
+    upstream_url: ClassVar[str]
+    #: The first upstream release that contains the fix.
+    fixed_in: ClassVar[str]
+    #: The user-visible failure: an error message, a slowdown, an accuracy drop.
+    symptom: ClassVar[str]
+    #: Fix safety: what the rewrite may change beyond the lines it fixes.
+    also_changes: ClassVar[str] = "Nothing beyond the lines shown in the examples."
+    #: Patch ids that must be applied first when they are needed.
+    requires: ClassVar[tuple[str, ...]] = ()
+    #: Patch ids whose fix this one replaces (metadata for `list`).
+    supersedes: ClassVar[tuple[str, ...]] = ()
+    #: Where to look: globs relative to the tree root.
+    paths: ClassVar[tuple[str, ...]]
+    #: Files containing none of these bytes are never parsed for this patch.
+    markers: ClassVar[tuple[bytes, ...]]
+    #: The targets of the patch, by part name, with what each target is. A
+    #: part that no file holds is reported not-applicable with this text.
+    parts: ClassVar[dict[str, str]]
+    examples: ClassVar[tuple[Example, ...]] = ()
+
+    def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
+        """Report the state of every target location in one parsed file.
+
+        Return no finding for a file that has no target (a marker can match
+        by accident). Never raise for unexpected code: report it drifted.
+        """
+        raise NotImplementedError
+
+    def rewrite(
+        self, module: libcst.Module, needed: Sequence[Finding]
+    ) -> libcst.Module:
+        """Return ``module`` with the fix applied at the ``needed`` findings."""
+        raise NotImplementedError
+
+
+@dataclass
+class Location:
+    """A finding placed in a file of a tree (what reports show)."""
+
+    path: str
+    finding: Finding
+
+    @property
+    def state(self) -> PatchState:
+        return self.finding.state
+
+
+@dataclass
+class PatchReport:
+    """The state of one patch in one tree, with every location found."""
+
+    patch: Patch
+    selected: bool
+    locations: list[Location] = field(default_factory=list)
+    #: Set when the engine itself decides the state (a requirement skipped).
+    blocked_reason: str = ""
+
+    def part_state(self, part: str) -> tuple[PatchState, str]:
+        found = [loc for loc in self.locations if loc.finding.part == part]
+        if not found:
+            return PatchState.NOT_APPLICABLE, (
+                f"target absent: no {self.patch.parts[part]} in this tree"
+            )
+        state = combine_states([loc.state for loc in found])
+        reasons = [loc.finding.reason for loc in found if loc.state is state]
+        return state, "; ".join(dict.fromkeys(r for r in reasons if r))
+
+    @property
+    def state(self) -> PatchState:
+        if self.blocked_reason:
+            return PatchState.DRIFTED
+        return combine_states([self.part_state(part)[0] for part in self.patch.parts])
+
+    @property
+    def reason(self) -> str:
+        if self.blocked_reason:
+            return self.blocked_reason
+        state = self.state
+        reasons = []
+        for part in self.patch.parts:
+            part_state, part_reason = self.part_state(part)
+            if part_state is state and part_reason:
+                label = f"{part}: " if len(self.patch.parts) > 1 else ""
+                reasons.append(label + part_reason)
+        return "; ".join(dict.fromkeys(reasons))
+
+    @property
+    def files(self) -> list[str]:
+        return sorted({loc.path for loc in self.locations})

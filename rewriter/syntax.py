@@ -1,0 +1,181 @@
+"""Small helpers patches share for finding code by structure.
+
+Recognition works on CPython's ``ast`` (fast, with line numbers); rewriting
+on LibCST (lossless). Both address a function by its qualified name
+(``Class.method``), so a finding made on one is found again on the other.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from .protocol import Finding, PatchState
+
+if TYPE_CHECKING:
+    import libcst
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def iter_functions(tree: ast.Module) -> Iterator[tuple[str, FunctionNode]]:
+    """Every function and method with its qualified name, outermost first."""
+
+    def walk(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, FunctionNode]]:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                yield from walk(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, FunctionNode):
+                yield f"{prefix}{node.name}", node
+                yield from walk(node.body, f"{prefix}{node.name}.<locals>.")
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    block = getattr(node, field, None)
+                    if isinstance(block, list):
+                        yield from walk(block, prefix)
+
+    yield from walk(tree.body, "")
+
+
+def iter_classes(tree: ast.Module) -> Iterator[tuple[str, ast.ClassDef]]:
+    """Every class with its qualified name (nested classes included)."""
+
+    def walk(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, ast.ClassDef]]:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                yield f"{prefix}{node.name}", node
+                yield from walk(node.body, f"{prefix}{node.name}.")
+
+    yield from walk(tree.body, "")
+
+
+def span(node: ast.AST) -> tuple[int, int]:
+    """The lines a node occupies, decorators included."""
+    first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+    return first, node.end_lineno or node.lineno
+
+
+def finding(
+    state: PatchState,
+    symbol: str,
+    node: ast.AST,
+    reason: str = "",
+    *,
+    part: str = "",
+    rewrites: tuple[str, ...] = (),
+) -> Finding:
+    """A finding for ``node``: its line, and its whole span as editable."""
+    return Finding(
+        state=state,
+        symbol=symbol,
+        line=node.lineno,
+        span=span(node),
+        reason=reason,
+        part=part,
+        rewrites=rewrites or (symbol,),
+    )
+
+
+def is_self_attribute(node: ast.AST, name: str) -> bool:
+    """``self.<name>``."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == name
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    )
+
+
+def called_name(node: ast.AST) -> str | None:
+    """The last name of a call's callee: ``f`` for ``f(...)`` and ``a.b.f(...)``."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def parameter_names(function: FunctionNode) -> list[str]:
+    args = function.args
+    return [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
+
+
+def same_code(left: ast.AST, right: ast.AST) -> bool:
+    """Two nodes are the same code, whatever their layout and comments."""
+    return ast.dump(left) == ast.dump(right)
+
+
+def parse_statement(code: str) -> ast.stmt:
+    return ast.parse(code).body[0]
+
+
+def parse_expression(code: str) -> ast.expr:
+    return ast.parse(code, mode="eval").body
+
+
+def rewrite_functions(
+    module: libcst.Module,
+    rewriters: dict[str, Callable[[libcst.FunctionDef], libcst.FunctionDef]],
+) -> libcst.Module:
+    """Return ``module`` with each named function passed through its rewriter.
+
+    Raises ``LookupError`` if a named function is not in the module, so a
+    patch never silently does nothing.
+    """
+    import libcst
+
+    seen: set[str] = set()
+
+    class FunctionRewriter(libcst.CSTTransformer):
+        def __init__(self) -> None:
+            self.scope: list[str] = []
+
+        def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
+            self.scope.append(node.name.value)
+            return True
+
+        def leave_ClassDef(
+            self, original: libcst.ClassDef, updated: libcst.ClassDef
+        ) -> libcst.ClassDef:
+            self.scope.pop()
+            return updated
+
+        def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
+            self.scope.append(node.name.value)
+            return True
+
+        def leave_FunctionDef(
+            self, original: libcst.FunctionDef, updated: libcst.FunctionDef
+        ) -> libcst.FunctionDef:
+            qualname = ".".join(self.scope)
+            self.scope.pop()
+            rewriter = rewriters.get(qualname)
+            if rewriter is None:
+                return updated
+            seen.add(qualname)
+            return rewriter(updated)
+
+    # Nested functions are addressed as ``outer.<locals>.inner`` by the ast
+    # side; LibCST's scope here joins them with '.', so map the names.
+    rewriters = {name.replace(".<locals>.", "."): fn for name, fn in rewriters.items()}
+    result = module.visit(FunctionRewriter())
+    missing = set(rewriters) - seen
+    if missing:
+        raise LookupError(f"no function {', '.join(sorted(missing))} in the module")
+    return result
