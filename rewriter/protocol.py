@@ -14,6 +14,7 @@ import ast
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # LibCST is imported only when something is rewritten.
@@ -129,6 +130,18 @@ class Patch:
         self, module: libcst.Module, needed: Sequence[Finding]
     ) -> libcst.Module:
         """Return ``module`` with the fix applied at the ``needed`` findings."""
+        raise NotImplementedError
+
+    def prove(self, tree: Path) -> None:
+        """Exercise the fix in the tree's own code, with torch on the CPU.
+
+        `deepstack-patch verify` calls this in a separate process whose
+        ``sys.path`` starts with ``tree`` (so ``import vllm`` is the tree's)
+        and whose vLLM platform is the CPU. Raise ``AssertionError`` saying
+        what the buggy behaviour was when the fix's behaviour is absent;
+        return normally when it is present. It must fail on the unpatched
+        release and pass on the patched one.
+        """
         raise NotImplementedError
 
 
