@@ -35,7 +35,7 @@ from deepstack_patch.syntax import (
 if TYPE_CHECKING:
     import libcst
 
-BEFORE = '''
+BEFORE = """
 class Granite4VisionForConditionalGeneration(nn.Module):
     def forward(self, input_ids, positions, intermediate_tensors=None,
                 inputs_embeds=None, **kwargs):
@@ -54,9 +54,9 @@ class Granite4VisionForConditionalGeneration(nn.Module):
             ds = None
         return self.language_model.model(input_ids, positions,
                                          deepstack_input_embeds=ds)
-'''
+"""
 
-AFTER = '''
+AFTER = """
 class Granite4VisionForConditionalGeneration(nn.Module):
     def forward(self, input_ids, positions, intermediate_tensors=None,
                 inputs_embeds=None, **kwargs):
@@ -76,7 +76,7 @@ class Granite4VisionForConditionalGeneration(nn.Module):
             ds = None
         return self.language_model.model(input_ids, positions,
                                          deepstack_input_embeds=ds)
-'''
+"""
 
 # A vendor renamed the loop variables and the embeddings are positional: the
 # fix follows the names the code uses.
@@ -114,7 +114,8 @@ class Model:
         return ds
 """
 
-# `n` is read before the point where the fix would assign it.
+# `n` already holds something the function returns: assigning it would
+# change what the function returns.
 N_IN_USE = """
 class Model:
     def forward(self, input_ids, positions, inputs_embeds=None):
@@ -145,10 +146,14 @@ class Granite4VisionDeepstackSlice(Patch):
     parts = {"": "method that builds IntermediateTensors from self._ds_buffers"}
     examples = (
         Example("upstream 0.20.x forward", BEFORE, AFTER),
-        Example("renamed loop variables, trailing comment", RENAMED_BEFORE, RENAMED_AFTER),
+        Example(
+            "renamed loop variables, trailing comment", RENAMED_BEFORE, RENAMED_AFTER
+        ),
         Example("already sliced (upstream 0.21.0)", AFTER, state=PatchState.APPLIED),
         Example("sliced by another bound", SLICED_OTHERWISE, state=PatchState.DRIFTED),
-        Example("n read before the fix's assignment", N_IN_USE, state=PatchState.DRIFTED),
+        Example(
+            "n read before the fix's assignment", N_IN_USE, state=PatchState.DRIFTED
+        ),
     )
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
@@ -179,23 +184,27 @@ class Granite4VisionDeepstackSlice(Patch):
                 function,
                 f"no inputs_embeds parameter to size the slice by; {expected}",
             )
-        subscripts = [s for call in builds for arg in call.args for s in _buffer_subscripts(arg)]
+        subscripts = [
+            s for call in builds for arg in call.args for s in _buffer_subscripts(arg)
+        ]
         if all(_is_whole_buffer(s) for s in subscripts):
             first_build = min(call.lineno for call in builds)
-            if _reads_name_before(function, "n", first_build):
+            if not _name_free_at(function, "n", first_build):
                 return finding(
                     PatchState.DRIFTED,
                     qualname,
                     function,
-                    f"`n` is read before line {first_build}, where the fix would "
-                    "assign it",
+                    f"`n` already has a meaning in {qualname} around line "
+                    f"{first_build}, where the fix would assign it",
                 )
             return finding(PatchState.NEEDED, qualname, function)
         if all(_is_sliced_by_n(s) for s in subscripts) and _assigns_rows(function):
             return finding(PatchState.APPLIED, qualname, function)
         return finding(PatchState.DRIFTED, qualname, function, expected)
 
-    def rewrite(self, module: libcst.Module, needed: Sequence[Finding]) -> libcst.Module:
+    def rewrite(
+        self, module: libcst.Module, needed: Sequence[Finding]
+    ) -> libcst.Module:
         return rewrite_functions(module, {f.symbol: _slice_buffers for f in needed})
 
 
@@ -209,7 +218,9 @@ def _buffer_subscripts(node: ast.AST) -> list[ast.Subscript]:
                 inner.value, "_ds_buffers"
             ):
                 inner = inner.value
-            if isinstance(inner, ast.Subscript) and is_self_attribute(inner.value, "_ds_buffers"):
+            if isinstance(inner, ast.Subscript) and is_self_attribute(
+                inner.value, "_ds_buffers"
+            ):
                 found.append(sub)
     # ast.walk visits outer subscripts first; keep only those not inside another.
     outer = []
@@ -221,7 +232,9 @@ def _buffer_subscripts(node: ast.AST) -> list[ast.Subscript]:
 
 def _is_whole_buffer(node: ast.Subscript) -> bool:
     """``self._ds_buffers[lvl]``."""
-    return is_self_attribute(node.value, "_ds_buffers") and isinstance(node.slice, ast.Name)
+    return is_self_attribute(node.value, "_ds_buffers") and isinstance(
+        node.slice, ast.Name
+    )
 
 
 def _is_sliced_by_n(node: ast.Subscript) -> bool:
@@ -243,14 +256,19 @@ def _assigns_rows(function: ast.FunctionDef) -> bool:
     return any(ast.dump(node) == expected for node in ast.walk(function))
 
 
-def _reads_name_before(function: ast.FunctionDef, name: str, line: int) -> bool:
-    return any(
-        isinstance(node, ast.Name)
-        and node.id == name
-        and isinstance(node.ctx, ast.Load)
-        and node.lineno < line
-        for node in ast.walk(function)
-    )
+def _name_free_at(function: ast.FunctionDef, name: str, line: int) -> bool:
+    """True if assigning ``name`` just before ``line`` cannot change a read.
+
+    That holds when the function does not use the name before ``line`` and
+    every later read follows a later assignment (upstream's buffer clearing
+    assigns ``n`` again before using it). Conservative: not flow-sensitive.
+    """
+    uses = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == name]
+    if any(use.lineno < line for use in uses):
+        return False
+    stores = [u.lineno for u in uses if isinstance(u.ctx, ast.Store)]
+    reads = [u.lineno for u in uses if isinstance(u.ctx, ast.Load)]
+    return all(any(store < read for store in stores) for read in reads)
 
 
 def _slice_buffers(function: libcst.FunctionDef) -> libcst.FunctionDef:
@@ -263,8 +281,13 @@ def _slice_buffers(function: libcst.FunctionDef) -> libcst.FunctionDef:
         slice=[m.SubscriptElement(slice=m.Index(value=m.Name()))],
     )
     builds_from_buffers = m.Call(
-        func=m.Name("IntermediateTensors") | m.Attribute(attr=m.Name("IntermediateTensors")),
-        args=[m.ZeroOrMore(), m.Arg(value=m.MatchIfTrue(lambda v: bool(m.findall(v, whole_buffer)))), m.ZeroOrMore()],
+        func=m.Name("IntermediateTensors")
+        | m.Attribute(attr=m.Name("IntermediateTensors")),
+        args=[
+            m.ZeroOrMore(),
+            m.Arg(value=m.MatchIfTrue(lambda v: bool(m.findall(v, whole_buffer)))),
+            m.ZeroOrMore(),
+        ],
     )
 
     class SliceBuffers(libcst.CSTTransformer):
@@ -293,7 +316,9 @@ def _slice_buffers(function: libcst.FunctionDef) -> libcst.FunctionDef:
                 ):
                     row_count = libcst.parse_statement("n = inputs_embeds.size(0)\n")
                     # Comments above the statement stay above the group.
-                    body.append(row_count.with_changes(leading_lines=statement.leading_lines))
+                    body.append(
+                        row_count.with_changes(leading_lines=statement.leading_lines)
+                    )
                     statement = statement.with_changes(leading_lines=[])
                     statement = statement.visit(SliceBuffers())
                 body.append(statement)

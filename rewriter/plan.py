@@ -136,6 +136,22 @@ def _read(tree: VllmTree, relpath: str) -> bytes:
         ) from None
 
 
+def rewrite_text(patch: Patch, text: str, relpath: str = "example.py") -> str:
+    """Run one patch over one piece of source, as the engine would in a tree.
+
+    Returns the text unchanged when nothing is needed. Raises
+    :class:`RewriteRefused` when the rewrite is not accepted. The example
+    harness and the unit tests use this.
+    """
+    source = SourceFile(relpath, text.encode())
+    needed = [
+        f for f in patch.recognise(source.ast, relpath) if f.state is PatchState.NEEDED
+    ]
+    if not needed:
+        return text
+    return _rewrite(patch, source, needed).text
+
+
 def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceFile:
     """Apply one patch to one file and prove the result is what it claims."""
     module = patch.rewrite(source.cst, needed)
@@ -145,7 +161,11 @@ def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceF
     except DeepstackError as exc:
         raise RewriteRefused(f"the rewrite does not parse: {exc}") from None
     for finding in needed:
-        states = [f.state for f in after if f.symbol == finding.symbol and f.part == finding.part]
+        states = [
+            f.state
+            for f in after
+            if f.symbol == finding.symbol and f.part == finding.part
+        ]
         if states != [PatchState.APPLIED]:
             raise RewriteRefused(
                 f"after the rewrite {finding.symbol} is "
@@ -155,7 +175,9 @@ def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceF
     return result
 
 
-def _check_edits_inside(before: SourceFile, after: SourceFile, needed: list[Finding]) -> None:
+def _check_edits_inside(
+    before: SourceFile, after: SourceFile, needed: list[Finding]
+) -> None:
     """Refuse a rewrite that touched lines no needed finding claimed."""
     old_lines = before.text.splitlines(keepends=True)
     new_lines = after.text.splitlines(keepends=True)
@@ -168,7 +190,9 @@ def _check_edits_inside(before: SourceFile, after: SourceFile, needed: list[Find
             raise RewriteRefused(
                 f"the rewrite changed {before.relpath}:{first}-{last}, outside "
                 f"the recognised target(s) "
-                + ", ".join(f"{f.symbol} (lines {f.span[0]}-{f.span[1]})" for f in needed)
+                + ", ".join(
+                    f"{f.symbol} (lines {f.span[0]}-{f.span[1]})" for f in needed
+                )
             )
 
 
@@ -184,7 +208,9 @@ def _as_drifted(finding: Finding, reason: str) -> Finding:
     )
 
 
-def _block_unmet_requirements(reports: dict[str, PatchReport], selected: set[str]) -> None:
+def _block_unmet_requirements(
+    reports: dict[str, PatchReport], selected: set[str]
+) -> None:
     for report in reports.values():
         if not report.selected or report.state is not PatchState.NEEDED:
             continue

@@ -77,7 +77,7 @@ class SourceFile:
                 self._cst = libcst.parse_module(self.raw)
             except libcst.ParserSyntaxError as exc:
                 raise DeepstackError(
-                    f"{self.relpath}:{exc.raw_line}: LibCST cannot parse: {exc.message}",
+                    f"{self.relpath}:{exc.raw_line}: cannot parse: {exc.message}",
                     "restore the file from the release before patching",
                 ) from None
         return self._cst

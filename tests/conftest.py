@@ -1,0 +1,61 @@
+"""Shared fixtures: real vLLM releases, fetched once and cached.
+
+Release tarballs come from the package index pip is configured for, through
+the tool's own fetching code, into the user cache (``DEEPSTACK_PATCH_CACHE``
+overrides it), so a second test run downloads nothing. Each test session
+extracts the pristine trees it needs once; tests that write get a copy made
+of hard links, which is cheap and safe because the tool only ever replaces
+files (write to a temporary file, then rename), never writes into them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from deepstack_patch.releases import download_release, extract_release, find_release
+from deepstack_patch.targets import Targets, load_targets
+
+TARGETS = load_targets()
+
+
+@pytest.fixture(scope="session")
+def targets() -> Targets:
+    return TARGETS
+
+
+@pytest.fixture(scope="session")
+def release_tree(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``release_tree("0.20.2")``: a pristine extracted release; do not write."""
+    trees: dict[str, Path] = {}
+    root = tmp_path_factory.mktemp("releases")
+
+    def get(version: str) -> Path:
+        if version not in trees:
+            archive = download_release(find_release(version))
+            tree = extract_release(archive, version, root / f"vllm-{version}")
+            trees[version] = tree.root
+        return trees[version]
+
+    return get
+
+
+def link_copy(source: Path, destination: Path) -> Path:
+    """A copy of a tree whose files are hard links to the source's files."""
+    shutil.copytree(source, destination, copy_function=os.link, symlinks=True)
+    return destination
+
+
+@pytest.fixture
+def patched_copy(
+    release_tree: Callable[[str], Path], tmp_path: Path
+) -> Callable[[str], Path]:
+    """``patched_copy("0.20.2")``: a writable hard-link copy of a release."""
+
+    def get(version: str) -> Path:
+        return link_copy(release_tree(version), tmp_path / f"vllm-{version}")
+
+    return get

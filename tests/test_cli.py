@@ -1,0 +1,159 @@
+"""The command line's contract: exit codes, JSON, --dry-run, errors.
+
+These run on a small synthetic vLLM tree built from a patch's own examples,
+so they need no network; tests/test_releases.py covers real releases.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from deepstack_patch.cli import main
+from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
+
+MODEL = "vllm/model_executor/models/granite4_vision.py"
+
+
+def make_tree(root: Path, model_source: str) -> Path:
+    (root / "vllm" / "model_executor" / "models").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    (root / "PKG-INFO").write_text(
+        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.20.2\n"
+    )
+    (root / MODEL).write_text(model_source)
+    return root
+
+
+@pytest.fixture
+def needing_tree(tmp_path: Path) -> Path:
+    return make_tree(tmp_path / "tree", granite.BEFORE)
+
+
+@pytest.fixture
+def drifted_tree(tmp_path: Path) -> Path:
+    return make_tree(tmp_path / "drifted", granite.SLICED_OTHERWISE)
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_status_text_names_version_state_and_location(needing_tree: Path) -> None:
+    code, output = run("status", "--vllm-src", str(needing_tree))
+    assert code == 0
+    assert "vLLM 0.20.2" in output and "PKG-INFO" in output
+    assert "vllm#40917" in output and "needed" in output
+    assert f"{MODEL}:3" in output
+
+
+def test_status_json_schema(needing_tree: Path) -> None:
+    code, output = run("status", "--vllm-src", str(needing_tree), "--format", "json")
+    assert code == 0
+    document = json.loads(output)
+    assert document["schema"] == 1
+    assert document["tree"] == {
+        "path": str(needing_tree.resolve()),
+        "version": "0.20.2",
+        "version_source": "PKG-INFO",
+    }
+    (patch,) = [p for p in document["patches"] if p["id"] == "vllm#40917"]
+    assert patch["state"] == "needed"
+    assert patch["files"] == [MODEL]
+    assert patch["locations"][0] == {
+        "path": MODEL,
+        "line": 3,
+        "symbol": "Granite4VisionForConditionalGeneration.forward",
+        "part": "",
+        "state": "needed",
+        "reason": "",
+    }
+
+
+def test_check_exit_codes(needing_tree: Path, drifted_tree: Path) -> None:
+    assert run("apply", "--check", "--vllm-src", str(needing_tree))[0] == 1
+    assert run("apply", "--check", "--vllm-src", str(drifted_tree))[0] == 2
+    assert run("apply", "--vllm-src", str(needing_tree))[0] == 0
+    assert run("apply", "--check", "--vllm-src", str(needing_tree))[0] == 0
+
+
+def test_dry_run_prints_diff_and_writes_nothing(needing_tree: Path) -> None:
+    before = (needing_tree / MODEL).read_bytes()
+    code, output = run("apply", "--dry-run", "--vllm-src", str(needing_tree))
+    assert code == 0
+    assert f"--- a/{MODEL}" in output
+    assert "+            n = inputs_embeds.size(0)" in output
+    assert (needing_tree / MODEL).read_bytes() == before
+
+
+def test_apply_writes_then_second_apply_is_a_no_op(needing_tree: Path) -> None:
+    code, output = run("apply", "--vllm-src", str(needing_tree))
+    assert code == 0 and "wrote 1 file" in output
+    assert (needing_tree / MODEL).read_text() == granite.AFTER
+    code, output = run("apply", "--vllm-src", str(needing_tree), "--format", "json")
+    assert code == 0
+    assert json.loads(output)["written"] == []
+
+
+def test_drifted_apply_refuses_and_writes_nothing(drifted_tree: Path) -> None:
+    before = (drifted_tree / MODEL).read_bytes()
+    code, output = run("apply", "--vllm-src", str(drifted_tree))
+    assert code == 2
+    assert "drifted" in output and "refused" in output
+    assert f"{MODEL}:3" in output and "expected" in output
+    assert (drifted_tree / MODEL).read_bytes() == before
+
+
+def test_skip_leaves_a_patch_out(needing_tree: Path) -> None:
+    code, output = run("apply", "--vllm-src", str(needing_tree), "--skip", "vllm#40917")
+    assert code == 0 and "skipped" in output
+    assert (needing_tree / MODEL).read_text() == granite.BEFORE
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["status", "--vllm-src", "/nonexistent/tree"], "no such file or directory"),
+        (["status"], "give exactly one of --vllm-src"),
+        (["apply", "--only", "vllm#1", "--vllm-src", "."], "unknown patch id"),
+    ],
+)
+def test_errors_exit_2_with_a_hint(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    if "." in args:
+        make_tree(tmp_path / "t", granite.BEFORE)
+        args = [a if a != "." else str(tmp_path / "t") for a in args]
+    code, output = run(*args)
+    assert code == 2
+    assert message in output and "hint:" in output
+
+
+def test_not_a_vllm_tree_says_what_was_looked_for(tmp_path: Path) -> None:
+    code, output = run("status", "--vllm-src", str(tmp_path))
+    assert code == 2
+    assert "not a vLLM source tree" in output
+    assert "vllm/__init__.py" in output.replace("\n", "")
+
+
+def test_file_instead_of_tree(tmp_path: Path) -> None:
+    path = tmp_path / "setup.py"
+    path.write_text("")
+    code, output = run("status", "--vllm-src", str(path))
+    assert code == 2 and "is a file" in output
+
+
+def test_list_shows_every_patch_with_metadata() -> None:
+    code, output = run("list", "--format", "json")
+    assert code == 0
+    ids = [p["id"] for p in json.loads(output)["patches"]]
+    assert "vllm#40917" in ids
+
+
+def test_every_command_has_help() -> None:
+    for command in main.commands:
+        code, output = run(command, "--help")
+        assert code == 0 and "Usage:" in output

@@ -1,0 +1,72 @@
+"""Every patch's worked examples are its first tests (RewriteTest-style).
+
+For each example of each patch in the series, collected automatically:
+the patch recognises ``before`` in the stated state; ``before`` becomes
+``after``; ``after`` is recognised as applied and a second pass changes
+nothing; code the patch does not target, around the example, stays
+byte-identical; and the result compiles.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from deepstack_patch.patches import SERIES
+from deepstack_patch.plan import rewrite_text
+from deepstack_patch.protocol import Example, Patch, PatchState, combine_states
+
+CASES = [
+    pytest.param(patch, example, id=f"{patch.id}-{example.name}")
+    for patch in SERIES
+    for example in patch.examples
+]
+
+# Unrelated code around an example must come out byte-identical, including
+# its odd formatting and comments.
+PROLOGUE = '''# -*- coding: utf-8 -*-
+"""A module the patch does not target, apart from the example."""
+import os   # spacing kept
+
+
+def unrelated( a,b ):  # formatting the rewrite must not touch
+    return os.path.join(a,b)
+
+'''
+EPILOGUE = """
+
+class Unrelated :
+    x = [1,
+         2]
+"""
+
+
+def state_of(patch: Patch, code: str) -> PatchState:
+    findings = patch.recognise(ast.parse(code), "example.py")
+    return combine_states([f.state for f in findings])
+
+
+def test_every_patch_has_examples() -> None:
+    for patch in SERIES:
+        states = {example.state for example in patch.examples}
+        assert PatchState.NEEDED in states, f"{patch.id} has no needed example"
+        assert PatchState.APPLIED in states, f"{patch.id} has no applied example"
+
+
+@pytest.mark.parametrize(("patch", "example"), CASES)
+def test_example(patch: Patch, example: Example) -> None:
+    assert state_of(patch, example.before) is example.state
+    if example.state is PatchState.NEEDED:
+        assert example.after is not None, "a needed example must show its after"
+    if example.after is None:
+        assert rewrite_text(patch, example.before) == example.before
+        return
+
+    after = rewrite_text(patch, example.before)
+    assert after == example.after
+    compile(after, "example.py", "exec")
+    assert state_of(patch, after) is PatchState.APPLIED
+    assert rewrite_text(patch, after) == after, "a second pass changed the code"
+
+    wrapped = rewrite_text(patch, PROLOGUE + example.before + EPILOGUE)
+    assert wrapped == PROLOGUE + example.after + EPILOGUE

@@ -1,0 +1,160 @@
+"""The whole series on every release in targets.toml, fetched from the index.
+
+For each release: `status` equals targets.toml; `apply` to a copy leaves
+every needed patch applied; a second `apply` writes nothing; no file other
+than the targets changes; and each rewritten function equals upstream's fixed
+function wherever the release's code was upstream's base.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import TARGETS
+from deepstack_patch.patches import SERIES
+from deepstack_patch.plan import Plan, plan_tree
+from deepstack_patch.protocol import PatchState
+from deepstack_patch.syntax import iter_functions
+from deepstack_patch.transaction import write_edits
+from deepstack_patch.tree import VllmTree
+
+pytestmark = pytest.mark.release
+RELEASES = [pytest.param(v, id=v) for v in TARGETS.releases]
+RELEASES_NEEDING_PATCHES = [
+    pytest.param(v, id=v)
+    for v in TARGETS.releases
+    if PatchState.NEEDED in TARGETS.expected(v).values()
+]
+
+
+def states(plan: Plan) -> dict[str, PatchState]:
+    return {report.patch.id: report.state for report in plan.reports}
+
+
+def test_every_patch_has_rows_for_every_release() -> None:
+    for patch in SERIES:
+        assert patch.id in TARGETS.patches, (
+            f"targets.toml has no [patches.{patch.id!r}]"
+        )
+        missing = set(TARGETS.releases) - set(TARGETS.patches[patch.id].expected)
+        assert not missing, f"{patch.id}: no expected state for {sorted(missing)}"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_status_matches_targets(
+    version: str, release_tree: Callable[[str], Path]
+) -> None:
+    tree = VllmTree.open(release_tree(version))
+    assert tree.version == version
+    plan = plan_tree(tree, SERIES, rewrite=False)
+    assert states(plan) == TARGETS.expected(version), _describe(plan)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_apply(
+    version: str,
+    patched_copy: Callable[[str], Path],
+    release_tree: Callable[[str], Path],
+) -> None:
+    root = patched_copy(version)
+    tree = VllmTree.open(root)
+    before = plan_tree(tree, SERIES)
+    pristine = {edit.relpath: edit.old for edit in before.edits}
+    inodes = _inodes(root)
+
+    written = write_edits(root, before.edits)
+
+    expected_files = {
+        loc.path
+        for report in before.reports
+        for loc in report.locations
+        if loc.state is PatchState.NEEDED
+    }
+    assert set(written) == expected_files
+    changed = {
+        path for path, inode in _inodes(root).items() if inodes.get(path) != inode
+    }
+    assert changed == expected_files, "files other than the targets changed"
+    original = release_tree(version)
+    for relpath, old in pristine.items():  # the hard-linked original is intact
+        assert (original / relpath).read_bytes() == old
+
+    after = plan_tree(tree, SERIES)
+    for report in after.reports:
+        was = before.report(report.patch.id).state
+        want = PatchState.APPLIED if was is PatchState.NEEDED else was
+        assert report.state is want, f"{report.patch.id}: {report.state} after apply"
+    assert after.edits == [], "a second apply would write again"
+
+
+@pytest.mark.parametrize("version", RELEASES_NEEDING_PATCHES)
+def test_rewrites_equal_upstream(
+    version: str,
+    patched_copy: Callable[[str], Path],
+    release_tree: Callable[[str], Path],
+) -> None:
+    """Patched functions are upstream's, where the release had upstream's base."""
+    root = patched_copy(version)
+    tree = VllmTree.open(root)
+    plan = plan_tree(tree, SERIES)
+    write_edits(root, plan.edits)
+    for report in plan.reports:
+        patch = report.patch
+        base = _upstream_base(patch.id, patch.fixed_in)
+        for loc in report.locations:
+            if loc.state is not PatchState.NEEDED:
+                continue
+            fixed = _functions(release_tree(patch.fixed_in) / loc.path)
+            patched = _functions(root / loc.path)
+            pristine = _functions(release_tree(version) / loc.path)
+            base_functions = _functions(release_tree(base) / loc.path) if base else {}
+            for name in loc.finding.rewrites:
+                if name not in fixed:
+                    continue  # upstream moved or renamed it: nothing to compare
+                if _dump(patched.get(name)) == _dump(fixed[name]):
+                    continue
+                assert _dump(pristine.get(name)) != _dump(base_functions.get(name)), (
+                    f"{patch.id}: {loc.path} {name} was upstream's base in {version} "
+                    f"but differs from vLLM {patch.fixed_in}'s after the rewrite"
+                )
+
+
+def _upstream_base(patch_id: str, fixed_in: str) -> str | None:
+    """The last release before ``fixed_in`` that needs the patch."""
+    from packaging.version import Version
+
+    needing = [
+        release
+        for release, state in TARGETS.patches[patch_id].expected.items()
+        if state is PatchState.NEEDED and Version(release) < Version(fixed_in)
+    ]
+    return max(needing, key=Version) if needing else None
+
+
+def _functions(path: Path) -> dict[str, ast.AST]:
+    if not path.is_file():
+        return {}
+    return dict(iter_functions(ast.parse(path.read_bytes())))
+
+
+def _dump(node: ast.AST | None) -> str | None:
+    return ast.dump(node) if node is not None else None
+
+
+def _inodes(root: Path) -> dict[str, int]:
+    return {
+        path.relative_to(root).as_posix(): path.stat().st_ino
+        for path in root.rglob("*")
+        if path.is_file() and not path.is_symlink()
+    }
+
+
+def _describe(plan: Plan) -> str:
+    return "\n".join(
+        f"{r.patch.id}: {r.state} {r.reason} "
+        + ", ".join(f"{loc.path}:{loc.finding.line}" for loc in r.locations)
+        for r in plan.reports
+    )
