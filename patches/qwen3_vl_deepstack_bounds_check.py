@@ -1,0 +1,357 @@
+"""vllm#40932: Qwen3-VL deepstack bounds checks crash padded steps.
+
+Symptom: Qwen3-VL and Qwen3-Omni on vLLM 0.20.0 and 0.20.1 fail with
+``ValueError: Requested more deepstack tokens than available in buffer``
+(or ``Requested to clear more deepstack tokens than available in buffer``).
+vllm#40145 added a token counter to the deepstack buffers and two bounds
+checks against it: ``_get_deepstack_input_embeds`` and
+``_clear_deepstack_input_embeds`` raise when a step asks for more rows than
+the encoder stored. A step asks for more whenever its token count is padded,
+as sequence parallelism and CUDA-graph batch sizes pad it, so correct
+requests crash. The buffers are allocated for the padded size and rows past
+the stored ones are zeros, so the fix removes both checks (upstream did the
+same in 0.20.2).
+
+Fix safety: the two ``if <tokens> > self.deepstack_input_embeds_num_tokens:
+raise ...`` statements are deleted, with comment lines directly above them
+(they describe the check). Nothing else changes. Any other ``raise`` in
+those methods (a vendor's own check) is not understood and reported drifted.
+Releases before 0.20.0 have no counter and never had the checks: the patch
+does not apply to them.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deepstack_patch.protocol import Example, Finding, Patch, PatchState
+from deepstack_patch.syntax import FunctionNode, span
+
+from ._deepstack_buffer import (
+    CLEAR,
+    GET,
+    MARKERS,
+    MODEL_PATHS,
+    NOT_PRESENT,
+    bare_model,
+    deepstack_classes,
+    has_counter,
+    is_bounds_check,
+    model_classes,
+    statement_ast,
+    token_parameter,
+)
+
+if TYPE_CHECKING:
+    import libcst
+
+BEFORE = """
+class TinyDeepstackModel(nn.Module):
+    def _get_deepstack_input_embeds(self, num_tokens: int):
+        if not getattr(self, "deepstack_input_embeds", None):
+            return None
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+        if num_tokens > self.deepstack_input_embeds_num_tokens:
+            raise ValueError("more deepstack rows asked for than stored")
+
+        return IntermediateTensors(
+            {
+                f"ds_{i}": b[:num_tokens]
+                for i, b in enumerate(self.deepstack_input_embeds)
+            }
+        )
+
+    def _clear_deepstack_input_embeds(self, num_tokens: int) -> None:
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return
+        if num_tokens > 0:
+            if num_tokens > self.deepstack_input_embeds_num_tokens:
+                raise ValueError("more deepstack rows to clear than stored")
+            for b in self.deepstack_input_embeds:
+                b[:num_tokens].zero_()
+            self.deepstack_input_embeds_num_tokens = 0
+"""
+
+AFTER = """
+class TinyDeepstackModel(nn.Module):
+    def _get_deepstack_input_embeds(self, num_tokens: int):
+        if not getattr(self, "deepstack_input_embeds", None):
+            return None
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+
+        return IntermediateTensors(
+            {
+                f"ds_{i}": b[:num_tokens]
+                for i, b in enumerate(self.deepstack_input_embeds)
+            }
+        )
+
+    def _clear_deepstack_input_embeds(self, num_tokens: int) -> None:
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return
+        if num_tokens > 0:
+            for b in self.deepstack_input_embeds:
+                b[:num_tokens].zero_()
+            self.deepstack_input_embeds_num_tokens = 0
+"""
+
+# A vendor renamed the parameter, reads the counter with a plain attribute,
+# and commented the check: the comment goes with the check, others stay.
+RENAMED_BEFORE = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, n):  # rows of this step
+        if not self.deepstack_input_embeds_num_tokens:
+            return None
+        # guard against reading stale rows
+        if n > self.deepstack_input_embeds_num_tokens:
+            raise RuntimeError(f"{n=}")
+        # rows past the stored ones are zeros
+        return IntermediateTensors({"ds_0": self.deepstack_input_embeds[0][:n]})
+"""
+
+RENAMED_AFTER = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, n):  # rows of this step
+        if not self.deepstack_input_embeds_num_tokens:
+            return None
+        # rows past the stored ones are zeros
+        return IntermediateTensors({"ds_0": self.deepstack_input_embeds[0][:n]})
+"""
+
+# Before vllm#40145 (0.19.x and older): no counter, so no check to remove.
+NO_COUNTER = """
+class TinyDeepstackModel(nn.Module):
+    def _get_deepstack_input_embeds(self, num_tokens: int):
+        if not getattr(self, "deepstack_input_embeds", None):
+            return None
+        return IntermediateTensors(
+            {
+                f"ds_{i}": b[:num_tokens]
+                for i, b in enumerate(self.deepstack_input_embeds)
+            }
+        )
+
+    def _clear_deepstack_input_embeds(self, num_tokens: int) -> None:
+        for b in self.deepstack_input_embeds:
+            b[:num_tokens].zero_()
+"""
+
+# The check logs before it raises: not the check this fix knows how to drop.
+LOGGING_CHECK = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, num_tokens):
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+        if num_tokens > self.deepstack_input_embeds_num_tokens:
+            logger.error("deepstack buffer underrun")
+            raise ValueError(num_tokens)
+        rows = self.deepstack_input_embeds[0][:num_tokens]
+        return IntermediateTensors({"ds_0": rows})
+"""
+
+# A bound other than the token counter.
+OTHER_BOUND = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, num_tokens):
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+        if num_tokens > self.max_deepstack_rows:
+            raise ValueError(num_tokens)
+        rows = self.deepstack_input_embeds[0][:num_tokens]
+        return IntermediateTensors({"ds_0": rows})
+"""
+
+
+class Qwen3VLDeepstackBoundsCheck(Patch):
+    id = "vllm#40932"
+    title = "Qwen3-VL deepstack: drop the bounds checks that reject padded steps"
+    upstream_url = "https://github.com/vllm-project/vllm/pull/40932"
+    fixed_in = "0.20.2"
+    symptom = (
+        "ValueError: Requested more deepstack tokens than available in buffer "
+        "(or: Requested to clear more deepstack tokens ...) on Qwen3-VL / "
+        "Qwen3-Omni when the step's token count is padded, e.g. under "
+        "sequence parallelism"
+    )
+    also_changes = (
+        "Deletes the two `if num_tokens > self.deepstack_input_embeds_num_tokens: "
+        "raise ValueError(...)` statements and comment lines directly above "
+        "them; nothing else."
+    )
+    paths = MODEL_PATHS
+    markers = MARKERS
+    parts = {"": "class defining _get_deepstack_input_embeds"}
+    examples = (
+        Example("upstream 0.20.0 shape", BEFORE, AFTER),
+        Example("renamed parameter, comments", RENAMED_BEFORE, RENAMED_AFTER),
+        Example("checks removed (upstream 0.20.2)", AFTER, state=PatchState.APPLIED),
+        Example(
+            "no token counter (0.19.x)", NO_COUNTER, state=PatchState.NOT_APPLICABLE
+        ),
+        Example("check that also logs", LOGGING_CHECK, state=PatchState.DRIFTED),
+        Example("bound other than the counter", OTHER_BOUND, state=PatchState.DRIFTED),
+    )
+
+    def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
+        return [
+            self._recognise_class(qualname, cls, methods)
+            for qualname, cls, methods in deepstack_classes(tree)
+        ]
+
+    def _recognise_class(
+        self, qualname: str, cls: ast.ClassDef, methods: dict[str, FunctionNode]
+    ) -> Finding:
+        targets = [methods[name] for name in (GET, CLEAR) if name in methods]
+        first = min(span(m)[0] for m in targets)
+        last = max(span(m)[1] for m in targets)
+
+        def result(state: PatchState, reason: str = "") -> Finding:
+            fixed = tuple(f"{qualname}.{m.name}" for m in targets)
+            return Finding(
+                state=state,
+                symbol=f"{qualname}.{GET}",
+                line=methods[GET].lineno,
+                span=(first, last),
+                reason=reason,
+                rewrites=fixed if state is not PatchState.NOT_APPLICABLE else (),
+            )
+
+        checks = 0
+        for method in targets:
+            parameter = token_parameter(method)
+            known = [n for n in ast.walk(method) if is_bounds_check(n, parameter)]
+            known_raises = {id(check.body[0]) for check in known}
+            for node in ast.walk(method):
+                if isinstance(node, ast.Raise) and id(node) not in known_raises:
+                    return result(
+                        PatchState.DRIFTED,
+                        f"{method.name} raises at line {node.lineno} in a way this "
+                        f"patch does not know; expected only `if {parameter} > "
+                        "self.deepstack_input_embeds_num_tokens: raise ...` "
+                        "(needed) or no raise (applied)",
+                    )
+            for check in known:
+                if _only_statement(method, check):
+                    return result(
+                        PatchState.DRIFTED,
+                        f"the bounds check at line {check.lineno} is the only "
+                        "statement of its block; removing it leaves no code",
+                    )
+            checks += len(known)
+        if checks:
+            return result(PatchState.NEEDED)
+        if not has_counter(cls):
+            return result(PatchState.NOT_APPLICABLE, NOT_PRESENT)
+        return result(PatchState.APPLIED)
+
+    def rewrite(
+        self, module: libcst.Module, needed: Sequence[Finding]
+    ) -> libcst.Module:
+        import libcst
+
+        classes = {f.symbol.rsplit(".", 1)[0] for f in needed}
+        removed: list[str] = []
+
+        class DropBoundsChecks(libcst.CSTTransformer):
+            def __init__(self) -> None:
+                self.scope: list[str] = []
+                self.parameter: list[str | None] = []
+
+            def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
+                self.scope.append(node.name.value)
+                return True
+
+            def leave_ClassDef(
+                self, original: libcst.ClassDef, updated: libcst.ClassDef
+            ) -> libcst.ClassDef:
+                self.scope.pop()
+                return updated
+
+            def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
+                target = ".".join(self.scope) in classes and node.name.value in (
+                    GET,
+                    CLEAR,
+                )
+                params = [p.name.value for p in node.params.params]
+                self.parameter.append(params[1] if target and len(params) > 1 else None)
+                self.scope.append(node.name.value)
+                return True
+
+            def leave_FunctionDef(
+                self, original: libcst.FunctionDef, updated: libcst.FunctionDef
+            ) -> libcst.FunctionDef:
+                self.scope.pop()
+                self.parameter.pop()
+                return updated
+
+            def leave_IndentedBlock(
+                self, original: libcst.IndentedBlock, updated: libcst.IndentedBlock
+            ) -> libcst.IndentedBlock:
+                parameter = self.parameter[-1] if self.parameter else None
+                if parameter is None:
+                    return updated
+                body = []
+                for statement in updated.body:
+                    if isinstance(statement, libcst.If) and is_bounds_check(
+                        statement_ast(statement, module), parameter
+                    ):
+                        removed.append(parameter)
+                        continue
+                    body.append(statement)
+                return updated.with_changes(body=body)
+
+        result = module.visit(DropBoundsChecks())
+        if not removed:
+            raise LookupError(f"no bounds check found in {', '.join(sorted(classes))}")
+        return result
+
+    def prove(self, tree: Path) -> None:
+        """A padded step (more rows asked for than stored) must not raise."""
+        import torch
+
+        for name, cls in model_classes(tree):
+            model = bare_model(cls, rows=8, hidden=4, levels=2, dtype=torch.float32)
+            model._set_deepstack_input_embeds(torch.ones(2, 3, 4))
+            try:
+                padded = model._get_deepstack_input_embeds(5)
+            except ValueError as exc:
+                raise AssertionError(
+                    f"{name}._get_deepstack_input_embeds(5) with 3 rows stored "
+                    f"raised ValueError: {exc} (the vllm#40145 bounds check)"
+                ) from None
+            assert padded is not None, (
+                f"{name}._get_deepstack_input_embeds(5) returned None with 3 "
+                "rows stored"
+            )
+            for key in padded.tensors:
+                rows = padded[key]
+                assert rows.shape == (5, 4), f"{name}: {key} has shape {rows.shape}"
+                assert bool(rows[:3].eq(1).all() and rows[3:].eq(0).all()), (
+                    f"{name}: {key} does not hold the 3 stored rows then zeros"
+                )
+            try:
+                model._clear_deepstack_input_embeds(5)
+            except ValueError as exc:
+                raise AssertionError(
+                    f"{name}._clear_deepstack_input_embeds(5) with 3 rows stored "
+                    f"raised ValueError: {exc} (the vllm#40145 bounds check)"
+                ) from None
+            for buffer in model.deepstack_input_embeds:
+                assert bool(buffer.eq(0).all()), f"{name}: clear left rows behind"
+
+
+def _only_statement(function: FunctionNode, statement: ast.stmt) -> bool:
+    for node in ast.walk(function):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list) and statement in block:
+                return len(block) == 1
+    return False
+
+
+PATCH = Qwen3VLDeepstackBoundsCheck()

@@ -1,0 +1,601 @@
+"""vllm#43617: Qwen3-VL deepstack features vanish from the compiled graph.
+
+Symptom: Qwen3-VL and Qwen3-Omni on vLLM 0.20.0 to 0.22.1 lose accuracy under
+the default torch.compile path (upstream measured Geo3K 0.205 compiled
+against 0.291 eager). Since vllm#40145, ``_get_deepstack_input_embeds``
+returns ``None`` while the buffers' token counter is 0, and it is 0 during
+the profiling run that torch.compile traces: the compiled decoder has no
+deepstack branch, and every later step runs without the vision features it
+should add. The fix makes ``_get_`` always return ``IntermediateTensors``
+(zeros add nothing), growing the buffers when a step needs more rows than
+they hold.
+
+Fix safety: in each class that defines the methods, the rewrite
+- replaces the early ``return None`` on an empty counter in ``_get_`` with
+  ``if num_tokens > self.deepstack_input_embeds[0].size(0):
+  self._resize_deepstack_input_embeds(num_tokens)``;
+- ADDS a method ``_resize_deepstack_input_embeds(self, num_tokens)`` right
+  after ``_get_``, holding the buffer growth ``_set_`` had inline (the
+  tree's own allocation, which keeps the buffers' device and dtype);
+- makes ``_set_`` call it instead of its inline copy.
+The guard for a skipped vision tower stays. Where vllm#40932's bounds check
+is still in ``_get_`` it is left alone, and this patch requires vllm#40932
+first: with the check but without the early return, the profiling run (0
+rows stored, N asked for) would raise instead of tracing zeros.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deepstack_patch.protocol import Example, Finding, Patch, PatchState
+from deepstack_patch.syntax import FunctionNode, is_self_attribute, span
+
+from ._deepstack_buffer import (
+    BUFFERS,
+    GET,
+    MARKERS,
+    MODEL_PATHS,
+    NOT_PRESENT,
+    RESIZE,
+    SET,
+    bare_model,
+    calls_self_method,
+    deepstack_classes,
+    has_counter,
+    is_buffer_size_test,
+    is_empty_counter_return,
+    model_classes,
+    statement_ast,
+    token_parameter,
+)
+
+if TYPE_CHECKING:
+    import libcst
+
+BEFORE = """
+class TinyDeepstackModel(nn.Module):
+    def _get_deepstack_input_embeds(self, num_tokens: int) -> IntermediateTensors:
+        if not getattr(self, "deepstack_input_embeds", None):
+            return None  # no vision tower on this rank
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+
+        return IntermediateTensors(
+            {
+                f"ds_{i}": b[:num_tokens]
+                for i, b in enumerate(self.deepstack_input_embeds)
+            }
+        )
+
+    def _set_deepstack_input_embeds(self, embeds: torch.Tensor) -> None:
+        num_tokens = embeds.size(1)
+        if num_tokens > self.deepstack_input_embeds[0].size(0):
+            self.deepstack_input_embeds = [
+                torch.zeros(
+                    num_tokens,
+                    self.hidden_size,
+                    device=self.deepstack_input_embeds[0].device,
+                    dtype=self.deepstack_input_embeds[0].dtype,
+                )
+                for _ in self.deepstack_input_embeds
+            ]
+        for b, level in zip(self.deepstack_input_embeds, embeds):
+            b[:num_tokens].copy_(level)
+        self.deepstack_input_embeds_num_tokens = num_tokens
+"""
+
+AFTER = """
+class TinyDeepstackModel(nn.Module):
+    def _get_deepstack_input_embeds(self, num_tokens: int) -> IntermediateTensors:
+        if not getattr(self, "deepstack_input_embeds", None):
+            return None  # no vision tower on this rank
+        if num_tokens > self.deepstack_input_embeds[0].size(0):
+            self._resize_deepstack_input_embeds(num_tokens)
+
+        return IntermediateTensors(
+            {
+                f"ds_{i}": b[:num_tokens]
+                for i, b in enumerate(self.deepstack_input_embeds)
+            }
+        )
+
+    def _resize_deepstack_input_embeds(self, num_tokens: int) -> None:
+        self.deepstack_input_embeds = [
+            torch.zeros(
+                num_tokens,
+                self.hidden_size,
+                device=self.deepstack_input_embeds[0].device,
+                dtype=self.deepstack_input_embeds[0].dtype,
+            )
+            for _ in self.deepstack_input_embeds
+        ]
+
+    def _set_deepstack_input_embeds(self, embeds: torch.Tensor) -> None:
+        num_tokens = embeds.size(1)
+        if num_tokens > self.deepstack_input_embeds[0].size(0):
+            self._resize_deepstack_input_embeds(num_tokens)
+        for b, level in zip(self.deepstack_input_embeds, embeds):
+            b[:num_tokens].copy_(level)
+        self.deepstack_input_embeds_num_tokens = num_tokens
+"""
+
+# A vendor renamed the locals, reads the counter plainly and commented the
+# growth: the new method takes upstream's parameter name, each call site
+# keeps its own, and the early return's comments stay with its replacement.
+RENAMED_BEFORE = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, n):
+        # nothing stored yet: skip deepstack
+        if not self.deepstack_input_embeds_num_tokens:
+            return None
+        return IntermediateTensors({"ds_0": self.deepstack_input_embeds[0][:n]})
+
+    def _set_deepstack_input_embeds(self, embeds):
+        rows = embeds.size(1)
+        if rows > self.deepstack_input_embeds[0].size(0):  # grow on demand
+            self.deepstack_input_embeds = [
+                torch.zeros(rows, self.hidden_size,
+                            device=self.deepstack_input_embeds[0].device,
+                            dtype=self.deepstack_input_embeds[0].dtype)
+            ]
+        self.deepstack_input_embeds[0][:rows].copy_(embeds[0])
+        self.deepstack_input_embeds_num_tokens = rows
+"""
+
+RENAMED_AFTER = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, n):
+        # nothing stored yet: skip deepstack
+        if n > self.deepstack_input_embeds[0].size(0):
+            self._resize_deepstack_input_embeds(n)
+        return IntermediateTensors({"ds_0": self.deepstack_input_embeds[0][:n]})
+
+    def _resize_deepstack_input_embeds(self, num_tokens: int) -> None:
+        self.deepstack_input_embeds = [
+            torch.zeros(num_tokens, self.hidden_size,
+                        device=self.deepstack_input_embeds[0].device,
+                        dtype=self.deepstack_input_embeds[0].dtype)
+        ]
+
+    def _set_deepstack_input_embeds(self, embeds):
+        rows = embeds.size(1)
+        if rows > self.deepstack_input_embeds[0].size(0):  # grow on demand
+            self._resize_deepstack_input_embeds(rows)
+        self.deepstack_input_embeds[0][:rows].copy_(embeds[0])
+        self.deepstack_input_embeds_num_tokens = rows
+"""
+
+# vllm#40932's bounds check not yet removed (0.20.0 without it): this patch
+# leaves it to vllm#40932, which the series runs first.
+WITH_BOUNDS_CHECK_BEFORE = """
+class TinyDeepstackModel(nn.Module):
+    def _get_deepstack_input_embeds(self, num_tokens):
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+        if num_tokens > self.deepstack_input_embeds_num_tokens:
+            raise ValueError(num_tokens)
+        rows = self.deepstack_input_embeds[0][:num_tokens]
+        return IntermediateTensors({"ds_0": rows})
+
+    def _set_deepstack_input_embeds(self, embeds):
+        num_tokens = embeds.size(1)
+        if num_tokens > self.deepstack_input_embeds[0].size(0):
+            self.deepstack_input_embeds = [
+                torch.zeros(num_tokens, 8, device=self.deepstack_input_embeds[0].device,
+                            dtype=self.deepstack_input_embeds[0].dtype)
+            ]
+        self.deepstack_input_embeds[0][:num_tokens].copy_(embeds[0])
+        self.deepstack_input_embeds_num_tokens = num_tokens
+"""
+
+WITH_BOUNDS_CHECK_AFTER = """
+class TinyDeepstackModel(nn.Module):
+    def _get_deepstack_input_embeds(self, num_tokens):
+        if num_tokens > self.deepstack_input_embeds[0].size(0):
+            self._resize_deepstack_input_embeds(num_tokens)
+        if num_tokens > self.deepstack_input_embeds_num_tokens:
+            raise ValueError(num_tokens)
+        rows = self.deepstack_input_embeds[0][:num_tokens]
+        return IntermediateTensors({"ds_0": rows})
+
+    def _resize_deepstack_input_embeds(self, num_tokens: int) -> None:
+        self.deepstack_input_embeds = [
+            torch.zeros(num_tokens, 8, device=self.deepstack_input_embeds[0].device,
+                        dtype=self.deepstack_input_embeds[0].dtype)
+        ]
+
+    def _set_deepstack_input_embeds(self, embeds):
+        num_tokens = embeds.size(1)
+        if num_tokens > self.deepstack_input_embeds[0].size(0):
+            self._resize_deepstack_input_embeds(num_tokens)
+        self.deepstack_input_embeds[0][:num_tokens].copy_(embeds[0])
+        self.deepstack_input_embeds_num_tokens = num_tokens
+"""
+
+# Before vllm#40145 (0.19.x and older): no counter, no early return.
+NO_COUNTER = """
+class TinyDeepstackModel(nn.Module):
+    def _get_deepstack_input_embeds(self, num_tokens):
+        if not getattr(self, "deepstack_input_embeds", None):
+            return None
+        rows = self.deepstack_input_embeds[0][:num_tokens]
+        return IntermediateTensors({"ds_0": rows})
+
+    def _set_deepstack_input_embeds(self, embeds):
+        self.deepstack_input_embeds[0][: embeds.size(1)].copy_(embeds[0])
+"""
+
+# The buffers grow by concatenation, not by the reallocation the new method
+# is made of: nothing to move into _resize_.
+GROWS_BY_CAT = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, num_tokens):
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+        rows = self.deepstack_input_embeds[0][:num_tokens]
+        return IntermediateTensors({"ds_0": rows})
+
+    def _set_deepstack_input_embeds(self, embeds):
+        num_tokens = embeds.size(1)
+        old = self.deepstack_input_embeds[0]
+        self.deepstack_input_embeds[0] = torch.cat([old, embeds[0]])
+        self.deepstack_input_embeds_num_tokens = num_tokens
+"""
+
+# The growth forgets the buffers' dtype: moving it would keep that bug.
+GROWTH_LOSES_DTYPE = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, num_tokens):
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+        rows = self.deepstack_input_embeds[0][:num_tokens]
+        return IntermediateTensors({"ds_0": rows})
+
+    def _set_deepstack_input_embeds(self, embeds):
+        num_tokens = embeds.size(1)
+        if num_tokens > self.deepstack_input_embeds[0].size(0):
+            self.deepstack_input_embeds = [torch.zeros(num_tokens, 8)]
+        self.deepstack_input_embeds_num_tokens = num_tokens
+"""
+
+
+class Qwen3VLDeepstackResize(Patch):
+    id = "vllm#43617"
+    title = "Qwen3-VL deepstack: always return buffers, growing them on demand"
+    upstream_url = "https://github.com/vllm-project/vllm/pull/43617"
+    fixed_in = "0.23.0"
+    symptom = (
+        "Qwen3-VL / Qwen3-Omni accuracy drop under torch.compile (Geo3K 0.205 "
+        "compiled vs 0.291 eager): _get_deepstack_input_embeds returns None in "
+        "the profiling run, so the compiled decoder has no deepstack branch"
+    )
+    also_changes = (
+        "Adds a method _resize_deepstack_input_embeds after "
+        "_get_deepstack_input_embeds, moving into it the buffer growth "
+        "_set_deepstack_input_embeds had inline; _set_ calls it instead, and "
+        "_get_ calls it in place of its early `return None` on an empty counter."
+    )
+    requires = ("vllm#40932",)
+    paths = MODEL_PATHS
+    markers = MARKERS
+    parts = {"": "class defining _get_deepstack_input_embeds"}
+    examples = (
+        Example("upstream 0.20.2-0.22.1 shape", BEFORE, AFTER),
+        Example("renamed locals, comments", RENAMED_BEFORE, RENAMED_AFTER),
+        Example(
+            "vllm#40932 not yet applied",
+            WITH_BOUNDS_CHECK_BEFORE,
+            WITH_BOUNDS_CHECK_AFTER,
+        ),
+        Example("resize method (upstream 0.23.0)", AFTER, state=PatchState.APPLIED),
+        Example(
+            "no token counter (0.19.x)", NO_COUNTER, state=PatchState.NOT_APPLICABLE
+        ),
+        Example("growth by concatenation", GROWS_BY_CAT, state=PatchState.DRIFTED),
+        Example("growth loses dtype", GROWTH_LOSES_DTYPE, state=PatchState.DRIFTED),
+    )
+
+    def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
+        return [
+            self._recognise_class(qualname, cls, methods)
+            for qualname, cls, methods in deepstack_classes(tree)
+        ]
+
+    def _recognise_class(
+        self, qualname: str, cls: ast.ClassDef, methods: dict[str, FunctionNode]
+    ) -> Finding:
+        get, setter, resize = methods[GET], methods.get(SET), methods.get(RESIZE)
+        present = [m for m in (get, resize, setter) if m is not None]
+        first = min(span(m)[0] for m in present)
+        last = max(span(m)[1] for m in present)
+
+        def result(state: PatchState, reason: str = "") -> Finding:
+            fixed = (f"{qualname}.{GET}", f"{qualname}.{RESIZE}", f"{qualname}.{SET}")
+            return Finding(
+                state=state,
+                symbol=f"{qualname}.{GET}",
+                line=get.lineno,
+                span=(first, last),
+                reason=reason,
+                rewrites=fixed if state is not PatchState.NOT_APPLICABLE else (),
+            )
+
+        expected = (
+            f"expected {GET} to return None on an empty token counter and {SET} "
+            f"to reallocate self.{BUFFERS} inline (needed), or both to call "
+            f"{RESIZE} (applied)"
+        )
+        early = [s for s in get.body if is_empty_counter_return(s)]
+        nested_early = [
+            n for n in ast.walk(get) if is_empty_counter_return(n) and n not in early
+        ]
+        if nested_early:
+            return result(
+                PatchState.DRIFTED,
+                f"the empty-counter return at line {nested_early[0].lineno} is "
+                f"nested in other code; {expected}",
+            )
+        if setter is None:
+            return result(PatchState.DRIFTED, f"no {SET} in the class; {expected}")
+        growth = [s for s in setter.body if _inline_growth(s)]
+        if early:
+            if len(early) > 1 or resize is not None:
+                return result(PatchState.DRIFTED, expected)
+            if len(growth) != 1:
+                return result(
+                    PatchState.DRIFTED,
+                    f"{SET} (line {setter.lineno}) does not reallocate "
+                    f"self.{BUFFERS} in one `if <n> > self.{BUFFERS}[0].size(0):` "
+                    "keeping their device and dtype; " + expected,
+                )
+            if token_parameter(get) is None:
+                return result(PatchState.DRIFTED, f"{GET} takes no token count")
+            if _reads_other_num_tokens(growth[0]):
+                return result(
+                    PatchState.DRIFTED,
+                    f"the reallocation in {SET} reads a `num_tokens` besides its "
+                    "own row count: renaming it for the new method would clash",
+                )
+            return result(PatchState.NEEDED)
+        if resize is not None:
+            if calls_self_method(get, RESIZE) and calls_self_method(setter, RESIZE):
+                if growth:
+                    return result(
+                        PatchState.DRIFTED,
+                        f"{SET} still reallocates the buffers inline; {expected}",
+                    )
+                return result(PatchState.APPLIED)
+            return result(PatchState.DRIFTED, expected)
+        if not has_counter(cls):
+            return result(PatchState.NOT_APPLICABLE, NOT_PRESENT)
+        return result(PatchState.DRIFTED, expected)
+
+    def rewrite(
+        self, module: libcst.Module, needed: Sequence[Finding]
+    ) -> libcst.Module:
+        import libcst
+
+        classes = {f.symbol.rsplit(".", 1)[0] for f in needed}
+        done: list[str] = []
+
+        class AddResize(libcst.CSTTransformer):
+            def __init__(self) -> None:
+                self.scope: list[str] = []
+
+            def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
+                self.scope.append(node.name.value)
+                return True
+
+            def leave_ClassDef(
+                self, original: libcst.ClassDef, updated: libcst.ClassDef
+            ) -> libcst.ClassDef:
+                qualname = ".".join(self.scope)
+                self.scope.pop()
+                if qualname not in classes:
+                    return updated
+                done.append(qualname)
+                return _rewrite_class(updated, module)
+
+            def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
+                # Classes nested in functions are not targets (the ast side's
+                # qualnames would say <locals>); don't descend.
+                return False
+
+        result = module.visit(AddResize())
+        missing = classes - set(done)
+        if missing:
+            raise LookupError(f"no class {', '.join(sorted(missing))} in the module")
+        return result
+
+    def prove(self, tree: Path) -> None:
+        """After a clear, ``_get_`` returns zeros, growing on demand."""
+        import torch
+
+        for name, cls in model_classes(tree):
+            model = bare_model(cls, rows=4, hidden=8, levels=2, dtype=torch.float16)
+            device = model.deepstack_input_embeds[0].device
+            model._set_deepstack_input_embeds(torch.ones(2, 3, 8))
+            model._get_deepstack_input_embeds(3)
+            model._clear_deepstack_input_embeds(3)
+            # What the profiling run, which torch.compile traces, sees: nothing
+            # stored, rows asked for.
+            for rows in (3, 6):
+                got = model._get_deepstack_input_embeds(rows)
+                assert got is not None, (
+                    f"{name}._get_deepstack_input_embeds({rows}) returned None "
+                    "with nothing stored (as in the profiling run torch.compile "
+                    "traces): the compiled graph drops the deepstack branch"
+                )
+                assert len(got.tensors) == 2, f"{name}: {len(got.tensors)} levels"
+                for key in got.tensors:
+                    tensor = got[key]
+                    assert tensor.shape == (rows, 8), (
+                        f"{name}._get_deepstack_input_embeds({rows}): {key} has "
+                        f"shape {tuple(tensor.shape)}, expected ({rows}, 8); the "
+                        "buffers (4 rows) must grow on demand"
+                    )
+                    assert bool(tensor.eq(0).all()), f"{name}: {key} is not zeros"
+                    assert tensor.dtype == torch.float16, (
+                        f"{name}: growing the buffers changed their dtype to "
+                        f"{tensor.dtype}"
+                    )
+                    assert tensor.device == device, f"{name}: buffers moved device"
+            model._set_deepstack_input_embeds(torch.ones(2, 10, 8))
+            for buffer in model.deepstack_input_embeds:
+                assert buffer.size(0) >= 10 and buffer.dtype == torch.float16, (
+                    f"{name}._set_deepstack_input_embeds did not grow the buffers "
+                    "keeping their dtype"
+                )
+
+
+def _inline_growth(statement: ast.stmt) -> bool:
+    """``if <n> > self.<buffers>[0].size(0): self.<buffers> = [...]`` where the
+    new buffers keep the old ones' device and dtype."""
+    if not (
+        isinstance(statement, ast.If)
+        and not statement.orelse
+        and is_buffer_size_test(statement.test)
+        and len(statement.body) == 1
+    ):
+        return False
+    assign = statement.body[0]
+    if not (
+        isinstance(assign, ast.Assign)
+        and len(assign.targets) == 1
+        and is_self_attribute(assign.targets[0], BUFFERS)
+    ):
+        return False
+    keeps = {
+        keyword.arg
+        for call in ast.walk(assign.value)
+        if isinstance(call, ast.Call)
+        for keyword in call.keywords
+        if keyword.arg in ("device", "dtype")
+        and isinstance(keyword.value, ast.Attribute)
+        and keyword.value.attr == keyword.arg
+        and ast.dump(keyword.value.value)
+        == ast.dump(ast.parse(f"self.{BUFFERS}[0]", mode="eval").body)
+    }
+    return keeps == {"device", "dtype"}
+
+
+def _reads_other_num_tokens(growth: ast.If) -> bool:
+    rows = is_buffer_size_test(growth.test)
+    return rows != "num_tokens" and any(
+        isinstance(node, ast.Name) and node.id == "num_tokens"
+        for node in ast.walk(growth.body[0])
+    )
+
+
+def _rewrite_class(cls: libcst.ClassDef, module: libcst.Module) -> libcst.ClassDef:
+    """Add ``_resize_`` after ``_get_``; route ``_get_`` and ``_set_`` to it."""
+    import libcst
+
+    methods = {
+        s.name.value: s for s in cls.body.body if isinstance(s, libcst.FunctionDef)
+    }
+    setter = methods[SET]
+    growth = next(
+        s
+        for s in setter.body.body
+        if isinstance(s, libcst.If) and _inline_growth(statement_ast(s, module))
+    )
+    rows = is_buffer_size_test(statement_ast(growth, module).test)
+    assert rows is not None
+    resize = _resize_method(growth, rows, module, spacing=setter.leading_lines)
+
+    def call(name: str) -> libcst.BaseStatement:
+        return libcst.parse_statement(
+            f"self.{RESIZE}({name})\n", config=module.config_for_parsing
+        )
+
+    body: list[libcst.BaseStatement] = []
+    for statement in cls.body.body:
+        if statement is methods[GET]:
+            body += [_grow_instead_of_none(statement, module), resize]
+            continue
+        if statement is setter:
+            new_growth = growth.with_changes(
+                body=growth.body.with_changes(body=[call(rows)])
+            )
+            statement = statement.with_deep_changes(
+                statement.body,
+                body=[new_growth if s is growth else s for s in statement.body.body],
+            )
+        body.append(statement)
+    return cls.with_changes(body=cls.body.with_changes(body=body))
+
+
+def _grow_instead_of_none(
+    get: libcst.FunctionDef, module: libcst.Module
+) -> libcst.FunctionDef:
+    import libcst
+
+    names = [p.name.value for p in get.params.params]
+    rows = names[1]
+    indent = module.default_indent
+    grow = libcst.parse_statement(
+        f"if {rows} > self.{BUFFERS}[0].size(0):\n{indent}self.{RESIZE}({rows})\n",
+        config=module.config_for_parsing,
+    )
+    body = []
+    for statement in get.body.body:
+        if isinstance(statement, libcst.If) and is_empty_counter_return(
+            statement_ast(statement, module)
+        ):
+            # Comments above the early return describe the step it guards;
+            # they stay with what replaces it.
+            statement = grow.with_changes(leading_lines=statement.leading_lines)
+        body.append(statement)
+    return get.with_deep_changes(get.body, body=body)
+
+
+def _resize_method(
+    growth: libcst.If,
+    rows: str,
+    module: libcst.Module,
+    spacing: Sequence[libcst.EmptyLine],
+) -> libcst.FunctionDef:
+    """``_resize_`` made of ``_set_``'s own reallocation."""
+    import libcst
+
+    (assign,) = growth.body.body
+
+    class RenameRows(libcst.CSTTransformer):
+        def leave_Name(
+            self, original: libcst.Name, updated: libcst.Name
+        ) -> libcst.Name:
+            if updated.value != rows:
+                return updated
+            return updated.with_changes(value="num_tokens")
+
+        # Attribute and keyword names are not the local variable.
+        def leave_Attribute(
+            self, original: libcst.Attribute, updated: libcst.Attribute
+        ) -> libcst.Attribute:
+            return updated.with_changes(attr=original.attr)
+
+        def leave_Arg(self, original: libcst.Arg, updated: libcst.Arg) -> libcst.Arg:
+            return updated.with_changes(keyword=original.keyword)
+
+    if rows != "num_tokens":
+        assign = assign.visit(RenameRows())
+    # Continuation lines inside brackets are indented relative to the block
+    # in LibCST, so the statement moves one level out as it is.
+    method = libcst.parse_statement(
+        f"def {RESIZE}(self, num_tokens: int) -> None:\n{module.default_indent}pass\n",
+        config=module.config_for_parsing,
+    )
+    assert isinstance(method, libcst.FunctionDef)
+    method = method.with_deep_changes(
+        method.body, body=[assign.with_changes(leading_lines=[])]
+    )
+    blank = [line for line in spacing if line.comment is None] or [libcst.EmptyLine()]
+    return method.with_changes(leading_lines=blank)
+
+
+PATCH = Qwen3VLDeepstackResize()
