@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from deepstack_patch.protocol import Patch
 
-from . import granite4_vision_deepstack_slice
+from . import (
+    granite4_vision_deepstack_slice,
+    qwen3_vl_deepstack_bounds_check,
+    qwen3_vl_deepstack_resize,
+)
 
-SERIES: tuple[Patch, ...] = (granite4_vision_deepstack_slice.PATCH,)
+SERIES: tuple[Patch, ...] = (
+    qwen3_vl_deepstack_bounds_check.PATCH,
+    granite4_vision_deepstack_slice.PATCH,
+    # After vllm#40932, which it requires: both rewrite _get_deepstack_input_embeds.
+    qwen3_vl_deepstack_resize.PATCH,
+)
 
 
 def patch_by_id(patch_id: str) -> Patch:
