@@ -189,10 +189,10 @@ def model_classes(tree: Path) -> list[tuple[str, type]]:
     """The tree's own classes that define the deepstack methods, by structure.
 
     Each is imported from the tree. A model module that cannot be imported in
-    a CPU-only environment for want of an optional dependency outside the
-    tree (torchvision, say) is not skipped: its class's deepstack methods are
-    compiled from the tree's file, with the tree's ``IntermediateTensors``,
-    so the code exercised is still the tree's own.
+    a CPU-only environment (an optional dependency outside the tree such as
+    torchvision is missing, or no platform is detected) is not skipped: its
+    class's deepstack methods are compiled from the tree's file, with the
+    tree's ``IntermediateTensors``, so the code exercised is still the tree's.
     """
     found = []
     for pattern in MODEL_PATHS:
@@ -211,9 +211,10 @@ def model_classes(tree: Path) -> list[tuple[str, type]]:
             module_name = ".".join(path.relative_to(tree).with_suffix("").parts)
             try:
                 module = importlib.import_module(module_name)
-            except ImportError as exc:
+            except Exception as exc:  # any import failure means: fall back
                 print(
-                    f"note: {module_name} does not import here ({exc}); its "
+                    f"note: {module_name} does not import here "
+                    f"({type(exc).__name__}: {exc}); its "
                     "deepstack methods are compiled from the tree's source",
                     file=sys.stderr,
                 )
@@ -248,7 +249,9 @@ def _compile_methods(path: Path, name: str, methods: dict[str, FunctionNode]) ->
         decorator_list=[],
         type_params=[],
     )
-    cls.lineno, cls.col_offset = wanted[0].lineno, 0
+    cls.lineno = min(m.lineno for m in wanted)
+    cls.end_lineno = max(m.end_lineno or m.lineno for m in wanted)
+    cls.col_offset = cls.end_col_offset = 0
     module = ast.Module(body=[cls], type_ignores=[])
     ast.fix_missing_locations(module)
     # Annotations stay strings, so names the methods only annotate with need
