@@ -1,0 +1,76 @@
+"""Run patches' proofs on one tree; executed as a script by the proof environment.
+
+`deepstack-patch verify` starts this file with the proof environment's
+interpreter (which need not have deepstack-patch installed), as::
+
+    python prove_runner.py REQUEST.json
+
+The request names the tree, the patch ids, where ``deepstack_patch`` and
+``deepstack_patch.patches`` live, and where to write the results. The tree
+goes first on ``sys.path``, so ``import vllm`` is the tree's. All proofs of a
+tree share one process because importing vLLM takes seconds. Standard library
+only until the packages are loaded from the request's folders.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def load_package(name: str, folder: str) -> None:
+    """Import package ``name`` from ``folder`` whatever the install layout.
+
+    The project maps ``rewriter/`` to ``deepstack_patch``, so an editable
+    install has no ``deepstack_patch`` folder a ``sys.path`` entry could find.
+    """
+    spec = importlib.util.spec_from_file_location(
+        name, Path(folder) / "__init__.py", submodule_search_locations=[folder]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+def run(request: dict) -> list[dict]:
+    tree = Path(request["tree"])
+    sys.path.insert(0, str(tree))
+    load_package("deepstack_patch", request["package_dir"])
+    load_package("deepstack_patch.patches", request["patches_dir"])
+    from deepstack_patch.patches import patch_by_id
+
+    results = []
+    for patch_id in request["patch_ids"]:
+        patch = patch_by_id(patch_id)
+        print(f"proof {patch_id} on {tree}", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        try:
+            patch.prove(tree)
+            status, message = "passed", ""
+        except AssertionError as exc:
+            # The proof's own verdict: the fix's behaviour is absent.
+            status, message = "failed", str(exc) or traceback.format_exc(limit=-3)
+        except Exception as exc:
+            # Anything else is a proof that could not judge (import error, ...).
+            status = "error"
+            message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        results.append(
+            {
+                "id": patch_id,
+                "status": status,
+                "message": message,
+                "seconds": round(time.monotonic() - started, 2),
+            }
+        )
+        # Written after each proof, so a crash later keeps the verdicts so far.
+        Path(request["output"]).write_text(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    run(json.loads(Path(sys.argv[1]).read_text()))
