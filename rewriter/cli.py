@@ -223,6 +223,18 @@ def status(
     help="Write nothing; exit 0 if nothing is needed, 1 if patches are needed, "
     "2 on drifted targets or errors (like `ruff format --check`).",
 )
+@click.option(
+    "--commit",
+    is_flag=True,
+    help="In a git checkout: one commit per applied patch, in series order, "
+    "with Backport-of and Upstream-release trailers. Refuses a dirty work tree.",
+)
+@click.option(
+    "--allow-dirty",
+    is_flag=True,
+    help="With --commit: accept uncommitted changes to other files (they are "
+    "never committed).",
+)
 @format_option
 def apply(
     tree: VllmTree,
@@ -230,6 +242,8 @@ def apply(
     skip: tuple[str, ...],
     dry_run: bool,
     check: bool,
+    commit: bool,
+    allow_dirty: bool,
     output_format: str,
 ) -> None:
     """Apply every needed patch to a tree, all files or none.
@@ -255,6 +269,16 @@ def apply(
     from .transaction import tree_lock, write_edits
 
     selected = select_patches(SERIES, only, skip)
+    if commit or allow_dirty:
+        from .vendor_commands import apply_with_commits
+
+        if not commit or dry_run or check:
+            raise DeepstackError(
+                "--allow-dirty needs --commit, and --commit writes: it cannot go "
+                "with --dry-run or --check",
+                "drop --dry-run/--check, or add --commit to --allow-dirty",
+            )
+        sys.exit(apply_with_commits(tree, selected, allow_dirty, output_format))
     console = stdout_console()
     writes = not (dry_run or check)
     with tree_lock(tree.root) if writes else contextlib.nullcontext():
@@ -304,3 +328,6 @@ def apply(
 
 def _selected_drifted(plan: Any) -> list[Any]:
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
+
+
+from . import vendor_commands  # noqa: E402,F401  (export, backport, matrix)

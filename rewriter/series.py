@@ -1,0 +1,245 @@
+"""A plan split patch by patch, and written as a quilt / git format-patch series.
+
+Vendors take fixes as one commit or one patch file per upstream fix, so the
+plan of the whole series is replayed patch by patch: step N holds the change
+from the tree after steps 1..N-1 to the tree after step N. Everything is
+computed in memory, before anything is written; the steps together must give
+exactly the bytes of the whole plan, or nothing is done.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import hashlib
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from .errors import DeepstackError
+from .plan import FileEdit, Plan, plan_tree
+from .protocol import Patch
+from .report import unified_diff
+from .tree import VllmTree
+
+#: The first line of every series file this tool writes; a folder whose
+#: series starts with it may be rewritten by a later export.
+SERIES_MARKER = "# deepstack-patch series"
+
+
+@dataclass
+class PatchStep:
+    """One needed patch and the edits it makes on top of the steps before it."""
+
+    patch: Patch
+    edits: list[FileEdit]
+
+
+def plan_steps(
+    tree: VllmTree,
+    series: Sequence[Patch],
+    selected: set[str],
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Plan, list[PatchStep]]:
+    """The plan of the whole selection, and its per-patch steps in series order.
+
+    When the plan has a drifted patch the steps are empty: callers refuse.
+    """
+    full = plan_tree(tree, series, selected, progress=progress)
+    if any(r.selected and r.state.value == "drifted" for r in full.reports):
+        return full, []
+    needed = {report.patch.id for report in full.needed}
+    current: dict[str, bytes] = {}
+    prefix: set[str] = set()
+    steps: list[PatchStep] = []
+    for patch in series:
+        if patch.id not in selected:
+            continue
+        prefix.add(patch.id)
+        if patch.id not in needed:
+            continue
+        # The prefix plan is the tree as patches 1..N leave it; its own
+        # recognition re-checks each patch on its predecessors' output.
+        plan = full if prefix == selected else plan_tree(tree, series, set(prefix))
+        edits = []
+        for edit in plan.edits:
+            before = current.get(edit.relpath, edit.old)
+            if edit.new != before:
+                edits.append(FileEdit(edit.relpath, before, edit.new, [patch.id]))
+            current[edit.relpath] = edit.new
+        if edits:
+            steps.append(PatchStep(patch, edits))
+    final = {edit.relpath: edit.new for edit in full.edits}
+    if current != final:
+        differing = sorted(set(current) ^ set(final)) or sorted(
+            path for path in final if current.get(path) != final[path]
+        )
+        raise DeepstackError(
+            "the patches applied one by one do not give the tree the whole "
+            f"series gives (in {', '.join(differing)})",
+            "two patches of the series interact in a way the series order does "
+            "not capture; report it with `deepstack-patch status --format json`",
+        )
+    return full, steps
+
+
+def upstream_reference(patch: Patch) -> str:
+    """``vllm-project/vllm#40917`` for a GitHub pull request URL, else the id."""
+    match = re.search(r"github\.com/([^/]+/[^/]+)/pull/(\d+)", patch.upstream_url)
+    return f"{match.group(1)}#{match.group(2)}" if match else patch.id
+
+
+def build_date() -> dt.datetime:
+    """Now, or ``SOURCE_DATE_EPOCH`` so that rebuilt series are byte-identical."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch:
+        try:
+            return dt.datetime.fromtimestamp(int(epoch), tz=dt.timezone.utc)
+        except ValueError:
+            raise DeepstackError(
+                f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds",
+                "unset it, or set it to e.g. $(git log -1 --format=%ct)",
+            ) from None
+    return dt.datetime.now(tz=dt.timezone.utc).replace(microsecond=0)
+
+
+def patch_filename(number: int, patch: Patch) -> str:
+    """``0001-vllm-40917-granite4vision-slice-...patch``, as format-patch names."""
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{patch.id} {patch.title}".lower()).strip("-")
+    return f"{number:04d}-{slug[:52].rstrip('-')}.patch"
+
+
+def _folded(text: str) -> str:
+    """An RFC 822 continuation block: one space in front, ``.`` for blank lines."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    return "\n".join(f" {line}" if line else " ." for line in lines)
+
+
+def _diffstat(edits: Sequence[FileEdit], diff: str) -> str:
+    counts: dict[str, list[int]] = {edit.relpath: [0, 0] for edit in edits}
+    path = ""
+    for line in diff.splitlines():
+        if line.startswith("diff --git a/"):
+            path = line.split(" b/", 1)[1]
+        elif line.startswith("+") and not line.startswith("+++ "):
+            counts[path][0] += 1
+        elif line.startswith("-") and not line.startswith("--- "):
+            counts[path][1] += 1
+    width = max(len(p) for p in counts)
+    rows = [
+        f" {path.ljust(width)} | {a + d} {'+' * a}{'-' * d}"
+        for path, (a, d) in counts.items()
+    ]
+    added = sum(a for a, _ in counts.values())
+    removed = sum(d for _, d in counts.values())
+    files = len(counts)
+    rows.append(
+        f" {files} file{'s' if files != 1 else ''} changed, "
+        f"{added} insertion{'s' if added != 1 else ''}(+), "
+        f"{removed} deletion{'s' if removed != 1 else ''}(-)"
+    )
+    return "\n".join(rows)
+
+
+def format_patch(
+    step: PatchStep, number: int, total: int, tree_version: str, date: dt.datetime
+) -> bytes:
+    """One step as a ``git format-patch`` mail whose body holds DEP-3 headers.
+
+    ``git am`` reads From/Date/Subject; ``git apply``, ``patch -p1`` and quilt
+    skip everything before the first ``diff --git``.
+    """
+    patch = step.patch
+    diff = unified_diff(step.edits)
+    # The "From <hash>" line names a commit in real format-patch output; ours
+    # is a digest of the diff so that different patches are told apart.
+    digest = hashlib.sha1(diff.encode("utf-8", "surrogateescape")).hexdigest()
+    prefix = f"[PATCH {number}/{total}]" if total > 1 else "[PATCH]"
+    description = (
+        f"{patch.title}\n\n{patch.symptom}\n\n"
+        f"Backported to vLLM {tree_version} by deepstack-patch {__version__}, "
+        f"which rewrites the code structurally (patch {patch.id}). "
+        f"{patch.also_changes}"
+    )
+    header = "\n".join(
+        [
+            f"From {digest} Mon Sep 17 00:00:00 2001",
+            "From: deepstack-patch <deepstack-patch@localhost>",
+            f"Date: {email.utils.format_datetime(date)}",
+            f"Subject: {prefix} {patch.title}",
+            "",
+            f"Description: {_folded(description).lstrip()}",
+            f"Origin: backport, {patch.upstream_url}",
+            f"Bug: {patch.upstream_url}",
+            "Forwarded: not-needed",
+            f"Applied-Upstream: {patch.fixed_in}",
+            f"Last-Update: {date.date().isoformat()}",
+            "",
+            f"Backport-of: {upstream_reference(patch)}",
+            f"Upstream-release: {patch.fixed_in}",
+            "---",
+            _diffstat(step.edits, diff),
+            "",
+            "",
+        ]
+    )
+    trailer = f"-- \ndeepstack-patch {__version__}\n\n"
+    return (header + diff + trailer).encode("utf-8", "surrogateescape")
+
+
+def write_series(
+    directory: Path, steps: Sequence[PatchStep], tree_version: str
+) -> list[str]:
+    """Write one patch file per step and a quilt ``series``; return the names.
+
+    The folder must be empty, absent, or one an earlier export wrote (its
+    ``series`` starts with :data:`SERIES_MARKER`); then the files that series
+    named are replaced. Other files are never touched.
+    """
+    series_file = directory / "series"
+    old_names: list[str] = []
+    if directory.exists():
+        if not directory.is_dir():
+            raise DeepstackError(
+                f"--series {directory}: is a file",
+                "give a folder for the patch files (it is created if absent)",
+            )
+        if any(directory.iterdir()):
+            first = ""
+            if series_file.is_file():
+                first = series_file.read_text(errors="replace").partition("\n")[0]
+            if not first.startswith(SERIES_MARKER):
+                raise DeepstackError(
+                    f"--series {directory}: not empty, and not a series this tool "
+                    "wrote (its series file does not start with "
+                    f"{SERIES_MARKER!r})",
+                    "give an empty or new folder; to merge into an existing quilt "
+                    "series, export to a new folder and append its series file",
+                )
+            old_names = [
+                line.strip()
+                for line in series_file.read_text().splitlines()[1:]
+                if line.strip() and not line.startswith("#")
+            ]
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in old_names:
+        if "/" not in name:
+            (directory / name).unlink(missing_ok=True)
+    date = build_date()
+    names = []
+    for number, step in enumerate(steps, start=1):
+        name = patch_filename(number, step.patch)
+        (directory / name).write_bytes(
+            format_patch(step, number, len(steps), tree_version, date)
+        )
+        names.append(name)
+    series_file.write_text(
+        f"{SERIES_MARKER} for vLLM {tree_version} "
+        f"(deepstack-patch {__version__}); apply with quilt push -a, "
+        "or each file in order with patch -p1 / git apply / git am\n"
+        + "".join(f"{name}\n" for name in names)
+    )
+    return names

@@ -1,0 +1,184 @@
+"""Git: one commit per applied patch, with provenance trailers (GitPython).
+
+A commit records exactly the files its patch rewrote and nothing else: each
+is made with ``git commit --only -- <paths>``, which commits those paths'
+work-tree contents and leaves anything else the user staged staged and
+uncommitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import __version__
+from .errors import DeepstackError
+from .protocol import Patch
+from .series import PatchStep, upstream_reference
+from .transaction import write_edits
+from .tree import VllmTree
+
+if TYPE_CHECKING:
+    import git
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    patch_id: str
+    sha: str
+    files: list[str]
+
+
+def open_repository(tree: VllmTree) -> git.Repo:
+    """The git repository whose work tree holds ``tree``."""
+    try:
+        import git
+    except ImportError:
+        raise DeepstackError(
+            "--commit needs GitPython, which is not installed",
+            "pip install 'deepstack-patch[vendor]'",
+        ) from None
+    try:
+        repo = git.Repo(tree.root, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise DeepstackError(
+            f"--commit: {tree.root} is not inside a git work tree",
+            "run `git init && git add -A && git commit -m 'vLLM <version>'` "
+            "there first, or apply without --commit",
+        ) from None
+    if repo.bare or repo.working_tree_dir is None:
+        raise DeepstackError(f"--commit: {repo.git_dir} is a bare repository")
+    if not repo.head.is_valid():
+        raise DeepstackError(
+            f"--commit: the repository at {repo.working_tree_dir} has no commit yet",
+            "commit the vLLM tree first, so the patches are commits on top of it",
+        )
+    return repo
+
+
+def repo_path(repo: git.Repo, tree: VllmTree, relpath: str) -> str:
+    """A tree-relative path as a path relative to the repository's top."""
+    top = Path(repo.working_tree_dir or "").resolve()
+    return (tree.root / relpath).relative_to(top).as_posix()
+
+
+def dirty_paths(repo: git.Repo, tree: VllmTree) -> list[str]:
+    """Changed, staged and untracked (not ignored) paths under the tree."""
+    scope = repo_path(repo, tree, ".")
+    output = repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", scope)
+    entries = output.split("\0")
+    paths: list[str] = []
+    index = 0
+    while index < len(entries):
+        entry = entries[index]
+        index += 1
+        if not entry:
+            continue
+        paths.append(entry[3:])
+        if entry[0] in "RC":  # a rename's source path follows as its own entry
+            index += 1
+    return paths
+
+
+def check_work_tree(
+    repo: git.Repo, tree: VllmTree, touched: Sequence[str], allow_dirty: bool
+) -> None:
+    """Refuse a dirty tree, and anything that would commit unrelated changes.
+
+    Even with ``allow_dirty``, a file the patches rewrite must be tracked and
+    unchanged: committing it would otherwise commit the user's edits too.
+    """
+    dirty = dirty_paths(repo, tree)
+    if dirty and not allow_dirty:
+        more = f" and {len(dirty) - 5} more" if len(dirty) > 5 else ""
+        shown = ", ".join(dirty[:5]) + more
+        raise DeepstackError(
+            f"--commit: the work tree at {repo.working_tree_dir} has uncommitted "
+            f"changes ({shown})",
+            "commit or stash them first, or add --allow-dirty (only the files "
+            "the patches rewrite are committed)",
+        )
+    paths = {repo_path(repo, tree, relpath): relpath for relpath in touched}
+    tracked = set(repo.git.ls_files("-z", "--", *paths).split("\0")) if paths else set()
+    for path in paths:
+        if path not in tracked:
+            raise DeepstackError(
+                f"--commit: {path} is not tracked by git, and a patch rewrites it",
+                f"commit it first (git add {path} && git commit), so the patch "
+                "commit holds only the fix",
+            )
+        if path in dirty:
+            raise DeepstackError(
+                f"--commit: {path} has uncommitted changes, and a patch rewrites "
+                "it; committing it would commit those changes too",
+                f"commit or stash your changes to {path} first",
+            )
+
+
+def commit_message(patch: Patch, tree_version: str) -> str:
+    """Title, provenance, then trailers (the last paragraph, ``Key: value``)."""
+    return (
+        f"{patch.title}\n"
+        "\n"
+        f"Backport of {patch.upstream_url}\n"
+        f"first released upstream in vLLM {patch.fixed_in}, to vLLM {tree_version}.\n"
+        f"Rewritten structurally by deepstack-patch {__version__} ({patch.id}).\n"
+        "\n"
+        f"{patch.symptom}\n"
+        "\n"
+        f"Backport-of: {upstream_reference(patch)}\n"
+        f"Upstream-release: {patch.fixed_in}\n"
+    )
+
+
+def commit_steps(
+    repo: git.Repo, tree: VllmTree, steps: Sequence[PatchStep]
+) -> list[CommitRecord]:
+    """Write and commit each step in order: one commit per patch.
+
+    If a commit fails, that step's files get their old bytes back and the
+    error names the commits already made.
+    """
+    import git
+
+    records: list[CommitRecord] = []
+    for step in steps:
+        written = write_edits(tree.root, step.edits)
+        paths = [repo_path(repo, tree, relpath) for relpath in written]
+        try:
+            # --only: commit these paths and nothing else staged; --no-verify:
+            # the content is the tool's own, checked by its recogniser, and a
+            # formatter hook rewriting it would break idempotence.
+            repo.git.commit(
+                "--only",
+                "--no-verify",
+                "--cleanup=verbatim",
+                "-m",
+                commit_message(step.patch, tree.version),
+                "--",
+                *paths,
+            )
+        except git.GitCommandError as exc:
+            write_edits(
+                tree.root,
+                [type(e)(e.relpath, e.new, e.old, e.patch_ids) for e in step.edits],
+            )
+            made = ", ".join(f"{r.patch_id} {r.sha[:12]}" for r in records) or "none"
+            stderr = str(exc.stderr).strip().strip("'").strip()
+            hint = "fix the cause and run again: applied patches are not redone"
+            if "tell me who you are" in stderr or "user.email" in stderr:
+                hint = (
+                    "set an identity: git config user.name 'Name' && "
+                    "git config user.email you@example.com"
+                )
+            raise DeepstackError(
+                f"git commit for {step.patch.id} failed: {stderr}; its files were "
+                f"restored; commits made before it: {made}",
+                hint,
+            ) from None
+        records.append(
+            CommitRecord(step.patch.id, repo.head.commit.hexsha, list(written))
+        )
+    return records
