@@ -10,6 +10,7 @@ left it. A rewrite is kept only if the patch recognises its own output as
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -85,12 +86,16 @@ def plan_tree(
     files_of = {p.id: set(tree.glob(p.paths)) for p in series}
     candidates = sorted(set().union(*files_of.values()))
     edits: list[FileEdit] = []
+    real_dirs: dict[str, str] = {}
     for relpath in candidates:
         touching = [p for p in series if relpath in files_of[p.id]]
         raw = _read(tree, relpath)
         touching = [p for p in touching if any(m in raw for m in p.markers)]
         if not touching:
             continue
+        # Only files a patch may rewrite must live inside the tree; checking
+        # just these keeps a status run to one realpath per folder.
+        _check_inside(tree, relpath, real_dirs)
         if progress:
             progress(relpath)
         original = SourceFile(relpath, raw)
@@ -120,20 +125,40 @@ def plan_tree(
 
 def _read(tree: VllmTree, relpath: str) -> bytes:
     path = tree.root / relpath
-    resolved = path.resolve()
-    if not resolved.is_relative_to(tree.root):
-        raise DeepstackError(
-            f"{relpath}: is a symlink to {resolved}, outside the tree {tree.root}",
-            "replace the link with a copy of the file, or patch the tree it "
-            "points into",
-        )
     try:
         return path.read_bytes()
+    except FileNotFoundError:
+        raise DeepstackError(
+            f"{relpath}: cannot read: no such file (a dangling symlink, or the "
+            "file vanished during the run)",
+            "restore the file from the release, or remove the broken link",
+        ) from None
     except OSError as exc:
         raise DeepstackError(
             f"{relpath}: cannot read: {exc.strerror}",
             "check the file's permissions",
         ) from None
+
+
+def _check_inside(tree: VllmTree, relpath: str, real_dirs: dict[str, str]) -> None:
+    """Refuse a target that resolves outside the tree (through any symlink).
+
+    ``real_dirs`` caches each folder's real path: a file's real path is its
+    folder's real path plus its name unless the file itself is a link.
+    """
+    folder, _, name = relpath.rpartition("/")
+    if folder not in real_dirs:
+        real_dirs[folder] = os.path.realpath(tree.root / folder)
+    path = os.path.join(real_dirs[folder], name)
+    if os.path.islink(path):
+        path = os.path.realpath(path)
+    root = str(tree.root)
+    if path != root and not path.startswith(root + os.sep):
+        raise DeepstackError(
+            f"{relpath}: is a symlink to {path}, outside the tree {root}",
+            "replace the link with a copy of the file, or patch the tree it "
+            "points into",
+        )
 
 
 def rewrite_text(patch: Patch, text: str, relpath: str = "example.py") -> str:

@@ -25,17 +25,27 @@ from .plan import FileEdit
 #: Test hook: called with each target path just before its rename.
 _before_replace = None
 
+_STAGE_SUFFIX = ".deepstack-tmp"
+
 
 def write_edits(root: Path, edits: Sequence[FileEdit]) -> list[str]:
     """Write every edit or none; return the relative paths written."""
+    # Every target is checked before anything is staged, so a refusal leaves
+    # no temporary file behind and stale ones are cleared before new ones exist.
+    targets = [_checked_target(root, edit) for edit in edits]
     staged: list[tuple[FileEdit, Path, Path]] = []
     try:
-        for edit in edits:
-            target = _checked_target(root, edit)
+        for edit, target in zip(edits, targets, strict=True):
             staged.append((edit, target, _stage(target, edit.new)))
-    except BaseException:
+    except BaseException as exc:
         for _, _, temp in staged:
             temp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise DeepstackError(
+                f"{edit.relpath}: cannot stage the new content: {exc.strerror}; "
+                "nothing was written",
+                "check the file system (space, permissions) and run again",
+            ) from None
         raise
 
     replaced: list[tuple[FileEdit, Path]] = []
@@ -46,6 +56,7 @@ def write_edits(root: Path, edits: Sequence[FileEdit]) -> list[str]:
             os.replace(temp, target)
             replaced.append((edit, target))
     except BaseException as exc:
+        failed = edit.relpath
         done = {target for _, target in replaced}
         for _, target, temp in staged:
             if target not in done:
@@ -55,7 +66,7 @@ def write_edits(root: Path, edits: Sequence[FileEdit]) -> list[str]:
                 os.replace(_stage(target, edit.old), target)
         if isinstance(exc, OSError):
             raise DeepstackError(
-                f"writing {target} failed: {exc.strerror}; every file was restored",
+                f"{failed}: writing failed: {exc.strerror}; every file was restored",
                 "check the file system (space, permissions) and run again",
             ) from None
         raise
@@ -82,19 +93,46 @@ def _checked_target(root: Path, edit: FileEdit) -> Path:
             f"{edit.relpath}: changed on disk while the plan was computed",
             "another program is editing the tree; run again when it is done",
         )
-    if not os.access(target, os.W_OK) or not os.access(target.parent, os.W_OK):
+    if not _writable(target) or not _writable(target.parent):
         raise DeepstackError(
             f"{edit.relpath}: is read-only (or its folder is)",
             f"make it writable (chmod u+w {target}) or patch a copy of the tree",
         )
+    _remove_stale_stages(target)
     return target
+
+
+def _writable(path: Path) -> bool:
+    """Whether the user means ``path`` to be written.
+
+    ``os.access`` answers for the kernel, and for root it always says yes, so
+    a file someone made read-only (``chmod a-w``) would still be replaced:
+    the rename needs only a writable folder. The mode bits say what the owner
+    intended, for root too.
+    """
+    mode = path.stat().st_mode
+    return os.access(path, os.W_OK) and bool(mode & _ANY_WRITE)
+
+
+_ANY_WRITE = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
+def _remove_stale_stages(target: Path) -> None:
+    """Delete temporary files an interrupted run left beside ``target``.
+
+    A run killed between staging and renaming leaves its staged copies; the
+    rerun (under the tree lock, so no other run is staging) removes them so
+    the tree ends with no stray file.
+    """
+    for stale in target.parent.glob(f".{target.name}.*{_STAGE_SUFFIX}"):
+        stale.unlink(missing_ok=True)
 
 
 def _stage(target: Path, content: bytes) -> Path:
     """Write ``content`` to a temporary file beside ``target``, same mode."""
     mode = stat.S_IMODE(target.stat().st_mode)
     fd, name = tempfile.mkstemp(
-        prefix=f".{target.name}.", suffix=".deepstack-tmp", dir=target.parent
+        prefix=f".{target.name}.", suffix=_STAGE_SUFFIX, dir=target.parent
     )
     try:
         with os.fdopen(fd, "wb") as handle:
