@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from . import __version__
 from .errors import DeepstackError
@@ -46,10 +47,13 @@ class DeepstackGroup(click.Group):
         except DeepstackError as exc:
             console = stderr_console()
             console.print(
-                f"[bold red]error:[/] {exc.message}", markup=True, highlight=False
+                f"[bold red]error:[/] {escape(exc.message)}",
+                markup=True,
+                highlight=False,
             )
             if exc.hint:
-                console.print(f"[bold]hint:[/] {exc.hint}")
+                # Escaped: hints quote things like 'deepstack-patch[verify]'.
+                console.print(f"[bold]hint:[/] {escape(exc.hint)}")
             sys.exit(EXIT_ERROR)
 
 
@@ -330,4 +334,5 @@ def _selected_drifted(plan: Any) -> list[Any]:
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
 
 
-from . import vendor_commands  # noqa: E402,F401  (export, backport, matrix)
+# Commands in their own modules register themselves on `main`.
+from . import vendor_commands, verify_command  # noqa: E402,F401

@@ -14,7 +14,9 @@ only until the packages are loaded from the request's folders.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import sys
 import time
@@ -49,8 +51,11 @@ def run(request: dict) -> list[dict]:
         patch = patch_by_id(patch_id)
         print(f"proof {patch_id} on {tree}", file=sys.stderr, flush=True)
         started = time.monotonic()
+        # Each proof's own stderr (its notes) is kept with its verdict.
+        log = io.StringIO()
         try:
-            patch.prove(tree)
+            with contextlib.redirect_stderr(log):
+                patch.prove(tree)
             status, message = "passed", ""
         except AssertionError as exc:
             # The proof's own verdict: the fix's behaviour is absent.
@@ -65,6 +70,7 @@ def run(request: dict) -> list[dict]:
                 "status": status,
                 "message": message,
                 "seconds": round(time.monotonic() - started, 2),
+                "log": log.getvalue(),
             }
         )
         # Written after each proof, so a crash later keeps the verdicts so far.

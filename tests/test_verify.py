@@ -1,0 +1,403 @@
+"""`deepstack-patch verify`: selection, command lines, parsing, and real proofs.
+
+The unit tests need no torch. The tests marked ``verify`` run in verify's own
+managed environment, which the ``proof_env`` fixture builds through the
+product's code on first use (about 1.5 minutes and 1.3 GB, in the user cache)
+and reuses later; they are skipped only when DEEPSTACK_PATCH_SKIP_VERIFY=1 is
+set explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from deepstack_patch import envs, verify
+from deepstack_patch.cli import main
+from deepstack_patch.errors import DeepstackError
+from deepstack_patch.patches import SERIES
+from deepstack_patch.platform_plugin import CPU_PLATFORM, ENV_VAR, cpu_platform
+from deepstack_patch.protocol import PatchState
+from deepstack_patch.targets import PatchTargets, Targets, load_targets
+from deepstack_patch.tree import VllmTree
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = load_targets()
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="1" failures="1" skipped="1" tests="4">
+<testcase classname="tests.v1.sample.test_ops" name="test_count[1]" time="0.5"/>
+<testcase classname="tests.v1.sample.test_ops.TestGpu" name="test_big" time="0.0">
+  <skipped type="pytest.skip" message="needs CUDA">skip reason</skipped></testcase>
+<testcase classname="tests.v1.sample.test_ops" name="test_bad" time="0.1">
+  <failure message="assert 1 == 2">trace</failure></testcase>
+<testcase classname="tests.other.test_x" name="test_boom" time="0.1">
+  <error message="fixture exploded">trace</error></testcase>
+</testsuite></testsuites>
+"""
+
+
+def make_tree(root: Path, files: list[str]) -> Path:
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    (root / "PKG-INFO").write_text(
+        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.20.2\n"
+    )
+    for relpath in files:
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_text("")
+    return root
+
+
+def fake_targets(cpu: list[str], gpu: list[str] | None = None) -> Targets:
+    rows = PatchTargets(expected={}, cpu_tests=cpu, gpu_tests=gpu or [])
+    return Targets(releases=[], patches={"a#1": rows, "b#2": PatchTargets({}, cpu)})
+
+
+# -- selection, command lines, parsing ------------------------------------------
+
+
+def test_select_tests_keeps_present_files_and_reports_absent(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "t", ["tests/v1/sample/test_ops.py"])
+    listed = ["tests/v1/sample/test_ops.py::test_count", "tests/v1/later/test_new.py"]
+    selected, absent = verify.select_tests(
+        tree, fake_targets(listed), ["a#1", "b#2"], "cpu"
+    )
+    assert selected == {"tests/v1/sample/test_ops.py::test_count": ["a#1", "b#2"]}
+    assert absent == ["tests/v1/later/test_new.py"]
+    assert verify.select_tests(tree, fake_targets(listed), ["zz"], "cpu") == ({}, [])
+
+
+def test_pytest_command_cpu_and_gpu(tmp_path: Path) -> None:
+    junit = tmp_path / "j.xml"
+    cpu = verify.pytest_command(Path("/py"), tmp_path, ["tests/a.py"], junit)
+    assert cpu[:3] == ["/py", "-m", "pytest"]
+    assert "--noconftest" in cpu and f"--junit-xml={junit}" in cpu
+    assert cpu[cpu.index("--rootdir") + 1] == str(tmp_path)
+    assert cpu[-1] == "tests/a.py" and "no:cacheprovider" in cpu
+    gpu = verify.pytest_command(Path("/py"), tmp_path, ["tests/a.py"], junit, gpu=True)
+    assert "--noconftest" not in gpu
+
+
+def test_parse_junit_outcomes_nodeids_and_files(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "t", ["tests/v1/sample/test_ops.py"])
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    cases = verify.parse_junit(path, tree)
+    assert [(c.outcome, c.nodeid) for c in cases] == [
+        ("passed", "tests/v1/sample/test_ops.py::test_count[1]"),
+        ("skipped", "tests/v1/sample/test_ops.py::TestGpu::test_big"),
+        ("failed", "tests/v1/sample/test_ops.py::test_bad"),
+        # Its file is not in the tree: the classname stands in.
+        ("error", "tests.other.test_x::test_boom"),
+    ]
+    assert cases[1].message == "needs CUDA" and cases[2].message == "assert 1 == 2"
+    # Without the tree, a trailing class name is dropped by convention.
+    assert verify.parse_junit(path)[1].file == "tests/v1/sample/test_ops.py"
+    run = verify.TestRun(
+        command=[], selected={"tests/v1/sample/test_ops.py::test_count": ["a#1"]}
+    )
+    run.cases = cases
+    assert [c.name for c in run.cases_of("a#1")] == ["test_count[1]"]
+    assert not run.ok and run.json()["failed"] == 1 and run.json()["skipped"] == 1
+    (tmp_path / "bad.xml").write_text("<testsuite")
+    with pytest.raises(DeepstackError, match="bad.xml"):
+        verify.parse_junit(tmp_path / "bad.xml")
+
+
+def test_detect_gpu_without_driver_and_with_fake_smi(tmp_path: Path) -> None:
+    present, reason = verify.detect_gpu(lambda name: None)
+    assert not present and "nvidia-smi is not on PATH" in reason
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
+    smi.chmod(0o755)
+    present, reason = verify.detect_gpu(lambda name: str(smi))
+    assert not present and "No devices were found" in reason
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-1)'\n")
+    assert verify.detect_gpu(lambda name: str(smi)) == (
+        True,
+        "GPU 0: NVIDIA H100 (UUID: GPU-1)",
+    )
+
+
+def test_gpu_stage_without_gpu_is_skipped_with_reason(tmp_path: Path) -> None:
+    tree = VllmTree.open(make_tree(tmp_path / "t", ["tests/kernels/test_k.py"]))
+    targets = fake_targets([], gpu=["tests/kernels/test_k.py::test_cuda"])
+    stage = verify.gpu_stage(
+        tree, targets, ["a#1"], print, detect=lambda: (False, "no NVIDIA GPU: x")
+    )
+    assert stage.status == "skipped" and stage.reason == "no NVIDIA GPU: x"
+    assert stage.run is not None
+    assert list(stage.run.selected) == ["tests/kernels/test_k.py::test_cuda"]
+    assert not stage.ok  # asked for and not run: not a pass
+    assert verify.GpuStage(requested=False).ok
+    none_listed = verify.gpu_stage(tree, fake_targets([]), ["a#1"], print)
+    assert none_listed.status == "skipped" and "no gpu_tests" in none_listed.reason
+
+
+def test_precompiled_files_and_overlay(tmp_path: Path) -> None:
+    record = "\n".join(
+        [
+            "vllm/_C.abi3.so,sha256=x,1",
+            "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so,sha256=x,1",
+            "vllm/libcuda_helper.so.12,sha256=x,1",
+            "vllm/model_executor/models/qwen3_vl.py,sha256=x,1",
+            "vllm-0.20.2.dist-info/RECORD,,",
+            "torch/lib/libtorch.so,sha256=x,1",
+        ]
+    )
+    files = verify.precompiled_files(record)
+    assert files == [
+        "vllm/_C.abi3.so",
+        "vllm/libcuda_helper.so.12",
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
+    ]
+    tree = make_tree(tmp_path / "t", ["vllm/model_executor/models/qwen3_vl.py"])
+    site = tmp_path / "site"
+    for relpath in files:
+        (site / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (site / relpath).write_bytes(b"\x7fELF")
+    overlay = verify.overlay_tree(tree, site, files, tmp_path / "overlay")
+    assert (overlay / "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so").read_bytes() == (
+        b"\x7fELF"
+    )
+    assert (overlay / "vllm/model_executor/models/qwen3_vl.py").is_file()
+    assert not (tree / "vllm/_C.abi3.so").exists()  # the tree is never written
+    verify.check_wheel_version("0.20.2", "0.20.2")
+    with pytest.raises(DeepstackError, match="wheel is 0.20.1, the tree is 0.20.2"):
+        verify.check_wheel_version("0.20.1", "0.20.2")
+
+
+def test_platform_plugin_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert cpu_platform() is None
+    monkeypatch.setenv(ENV_VAR, "cpu")
+    assert cpu_platform() == CPU_PLATFORM
+    from importlib.metadata import entry_points
+
+    registered = {e.name: e.value for e in entry_points(group="vllm.platform_plugins")}
+    assert registered.get("deepstack_patch_cpu") == (
+        "deepstack_patch.platform_plugin:cpu_platform"
+    )
+
+
+def test_generated_plugin_dist_is_found_by_entry_points(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    python = envs.venv_python(venv)
+    envs.install_platform_plugin(python)
+    probe = (
+        "from importlib.metadata import entry_points;"
+        "[e] = entry_points(group='vllm.platform_plugins'); print(e.load()())"
+    )
+    for value, expected in (("cpu", CPU_PLATFORM), ("", "None")):
+        env = dict(os.environ, **{ENV_VAR: value})
+        out = subprocess.run(
+            [python, "-c", probe], env=env, capture_output=True, text=True, cwd=venv
+        )
+        assert out.stdout.strip() == expected, out.stderr
+
+
+def test_requirements_equal_the_verify_extra_and_key_is_stable() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["verify"] == list(envs.CPU_REQUIREMENTS)
+    assert envs.TORCH_PIN in envs.CPU_REQUIREMENTS
+    key = envs.env_key(envs.CPU_REQUIREMENTS, "3.11")
+    assert key == envs.env_key(list(reversed(envs.CPU_REQUIREMENTS)), "3.11")
+    assert key != envs.env_key([*envs.CPU_REQUIREMENTS, "x"], "3.11")
+    assert key != envs.env_key(envs.CPU_REQUIREMENTS, "3.12")
+    command = envs.pip_install_command(Path("/v/bin/python"), ["torch==2.13.0"])
+    assert "--isolated" not in command and command[-1] == "torch==2.13.0"
+
+
+def test_python_without_torch_says_what_to_install(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    with pytest.raises(DeepstackError) as raised:
+        envs.check_python(envs.venv_python(venv))
+    assert "cannot import torch, pytest" in raised.value.message
+    assert "pip install 'deepstack-patch[verify]'" in raised.value.hint
+    tree = make_tree(tmp_path / "t", [])
+    code, output = _cli("--vllm-src", str(tree), "--python", str(tmp_path / "nope"))
+    assert code == 2 and "no such interpreter" in " ".join(output.split())
+    assert "deepstack-patch[verify]" in output.replace("\n", " ")
+
+
+def test_runner_crash_is_an_error_with_the_log(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "t", [])
+    results = verify.run_proofs(envs.ProofEnv(Path(sys.executable)), tree, ["nope#0"])
+    assert results["nope#0"].status == "error"
+    assert "KeyError" in results["nope#0"].message
+
+
+def test_report_json_junit_and_exit_semantics(tmp_path: Path) -> None:
+    tree = VllmTree.open(make_tree(tmp_path / "t", []))
+    patch = SERIES[0]
+    good = verify.PatchVerdict(patch, PatchState.APPLIED, "")
+    good.proof = verify.ProofResult(patch.id, "passed", seconds=1.0)
+    good.pristine_state = PatchState.NEEDED
+    good.pristine_proof = verify.ProofResult(patch.id, "failed", "buggy")
+    assert good.fail_to_pass == "proven" and not good.problems
+    bad = verify.PatchVerdict(SERIES[1], PatchState.NEEDED, "")
+    bad.proof = verify.ProofResult(SERIES[1].id, "failed", "bug is here")
+    assert bad.problems[0].startswith("not applied")
+    report = verify.VerifyReport(
+        tree=tree,
+        env=envs.ProofEnv(Path("/py")),
+        verdicts=[good, bad],
+        cpu_tests=verify.TestRun(command=[]),
+        gpu=verify.GpuStage(True, "skipped", "no NVIDIA GPU: x"),
+    )
+    assert not report.ok
+    document = report_json = verify.report_json(report)
+    assert document["schema"] == 1 and document["command"] == "verify"
+    assert document["patches"][0]["fail_to_pass"] == "proven"
+    assert document["patches"][1]["ok"] is False
+    assert report_json["gpu"]["status"] == "skipped"
+    suite = ET.fromstring(verify.junit_xml(report))
+    assert suite.get("failures") == "1" and suite.get("skipped") == "1"
+    names = [(c.get("classname"), c.get("name")) for c in suite.iter("testcase")]
+    assert ("fail-to-pass.0.20.2", patch.id) in names
+
+
+def test_pristine_option_needs_against_pristine(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "t", [])
+    code, output = _cli("--vllm-src", str(tree), "--pristine", str(tree))
+    assert code == 2 and "--pristine goes with --against-pristine" in output
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["verify", *args])
+    return result.exit_code, result.output
+
+
+# -- real proofs and tree tests in the managed environment ------------------------
+
+
+@pytest.fixture(scope="session")
+def proof_env() -> envs.ProofEnv:
+    if os.environ.get("DEEPSTACK_PATCH_SKIP_VERIFY") == "1":
+        pytest.skip("DEEPSTACK_PATCH_SKIP_VERIFY=1")
+    return envs.ensure_env(
+        "cpu", envs.CPU_REQUIREMENTS, lambda line: print(line, file=sys.stderr)
+    )
+
+
+def _needed_by_release() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for patch in SERIES:
+        rows = TARGETS.patches.get(patch.id)
+        for release, state in (rows.expected if rows else {}).items():
+            if state is PatchState.NEEDED:
+                found.setdefault(release, []).append(patch.id)
+    return dict(sorted(found.items()))
+
+
+NEEDED = _needed_by_release()
+
+
+def _apply(tree: Path) -> None:
+    result = CliRunner().invoke(main, ["apply", "--vllm-src", str(tree)])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.verify
+@pytest.mark.release
+@pytest.mark.parametrize("release", list(NEEDED))
+def test_fail_to_pass(
+    release: str,
+    proof_env: envs.ProofEnv,
+    release_tree: Callable[[str], Path],
+    patched_copy: Callable[[str], Path],
+) -> None:
+    """Every needed patch's proof fails on the pristine release, passes patched;
+    the tree tests listed for the applicable patches pass on the patched tree."""
+    pristine = release_tree(release)
+    tree = patched_copy(release)
+    _apply(tree)
+    report = verify.verify_tree(
+        VllmTree.open(tree),
+        SERIES,
+        {p.id for p in SERIES},
+        proof_env,
+        TARGETS,
+        pristine=VllmTree.open(pristine),
+    )
+    lines = []
+    for verdict in report.verdicts:
+        if verdict.patch.id not in NEEDED[release]:
+            continue
+        before, after = verdict.pristine_proof, verdict.proof
+        lines.append(
+            f"{verdict.patch.id}: before {before.status if before else None}, "
+            f"after {after.status if after else None} -> {verdict.fail_to_pass}"
+            + (f"\n  before: {before.message}" if before else "")
+            + (f"\n  after: {after.message}" if after and after.message else "")
+        )
+    print("\n".join(lines))
+    for verdict in report.verdicts:
+        if verdict.patch.id in NEEDED[release]:
+            assert verdict.state is PatchState.APPLIED
+            assert verdict.fail_to_pass == "proven", "\n".join(lines)
+    assert report.cpu_tests.ok, report.cpu_tests.json()
+    assert report.ok, json.dumps(verify.report_json(report), indent=1)[:4000]
+
+
+@pytest.mark.verify
+@pytest.mark.release
+def test_tree_tests_run_on_cpu_through_the_plugin(
+    proof_env: envs.ProofEnv, release_tree: Callable[[str], Path]
+) -> None:
+    """The pytest machinery on a real in-tree test: passes with the plugin, and
+    fails without it (UnspecifiedPlatform), so the plugin is what makes it run."""
+    tree = release_tree("0.20.2")
+    nodeid = "tests/v1/sample/test_batched_count_greater_than.py"
+    with_plugin = verify.run_pytest(
+        proof_env.python, tree, {nodeid: ["x"]}, [], env=envs.subprocess_env(tree)
+    )
+    assert with_plugin.ok and with_plugin.count("passed") > 0, with_plugin.json()
+    without = dict(envs.subprocess_env(tree))
+    without.pop(ENV_VAR)
+    no_plugin = verify.run_pytest(
+        proof_env.python, tree, {nodeid: ["x"]}, [], env=without
+    )
+    assert not no_plugin.ok
+    assert any("Device string must not be empty" in c.message for c in no_plugin.cases)
+
+
+@pytest.mark.verify
+@pytest.mark.release
+def test_verify_command_end_to_end(
+    proof_env: envs.ProofEnv,
+    release_tree: Callable[[str], Path],
+    patched_copy: Callable[[str], Path],
+    tmp_path: Path,
+) -> None:
+    release = next(iter(NEEDED), "0.20.2")
+    tree = patched_copy(release)
+    args = ["--vllm-src", str(tree), "--against-pristine"]
+    args += ["--pristine", str(release_tree(release)), "--format", "json"]
+    junit = tmp_path / "verify.xml"
+    code, output = _cli(*args, "--junit-xml", str(junit))
+    assert code == 1  # not applied yet: the needed patches fail verify
+    document = json.loads(output)
+    assert {p["state"] for p in document["patches"]} >= {"needed"}
+    _apply(tree)
+    code, output = _cli(*args, "--junit-xml", str(junit))
+    document = json.loads(output)
+    assert code == 0, output
+    assert document["ok"] and document["environment"]["managed"]
+    suite = ET.parse(junit).getroot()
+    assert suite.get("failures") == "0" and suite.get("errors") == "0"
