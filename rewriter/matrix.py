@@ -156,7 +156,12 @@ def run_matrix(
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     results: dict[str, ReleaseResult] = {}
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    import multiprocessing
+
+    # spawn, not fork: the parent runs a progress-bar thread, and forking a
+    # threaded process can deadlock the child.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         futures = {
             pool.submit(check_release, version, list(selected), verify): version
             for version in releases
@@ -271,17 +276,21 @@ DEFAULT_INSTALL = "python -m pip install '.[verify,vendor]'"
 
 
 def _release_commands(
-    version: str, skip: Sequence[str], with_verify: bool
+    version: str, skip: Sequence[str], with_verify: bool, label: str = "deepstack.1"
 ) -> list[str]:
     """The shell commands one CI job runs for one release."""
+    from .sdist import local_version
+
     skips = "".join(f" --skip {shlex.quote(patch_id)}" for patch_id in skip)
     out = f"backport-{version}"
     commands = [
-        f"deepstack-patch backport --release {version} --out {out}{skips}",
+        f"deepstack-patch backport --release {version} --out {out} "
+        f"--local-version {shlex.quote(label)}{skips}",
     ]
     if with_verify:
+        tree = f"{out}/vllm-{local_version(version, label)}"
         commands.append(
-            f'deepstack-patch verify --vllm-src "$(ls -d {out}/vllm-*/)"{skips} '
+            f"deepstack-patch verify --vllm-src {shlex.quote(tree)}{skips} "
             f"--junit-xml {out}/verify.xml"
         )
     return commands
@@ -397,7 +406,23 @@ def emit_pipeline(
         f"{kind}`: one backport job per vLLM release.\n"
         "# Regenerate it rather than editing it by hand.\n"
     )
-    return header + yaml.safe_dump(document, sort_keys=False, width=100)
+    return header + yaml.dump(
+        document, Dumper=_pipeline_dumper(), sort_keys=False, width=100
+    )
+
+
+def _pipeline_dumper() -> type:
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        """Multi-line shell scripts as ``|`` blocks, as people write them."""
+
+    def represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
+        style = "|" if "\n" in text else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+    Dumper.add_representer(str, represent_str)
+    return Dumper
 
 
 def verify_available() -> bool:
