@@ -9,12 +9,16 @@ from __future__ import annotations
 from deepstack_patch.protocol import Patch
 
 from . import (
+    encoder_cudagraph_budgets,
     granite4_vision_deepstack_slice,
     qwen3_vl_deepstack_bounds_check,
     qwen3_vl_deepstack_resize,
+    sampler_batch_recompile,
 )
 
 SERIES: tuple[Patch, ...] = (
+    sampler_batch_recompile.PATCH,
+    encoder_cudagraph_budgets.PATCH,
     qwen3_vl_deepstack_bounds_check.PATCH,
     granite4_vision_deepstack_slice.PATCH,
     # After vllm#40932, which it requires: both rewrite _get_deepstack_input_embeds.
