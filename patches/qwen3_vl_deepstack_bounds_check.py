@@ -264,7 +264,9 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
 
             def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
                 self.scope.append(node.name.value)
-                return True
+                # Enter only the target classes: visiting every body of a
+                # large model file costs about a second.
+                return ".".join(self.scope) in classes
 
             def leave_ClassDef(
                 self, original: libcst.ClassDef, updated: libcst.ClassDef
@@ -280,7 +282,7 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
                 params = [p.name.value for p in node.params.params]
                 self.parameter.append(params[1] if target and len(params) > 1 else None)
                 self.scope.append(node.name.value)
-                return True
+                return target
 
             def leave_FunctionDef(
                 self, original: libcst.FunctionDef, updated: libcst.FunctionDef

@@ -388,7 +388,12 @@ class Qwen3VLDeepstackResize(Patch):
 
             def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
                 self.scope.append(node.name.value)
-                return True
+                # Enter only classes on the way to a target: visiting every
+                # body of a large model file costs about a second.
+                qualname = ".".join(self.scope)
+                return any(
+                    c == qualname or c.startswith(qualname + ".") for c in classes
+                )
 
             def leave_ClassDef(
                 self, original: libcst.ClassDef, updated: libcst.ClassDef

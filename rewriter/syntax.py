@@ -143,12 +143,22 @@ def rewrite_functions(
     seen: set[str] = set()
 
     class FunctionRewriter(libcst.CSTTransformer):
+        # Only classes and functions on the way to a target are entered:
+        # visiting every body of a large model file costs about a second.
         def __init__(self) -> None:
             self.scope: list[str] = []
 
+        def _on_the_way(self, name: str) -> bool:
+            qualname = ".".join([*self.scope, name])
+            return any(
+                target == qualname or target.startswith(qualname + ".")
+                for target in rewriters
+            )
+
         def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
+            entered = self._on_the_way(node.name.value)
             self.scope.append(node.name.value)
-            return True
+            return entered
 
         def leave_ClassDef(
             self, original: libcst.ClassDef, updated: libcst.ClassDef
@@ -157,8 +167,9 @@ def rewrite_functions(
             return updated
 
         def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
+            entered = self._on_the_way(node.name.value)
             self.scope.append(node.name.value)
-            return True
+            return entered
 
         def leave_FunctionDef(
             self, original: libcst.FunctionDef, updated: libcst.FunctionDef

@@ -92,34 +92,45 @@ def test_apply(
 
 @pytest.mark.parametrize("version", RELEASES_NEEDING_PATCHES)
 def test_rewrites_equal_upstream(
-    version: str,
-    patched_copy: Callable[[str], Path],
-    release_tree: Callable[[str], Path],
+    version: str, release_tree: Callable[[str], Path]
 ) -> None:
-    """Patched functions are upstream's, where the release had upstream's base."""
-    root = patched_copy(version)
-    tree = VllmTree.open(root)
-    plan = plan_tree(tree, SERIES)
-    write_edits(root, plan.edits)
-    for report in plan.reports:
-        patch = report.patch
+    """Each patch's functions are upstream's, where its input was upstream's base.
+
+    Patches are taken one by one in series order, each on the code the
+    patches before it left (two patches may rewrite the same function), and
+    compared with the first upstream release that has the fix. Where the code
+    a patch saw differs from upstream's base (the last release needing it),
+    the release has its own shape and identity cannot be asked for.
+    """
+    pristine = release_tree(version)
+    tree = VllmTree.open(pristine)
+    earlier: set[str] = set()
+    previous: dict[str, bytes] = {}
+    for patch in SERIES:
+        plan = plan_tree(tree, SERIES, earlier | {patch.id})
+        current = {edit.relpath: edit.new for edit in plan.edits}
         base = _upstream_base(patch.id, patch.fixed_in)
-        for loc in report.locations:
+        for loc in plan.report(patch.id).locations:
             if loc.state is not PatchState.NEEDED:
                 continue
-            fixed = _functions(release_tree(patch.fixed_in) / loc.path)
-            patched = _functions(root / loc.path)
-            pristine = _functions(release_tree(version) / loc.path)
-            base_functions = _functions(release_tree(base) / loc.path) if base else {}
+            fixed = _functions((release_tree(patch.fixed_in) / loc.path).read_bytes())
+            seen = _functions(
+                previous.get(loc.path) or (pristine / loc.path).read_bytes()
+            )
+            patched = _functions(current[loc.path])
+            base_file = release_tree(base) / loc.path if base else None
+            base_functions = _functions(base_file.read_bytes()) if base_file else {}
             for name in loc.finding.rewrites:
                 if name not in fixed:
                     continue  # upstream moved or renamed it: nothing to compare
                 if _dump(patched.get(name)) == _dump(fixed[name]):
                     continue
-                assert _dump(pristine.get(name)) != _dump(base_functions.get(name)), (
+                assert _dump(seen.get(name)) != _dump(base_functions.get(name)), (
                     f"{patch.id}: {loc.path} {name} was upstream's base in {version} "
                     f"but differs from vLLM {patch.fixed_in}'s after the rewrite"
                 )
+        earlier.add(patch.id)
+        previous = current
 
 
 def _upstream_base(patch_id: str, fixed_in: str) -> str | None:
@@ -134,10 +145,8 @@ def _upstream_base(patch_id: str, fixed_in: str) -> str | None:
     return max(needing, key=Version) if needing else None
 
 
-def _functions(path: Path) -> dict[str, ast.AST]:
-    if not path.is_file():
-        return {}
-    return dict(iter_functions(ast.parse(path.read_bytes())))
+def _functions(source: bytes) -> dict[str, ast.AST]:
+    return dict(iter_functions(ast.parse(source)))
 
 
 def _dump(node: ast.AST | None) -> str | None:
