@@ -525,3 +525,21 @@ def test_emitted_pipeline_is_yaml_naming_every_release(
         assert f"deepstack-patch backport --release {release} " in script
         if "verify" in main.commands:
             assert "deepstack-patch verify --vllm-src " in script
+
+
+def test_matrix_verify_says_it_needs_the_verify_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(main.commands, "verify", raising=False)
+    code, output = run("matrix", "--verify")
+    assert code == 2
+    assert "needs the `deepstack-patch verify` command" in flat(output)
+
+
+def test_allow_dirty_without_commit_is_an_error(
+    patched_copy: Callable[[str], Path],
+) -> None:
+    code, output = run(
+        "apply", "--vllm-src", str(patched_copy(RELEASE)), "--allow-dirty"
+    )
+    assert code == 2 and "--allow-dirty needs --commit" in flat(output)
