@@ -83,7 +83,13 @@ def plan_tree(
     if selected is None:
         selected = {patch.id for patch in series}
     reports = {p.id: PatchReport(patch=p, selected=p.id in selected) for p in series}
-    files_of = {p.id: set(tree.glob(p.paths)) for p in series}
+    # Patches often share their globs (every model file): walk each pattern once.
+    globbed: dict[str, list[str]] = {}
+    for pattern in dict.fromkeys(pat for p in series for pat in p.paths):
+        globbed[pattern] = tree.glob((pattern,))
+    files_of = {
+        p.id: {rel for pattern in p.paths for rel in globbed[pattern]} for p in series
+    }
     candidates = sorted(set().union(*files_of.values()))
     edits: list[FileEdit] = []
     real_dirs: dict[str, str] = {}
