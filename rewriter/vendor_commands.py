@@ -282,7 +282,8 @@ def backport(
 
     archive = _download(release)
     tree_dir = out / f"vllm-{new_version}"
-    tree = extract_release(archive, release, tree_dir)
+    with console.status(f"extracting {archive.name}"):
+        tree = extract_release(archive, release, tree_dir)
     if tree.version != release:
         raise DeepstackError(
             f"{archive.name}: its PKG-INFO says {tree.version}, not {release}",
@@ -298,13 +299,14 @@ def backport(
     versioned = version_edits(tree.root, release, new_version)
     write_edits(tree.root, versioned)
     replaced = {edit.relpath: edit.new for edit in [*plan.edits, *versioned]}
-    sdist = repack_sdist(
-        archive,
-        replaced,
-        new_version,
-        out / f"vllm-{new_version}.tar.gz",
-        int(build_date().timestamp()),
-    )
+    with console.status(f"writing vllm-{new_version}.tar.gz"):
+        sdist = repack_sdist(
+            archive,
+            replaced,
+            new_version,
+            out / f"vllm-{new_version}.tar.gz",
+            int(build_date().timestamp()),
+        )
     document = plan_json(
         plan,
         "backport",
