@@ -63,6 +63,9 @@ CPU_REQUIREMENTS: tuple[str, ...] = (
     "uvloop",
     "py-cpuinfo",
     "einops",
+    # 0.17-0.18 and 0.30+ import these on the way to the sampler.
+    "prometheus-client",
+    "fastapi",
 )
 
 PLUGIN_DIST = "deepstack_patch_vllm_platform"

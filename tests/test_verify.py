@@ -23,7 +23,7 @@ from deepstack_patch import envs, verify
 from deepstack_patch.cli import main
 from deepstack_patch.errors import DeepstackError
 from deepstack_patch.patches import SERIES
-from deepstack_patch.platform_plugin import CPU_PLATFORM, ENV_VAR, cpu_platform
+from deepstack_patch.platform_plugin import ENV_VAR, cpu_platform
 from deepstack_patch.protocol import PatchState
 from deepstack_patch.targets import PatchTargets, Targets, load_targets
 from deepstack_patch.tree import VllmTree
@@ -184,7 +184,7 @@ def test_platform_plugin_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv(ENV_VAR, raising=False)
     assert cpu_platform() is None
     monkeypatch.setenv(ENV_VAR, "cpu")
-    assert cpu_platform() == CPU_PLATFORM
+    assert cpu_platform() == "deepstack_patch.platform_plugin.SourceTreeCpuPlatform"
     from importlib.metadata import entry_points
 
     registered = {e.name: e.value for e in entry_points(group="vllm.platform_plugins")}
@@ -202,7 +202,8 @@ def test_generated_plugin_dist_is_found_by_entry_points(tmp_path: Path) -> None:
         "from importlib.metadata import entry_points;"
         "[e] = entry_points(group='vllm.platform_plugins'); print(e.load()())"
     )
-    for value, expected in (("cpu", CPU_PLATFORM), ("", "None")):
+    shim = f"{envs.PLUGIN_DIST}.SourceTreeCpuPlatform"
+    for value, expected in (("cpu", shim), ("", "None")):
         env = dict(os.environ, **{ENV_VAR: value})
         out = subprocess.run(
             [python, "-c", probe], env=env, capture_output=True, text=True, cwd=venv
@@ -278,9 +279,10 @@ def test_pristine_option_needs_against_pristine(tmp_path: Path) -> None:
     assert code == 2 and "--pristine goes with --against-pristine" in output
 
 
-def _cli(*args: str) -> tuple[int, str]:
+def _cli(*args: str, stdout: bool = False) -> tuple[int, str]:
+    """verify's exit code and output (with ``stdout``: stdout alone, for JSON)."""
     result = CliRunner().invoke(main, ["verify", *args])
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout if stdout else result.output
 
 
 # -- real proofs and tree tests in the managed environment ------------------------
@@ -390,12 +392,12 @@ def test_verify_command_end_to_end(
     args = ["--vllm-src", str(tree), "--against-pristine"]
     args += ["--pristine", str(release_tree(release)), "--format", "json"]
     junit = tmp_path / "verify.xml"
-    code, output = _cli(*args, "--junit-xml", str(junit))
+    code, output = _cli(*args, "--junit-xml", str(junit), stdout=True)
     assert code == 1  # not applied yet: the needed patches fail verify
     document = json.loads(output)
     assert {p["state"] for p in document["patches"]} >= {"needed"}
     _apply(tree)
-    code, output = _cli(*args, "--junit-xml", str(junit))
+    code, output = _cli(*args, "--junit-xml", str(junit), stdout=True)
     document = json.loads(output)
     assert code == 0, output
     assert document["ok"] and document["environment"]["managed"]
