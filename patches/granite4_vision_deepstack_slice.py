@@ -105,6 +105,43 @@ class Model:
         return ds
 """
 
+# A vendor's layout (another line length, single quotes, comments inside the
+# comprehension, no blank lines): the fix goes in the same place, comments stay.
+VENDOR_LAYOUT_BEFORE = """
+class Granite4VisionForConditionalGeneration(nn.Module):
+    def forward(self, input_ids, positions, inputs_embeds=None, **kwargs):
+        # vendor: deepstack only on the first pipeline rank
+        if inputs_embeds is not None and self._ds_layer_indices:
+            # vendor: persistent buffers, see VENDOR-123
+            ds: IntermediateTensors | None = IntermediateTensors({
+                # one entry per deepstack level
+                f'ds_{llm_layer}': self._ds_buffers[lvl]
+                for lvl, llm_layer in enumerate(self._ds_layer_indices)
+            })
+        else:
+            ds = None
+        return self.language_model.model(input_ids, positions,
+                                         deepstack_input_embeds=ds)
+"""
+
+VENDOR_LAYOUT_AFTER = """
+class Granite4VisionForConditionalGeneration(nn.Module):
+    def forward(self, input_ids, positions, inputs_embeds=None, **kwargs):
+        # vendor: deepstack only on the first pipeline rank
+        if inputs_embeds is not None and self._ds_layer_indices:
+            # vendor: persistent buffers, see VENDOR-123
+            n = inputs_embeds.size(0)
+            ds: IntermediateTensors | None = IntermediateTensors({
+                # one entry per deepstack level
+                f'ds_{llm_layer}': self._ds_buffers[lvl][:n]
+                for lvl, llm_layer in enumerate(self._ds_layer_indices)
+            })
+        else:
+            ds = None
+        return self.language_model.model(input_ids, positions,
+                                         deepstack_input_embeds=ds)
+"""
+
 # Sliced by something else: neither the bug nor the fix, so nothing is touched.
 SLICED_OTHERWISE = """
 class Model:
@@ -150,6 +187,9 @@ class Granite4VisionDeepstackSlice(Patch):
         Example("upstream 0.20.x forward", BEFORE, AFTER),
         Example(
             "renamed loop variables, trailing comment", RENAMED_BEFORE, RENAMED_AFTER
+        ),
+        Example(
+            "vendor layout and comments", VENDOR_LAYOUT_BEFORE, VENDOR_LAYOUT_AFTER
         ),
         Example("already sliced (upstream 0.21.0)", AFTER, state=PatchState.APPLIED),
         Example("sliced by another bound", SLICED_OTHERWISE, state=PatchState.DRIFTED),
