@@ -21,6 +21,25 @@ class PatchTargets:
     expected: dict[str, PatchState]
     cpu_tests: list[str] = field(default_factory=list)
     gpu_tests: list[str] = field(default_factory=list)
+    #: test -> (release specifier, why): a test given as a table
+    #: ``{test = "...", releases = ">=0.20.0", why = "..."}`` runs only on
+    #: the releases the specifier matches (a file a release ships but cannot
+    #: collect, say).
+    test_releases: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def runs_on(self, test: str, version: str) -> tuple[bool, str]:
+        """Whether ``test`` runs on release ``version``, and why not."""
+        if test not in self.test_releases:
+            return True, ""
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        spec, why = self.test_releases[test]
+        try:
+            matches = Version(version) in SpecifierSet(spec)
+        except InvalidVersion:
+            matches = True  # a checkout's version: run it, and let it judge
+        return matches, "" if matches else f"only on vLLM {spec}: {why}"
 
 
 @dataclass(frozen=True)
@@ -59,9 +78,40 @@ def load_targets(path: Path | None = None) -> Targets:
                 f"{path}: [patches.{patch_id!r}.expected]: {exc}",
                 "states are: " + ", ".join(s.value for s in PatchState),
             ) from None
+        conditions: dict[str, tuple[str, str]] = {}
+        tests = {
+            kind: _tests(path, patch_id, table.get(kind, []), conditions)
+            for kind in ("cpu_tests", "gpu_tests")
+        }
         patches[patch_id] = PatchTargets(
             expected=expected,
-            cpu_tests=list(table.get("cpu_tests", [])),
-            gpu_tests=list(table.get("gpu_tests", [])),
+            cpu_tests=tests["cpu_tests"],
+            gpu_tests=tests["gpu_tests"],
+            test_releases=conditions,
         )
     return Targets(releases=list(data.get("releases", [])), patches=patches)
+
+
+def _tests(
+    path: Path, patch_id: str, entries: list, conditions: dict[str, tuple[str, str]]
+) -> list[str]:
+    """Test ids from strings or ``{test, releases, why}`` tables."""
+    tests = []
+    for entry in entries:
+        if isinstance(entry, str):
+            tests.append(entry)
+        elif isinstance(entry, dict) and isinstance(entry.get("test"), str):
+            tests.append(entry["test"])
+            if "releases" in entry:
+                conditions[entry["test"]] = (
+                    str(entry["releases"]),
+                    str(entry.get("why", "")),
+                )
+        else:
+            raise DeepstackError(
+                f"{path}: [patches.{patch_id!r}]: test entry {entry!r} is neither "
+                "a pytest node id nor a table with `test`",
+                'write "tests/x.py::test_y" or {test = "tests/x.py", releases = '
+                '">=0.20.0", why = "..."}',
+            )
+    return tests

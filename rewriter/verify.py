@@ -218,12 +218,17 @@ def _belongs(case: TestCase, nodeid: str) -> bool:
 
 
 def select_tests(
-    tree: Path, targets: Targets, patch_ids: Sequence[str], kind: str
+    tree: Path,
+    targets: Targets,
+    patch_ids: Sequence[str],
+    kind: str,
+    version: str = "",
 ) -> tuple[dict[str, list[str]], list[str]]:
     """The ``{kind}_tests`` of the patches that exist in ``tree``, and the rest.
 
-    A listed test whose file this release lacks (it came later) is returned
-    as absent: reported, never run and never counted as passed.
+    A listed test whose file this release lacks (it came later), or that
+    targets.toml limits to other releases, is returned in the second list
+    with the reason: reported, never run and never counted as passed.
     """
     selected: dict[str, list[str]] = {}
     absent: list[str] = []
@@ -232,10 +237,13 @@ def select_tests(
         if rows is None:
             continue
         for nodeid in getattr(rows, f"{kind}_tests"):
-            if (tree / nodeid.split("::")[0]).is_file():
+            runs, why = rows.runs_on(nodeid, version) if version else (True, "")
+            if not (tree / nodeid.split("::")[0]).is_file():
+                why = "not in this release"
+            if not why:
                 selected.setdefault(nodeid, []).append(patch_id)
-            elif nodeid not in absent:
-                absent.append(nodeid)
+            elif f"{nodeid}: {why}" not in absent:
+                absent.append(f"{nodeid}: {why}")
     return selected, absent
 
 
@@ -457,7 +465,7 @@ def gpu_stage(
     *,
     detect: Callable[[], tuple[bool, str]] = detect_gpu,
 ) -> GpuStage:
-    selected, absent = select_tests(tree.root, targets, patch_ids, "gpu")
+    selected, absent = select_tests(tree.root, targets, patch_ids, "gpu", tree.version)
     stage = GpuStage(requested=True)
     if not selected:
         stage.status, stage.reason = (
@@ -638,7 +646,7 @@ def verify_tree(
         if provable(v.pristine_state) and has_proof(v.patch)
     ]
     applicable = [v.patch.id for v in verdicts if provable(v.state)]
-    tests, absent = select_tests(tree.root, targets, applicable, "cpu")
+    tests, absent = select_tests(tree.root, targets, applicable, "cpu", tree.version)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")

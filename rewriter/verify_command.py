@@ -234,7 +234,7 @@ def _print_report(report: object) -> None:
             f"{run.count('skipped')} skipped ({run.seconds} s)"
         )
         for nodeid in run.absent:
-            console.print(f"  not in this release: {nodeid}")
+            console.print(f"  not run: {nodeid}")
         for case in run.cases:
             if case.outcome in ("failed", "error"):
                 console.print(f"  [red]{case.outcome}[/] {case.nodeid}: {case.message}")

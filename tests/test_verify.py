@@ -76,8 +76,28 @@ def test_select_tests_keeps_present_files_and_reports_absent(tmp_path: Path) -> 
         tree, fake_targets(listed), ["a#1", "b#2"], "cpu"
     )
     assert selected == {"tests/v1/sample/test_ops.py::test_count": ["a#1", "b#2"]}
-    assert absent == ["tests/v1/later/test_new.py"]
+    assert absent == ["tests/v1/later/test_new.py: not in this release"]
     assert verify.select_tests(tree, fake_targets(listed), ["zz"], "cpu") == ({}, [])
+
+
+def test_tests_limited_to_releases(tmp_path: Path) -> None:
+    toml = tmp_path / "targets.toml"
+    toml.write_text(
+        '[patches."a#1"]\ncpu_tests = ["tests/a.py", {test = "tests/b.py", '
+        'releases = ">=0.20.0", why = "0.19 cannot collect it"}]\n'
+    )
+    targets = load_targets(toml)
+    tree = make_tree(tmp_path / "t", ["tests/a.py", "tests/b.py"])
+    old = verify.select_tests(tree, targets, ["a#1"], "cpu", "0.19.1")
+    assert old == (
+        {"tests/a.py": ["a#1"]},
+        ["tests/b.py: only on vLLM >=0.20.0: 0.19 cannot collect it"],
+    )
+    new = verify.select_tests(tree, targets, ["a#1"], "cpu", "0.20.0")
+    assert sorted(new[0]) == ["tests/a.py", "tests/b.py"] and new[1] == []
+    toml.write_text('[patches."a#1"]\ncpu_tests = [3]\n')
+    with pytest.raises(DeepstackError, match="neither a pytest node id"):
+        load_targets(toml)
 
 
 def test_pytest_command_cpu_and_gpu(tmp_path: Path) -> None:
