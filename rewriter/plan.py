@@ -9,6 +9,7 @@ left it. A rewrite is kept only if the patch recognises its own output as
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 from collections.abc import Callable, Sequence
@@ -183,10 +184,34 @@ def rewrite_text(patch: Patch, text: str, relpath: str = "example.py") -> str:
     return _rewrite(patch, source, needed).text
 
 
+#: Set to "1" to give every patch the whole module (the skeleton's reference).
+FULL_REWRITE_ENV = "DEEPSTACK_PATCH_FULL_REWRITE"
+
+
 def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceFile:
-    """Apply one patch to one file and prove the result is what it claims."""
+    """Apply one patch to one file and prove the result is what it claims.
+
+    The patch first rewrites a skeleton of the file (see :func:`_skeleton`):
+    parsing, visiting and printing a whole 3000-line model file with LibCST
+    costs seconds, its target methods a fraction of that. Any trouble there
+    (a parse error, a rewrite that raises or that the checks refuse) falls
+    back to the whole module, whose result is authoritative.
+    """
+    if os.environ.get(FULL_REWRITE_ENV) != "1":
+        try:
+            skeleton = _rewrite_skeleton(patch, source, needed)
+            if skeleton is not None:
+                return _checked(patch, source, needed, skeleton)
+        except Exception:  # noqa: BLE001 - the whole module decides below
+            pass
     module = patch.rewrite(source.cst, needed)
-    result = SourceFile.from_cst(source.relpath, module)
+    return _checked(patch, source, needed, SourceFile.from_cst(source.relpath, module))
+
+
+def _checked(
+    patch: Patch, source: SourceFile, needed: list[Finding], result: SourceFile
+) -> SourceFile:
+    """``result`` if the patch recognises it applied and it changed no more."""
     try:
         after = patch.recognise(result.ast, source.relpath)
     except DeepstackError as exc:
@@ -204,6 +229,95 @@ def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceF
             )
     _check_edits_inside(source, result, needed)
     return result
+
+
+_PLACEHOLDER = b"# deepstack-patch skeleton block %d\n"
+
+#: A skeleton: its lines, and for each the range of file lines it stands for.
+Skeleton = tuple[list[bytes], list[tuple[int, int]]]
+
+
+def _skeleton(source: SourceFile, needed: list[Finding]) -> Skeleton | None:
+    """The file with every def/class that no needed span touches left out.
+
+    Each run of left-out lines becomes one unique comment line, so a line
+    diff of the skeleton before and after the rewrite maps back onto the
+    file. Only whole module-level and class-level statements are left out,
+    and a class keeps at least one. Patches address code by name, never by
+    line number, in ``rewrite`` (line numbers differ in the skeleton).
+    """
+    if source.encoding != "utf-8" or source.raw.startswith(b"\xef\xbb\xbf"):
+        return None
+    spans = [f.span for f in needed]
+    blank: set[int] = set()
+
+    def first_line(node: ast.AST) -> int:
+        decorators = getattr(node, "decorator_list", [])
+        return min([node.lineno, *(d.lineno for d in decorators)])
+
+    def touched(node: ast.AST) -> bool:
+        first, last = first_line(node), node.end_lineno or node.lineno
+        return any(a <= last and first <= b for a, b in spans)
+
+    def prune(body: list[ast.stmt]) -> bool:
+        """Leave out the untouched defs of ``body``; False if none would remain."""
+        dropped = []
+        for node in body:
+            if not isinstance(
+                node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+            ):
+                continue
+            if not touched(node):
+                dropped.append(node)
+            elif isinstance(node, ast.ClassDef) and not prune(node.body):
+                return False
+        if len(dropped) == len(body):
+            return False
+        for node in dropped:
+            blank.update(range(first_line(node), (node.end_lineno or 0) + 1))
+        return True
+
+    if not prune(source.ast.body) or blank & {1, 2}:
+        return None
+    lines: list[bytes] = []
+    origin: list[tuple[int, int]] = []
+    for index, line in enumerate(source.raw.splitlines(keepends=True)):
+        if index + 1 not in blank:
+            lines.append(line)
+            origin.append((index, index + 1))
+        elif index in blank:  # continues the block the previous line started
+            origin[-1] = (origin[-1][0], index + 1)
+        else:
+            lines.append(_PLACEHOLDER % len(lines))
+            origin.append((index, index + 1))
+    return lines, origin
+
+
+def _rewrite_skeleton(
+    patch: Patch, source: SourceFile, needed: list[Finding]
+) -> SourceFile | None:
+    import libcst
+
+    skeleton = _skeleton(source, needed)
+    if skeleton is None:
+        return None
+    before, origin = skeleton
+    module = patch.rewrite(libcst.parse_module(b"".join(before)), needed)
+    after = module.bytes.splitlines(keepends=True)
+    placeholders = {line for line in before if line.startswith(b"# deepstack-patch")}
+    original = source.raw.splitlines(keepends=True)
+    out: list[bytes] = []
+    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            for start, end in origin[i1:i2]:
+                out.extend(original[start:end])
+            continue
+        # A rewrite that moved or dropped a left-out block is not a local edit.
+        if placeholders.intersection(before[i1:i2] + after[j1:j2]):
+            return None
+        out.extend(after[j1:j2])
+    return SourceFile(source.relpath, b"".join(out))
 
 
 def _check_edits_inside(

@@ -568,6 +568,32 @@ def test_drifts_are_real() -> None:
     assert ruff_format(code, "--line-length", "60") != code
 
 
+def test_rename_verdict_tells_renames_from_wrong_code() -> None:
+    """judge_rename accepts only the fix up to names (else it proves nothing)."""
+    fixed = (
+        "class M:\n"
+        "    def f(self, x):\n"
+        "        n = x.size(0)\n"
+        "        out = [b[:n] for b in self.bufs]\n"
+        "        n = self.count\n"
+        "        return out, n\n"
+    )
+    rename = ("m.py", "M.f", "n", "n_vendor")
+
+    def verdict(got: str) -> str:
+        return judge_rename(ast.parse(got), ast.parse(fixed), "m.py", rename)
+
+    assert verdict(fixed.replace("out", "result")) == ""
+    # The fix's own `n` is fresh next to the vendor's renamed one: accepted.
+    vendor = fixed.replace("n = self", "n_vendor = self").replace(
+        "out, n\n", "out, n_vendor\n"
+    )
+    assert verdict(vendor) == ""
+    assert verdict(fixed.replace("b[:n]", "b[:x]")) != ""
+    assert verdict(fixed.replace("out, n\n", "out, x\n")) != ""
+    assert verdict(fixed.replace("return out, n", "return n, out")) != ""
+
+
 @pytest.mark.release
 @pytest.mark.parametrize(("patch_id", "release", "kind"), CELLS)
 def test_drift(
@@ -585,6 +611,37 @@ def test_drift(
         assert not refused, "refused code-preserving drift:\n" + "\n".join(refused)
 
 
+RELEASES_WITH_REWRITES = sorted({release for _, release in needed_cells()})
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("release", RELEASES_WITH_REWRITES)
+def test_skeleton_rewrite_equals_whole_module(
+    release: str, release_tree: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's fast path (patches rewrite a skeleton of the file) writes
+    exactly what rewriting the whole module writes, on every release."""
+    from deepstack_patch import plan as plan_module
+
+    tree = VllmTree.open(release_tree(release))
+    used = []
+    real = plan_module._rewrite_skeleton
+
+    def spy(*args: object) -> object:
+        used.append(result := real(*args))  # type: ignore[arg-type]
+        return result
+
+    monkeypatch.setattr(plan_module, "_rewrite_skeleton", spy)
+    fast = plan_tree(tree, SERIES)
+    monkeypatch.setenv(plan_module.FULL_REWRITE_ENV, "1")
+    whole = plan_tree(tree, SERIES)
+    assert [(e.relpath, e.new) for e in fast.edits] == [
+        (e.relpath, e.new) for e in whole.edits
+    ]
+    assert [r.state for r in fast.reports] == [r.state for r in whole.reports]
+    assert any(result is not None for result in used), "the fast path never ran"
+
+
 # -- the table --------------------------------------------------------------------
 
 
@@ -594,16 +651,15 @@ def corpus_table(release_root: Callable[[str], Path], work: Path) -> Iterator[st
         for kind in KINDS:
             cell = work / f"{patch_id.replace('#', '')}-{release}-{kind}"
             cell.mkdir(parents=True)
-            counts = Counter(
-                case.verdict
-                for case in run_cell(
-                    patch_id, release, kind, release_root(release), cell
-                )
-            )
+            cases = run_cell(patch_id, release, kind, release_root(release), cell)
+            counts = Counter(case.verdict for case in cases)
             yield (
                 f"{patch_id:11} {release:7} {kind:10} {counts['applied']:7} "
                 f"{counts['drifted']:7} {counts['wrong']:5}"
             )
+            for case in cases:
+                if case.verdict != "applied":
+                    yield f"    {case.verdict}: {case.name}: {case.detail}"
 
 
 if __name__ == "__main__":
