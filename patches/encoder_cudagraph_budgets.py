@@ -568,7 +568,14 @@ class EncoderCudaGraphBudgets(Patch):
         "vllm/model_executor/models/**/*.py",
         "vllm/models/**/*.py",
     )
-    markers = (b"encoder_cudagraph",)
+    # Narrow on purpose: "encoder_cudagraph" alone also matches the 7000-line
+    # GPU model runner, which no part targets.
+    markers = (
+        b"class EncoderCudaGraphManager",
+        b"encoder_cudagraph_token_budgets",
+        b"def prepare_encoder_cudagraph_capture_inputs",
+        b"def get_encoder_cudagraph_config",
+    )
     parts = {
         "budget-invariant": "EncoderCudaGraphManager.__init__ choosing token budgets",
         "positive-budgets": (

@@ -79,7 +79,8 @@ def plan_tree(
     """Recognise every patch of ``series`` in ``tree`` and compute the rewrites.
 
     With ``rewrite=False`` (status, ``apply --check``) a patch's rewrite is
-    computed only where a later patch in the same file must see its output.
+    computed only where a later patch in the same file requires it (see
+    ``Patch.requires``) and so must recognise its output.
     """
     if selected is None:
         selected = {patch.id for patch in series}
@@ -112,8 +113,13 @@ def plan_tree(
             findings = patch.recognise(current.ast, relpath)
             report = reports[patch.id]
             needed = [f for f in findings if f.state is PatchState.NEEDED]
-            later_in_file = any(p.id in selected for p in touching[index + 1 :])
-            if needed and patch.id in selected and (rewrite or later_in_file):
+            # Without writing, a rewrite is only worth its cost (a LibCST
+            # import and parse) when a later patch must recognise its output.
+            read_later = any(
+                p.id in selected and patch.id in p.requires
+                for p in touching[index + 1 :]
+            )
+            if needed and patch.id in selected and (rewrite or read_later):
                 try:
                     current = _rewrite(patch, current, needed)
                     changed_by.append(patch.id)

@@ -62,6 +62,8 @@ def test_apply(
     root = patched_copy(version)
     tree = VllmTree.open(root)
     before = plan_tree(tree, SERIES)
+    # The plan that writes agrees with `status`, which skips most rewrites.
+    assert states(before) == TARGETS.expected(version), _describe(before)
     pristine = {edit.relpath: edit.old for edit in before.edits}
     inodes = _inodes(root)
 
