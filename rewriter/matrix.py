@@ -49,19 +49,24 @@ def check_release(version: str, selected: Sequence[str], verify: bool) -> Releas
     """
     from .patches import SERIES
     from .plan import plan_tree
-    from .releases import download_release, extract_release, find_release
+    from .releases import (
+        cached_release,
+        download_release,
+        extract_release,
+        find_release,
+    )
     from .transaction import write_edits
 
     started = time.monotonic()
     result = ReleaseResult(version)
     work = Path(tempfile.mkdtemp(prefix=f"deepstack-matrix-{version}-"))
     try:
-        archive = download_release(find_release(version))
+        archive = cached_release(version) or download_release(find_release(version))
         if verify:  # the tree's own tests run: it needs every file
             tree = extract_release(archive, version, work / f"vllm-{version}")
         else:
             patterns = [pattern for patch in SERIES for pattern in patch.paths]
-            tree = extract_matching(archive, work / f"vllm-{version}", patterns)
+            tree = status_tree(archive, version, patterns)
         plan = plan_tree(tree, SERIES, set(selected), rewrite=verify)
         for report in plan.reports:
             result.states[report.patch.id] = report.state.value
@@ -113,6 +118,36 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
         else:
             parts.append(re.escape(piece))
     return re.compile("".join(parts) + r"\Z")
+
+
+def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTree:
+    """A cached, read-only extraction of what status reads from ``archive``.
+
+    Keyed by the archive and the patterns, so a changed series extracts
+    anew; ``status`` never writes, so every later matrix run can share it.
+    """
+    import hashlib
+
+    from filelock import FileLock
+
+    from .releases import cache_dir
+
+    stat = archive.stat()
+    key = hashlib.sha256(
+        "\0".join(
+            [archive.name, str(stat.st_size), str(stat.st_mtime_ns), *patterns]
+        ).encode()
+    ).hexdigest()[:16]
+    root = cache_dir() / "status-trees" / f"vllm-{version}-{key}"
+    complete = root / ".complete"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock", timeout=600):
+        if not complete.is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            extract_matching(archive, root / f"vllm-{version}", patterns)
+            complete.touch()
+    return VllmTree.open(root / f"vllm-{version}")
 
 
 def extract_matching(archive: Path, out: Path, patterns: Sequence[str]) -> VllmTree:

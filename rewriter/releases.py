@@ -143,8 +143,10 @@ def download_release(release: SourceRelease, progress: Progress | None = None) -
     sdists = cache_dir() / "sdists"
     sdists.mkdir(exist_ok=True)
     target = sdists / release.filename
+    stamp = _stamp(target)
     with FileLock(str(target) + ".lock", timeout=1800):
         if target.is_file() and _sha256(target) == release.sha256:
+            stamp.write_text(release.sha256)
             return target
         partial = target.with_suffix(".partial")
         try:
@@ -173,7 +175,28 @@ def download_release(release: SourceRelease, progress: Progress | None = None) -
                 "run again; if it persists, the index or a proxy serves a bad file",
             )
         os.replace(partial, target)
+        stamp.write_text(release.sha256)
     return target
+
+
+def cached_release(version: str) -> Path | None:
+    """The sdist of ``version`` if the cache holds it as verified, else None.
+
+    :func:`download_release` records the index's sha256 beside every file it
+    verified; a file that still hashes to it is used without asking the index
+    again (``matrix`` checks many releases, and each index request costs more
+    than the check).
+    """
+    target = cache_dir() / "sdists" / f"{PROJECT}-{version}.tar.gz"
+    stamp = _stamp(target)
+    verified = target.is_file() and stamp.is_file()
+    if verified and _sha256(target) == stamp.read_text().strip():
+        return target
+    return None
+
+
+def _stamp(archive: Path) -> Path:
+    return archive.with_name(archive.name + ".sha256")
 
 
 def _sha256(path: Path) -> str:
