@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from deepstack_patch import envs
 from deepstack_patch.releases import download_release, extract_release, find_release
 from deepstack_patch.targets import Targets, load_targets
 
@@ -59,3 +61,17 @@ def patched_copy(
         return link_copy(release_tree(version), tmp_path / f"vllm-{version}")
 
     return get
+
+
+@pytest.fixture(scope="session")
+def proof_env() -> envs.ProofEnv:
+    """The managed proof environment (torch on CPU), built on first use.
+
+    Built through the product's own code, as `deepstack-patch verify` builds
+    it; ``DEEPSTACK_PATCH_SKIP_VERIFY=1`` skips the tests that need it.
+    """
+    if os.environ.get("DEEPSTACK_PATCH_SKIP_VERIFY") == "1":
+        pytest.skip("DEEPSTACK_PATCH_SKIP_VERIFY=1")
+    return envs.ensure_env(
+        "cpu", envs.CPU_REQUIREMENTS, lambda line: print(line, file=sys.stderr)
+    )

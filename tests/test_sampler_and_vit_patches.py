@@ -9,17 +9,13 @@
 - The proofs fail on the pristine release and pass on the patched one: the
   rewritten vllm#38040 code on 0.20.x and 0.21.0 runs its own configuration
   paths on the CPU and enforces max_batch_size <= min(token budgets). These
-  need torch. They run with this interpreter when it has torch, or with the
-  one named by DEEPSTACK_PROOF_PYTHON; otherwise they are skipped, saying so
-  (`deepstack-patch verify` runs the same proofs in its own environment).
+  need torch: they run in the managed proof environment that
+  `deepstack-patch verify` builds (the ``proof_env`` fixture in conftest.py).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
-import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -134,38 +130,6 @@ def test_budgets_on_019_use_that_release_names(
 # --- proofs ---------------------------------------------------------------
 
 
-def _proof_python() -> Path | None:
-    given = os.environ.get("DEEPSTACK_PROOF_PYTHON")
-    if given:
-        return Path(given)
-    if importlib.util.find_spec("torch") is not None:
-        return Path(sys.executable)
-    return None
-
-
-@pytest.fixture(scope="module")
-def proof_env():  # noqa: ANN201 - a ProofEnv, imported lazily
-    python = _proof_python()
-    if python is None:
-        pytest.skip(
-            "torch is not importable here and DEEPSTACK_PROOF_PYTHON is unset: "
-            "the CPU proofs need torch (deepstack-patch verify runs them in its "
-            "own environment)"
-        )
-    from deepstack_patch.envs import check_python, install_platform_plugin
-
-    env = check_python(python)
-    install_platform_plugin(env.python)
-    return env
-
-
-def _can_import(env: object, module: str) -> bool:
-    import subprocess
-
-    probe = [str(env.python), "-c", f"import {module}"]  # type: ignore[attr-defined]
-    return subprocess.run(probe, capture_output=True).returncode == 0
-
-
 def _prove(env: object, tree: Path, patch_id: str) -> tuple[str, str]:
     from deepstack_patch.verify import run_proofs
 
@@ -193,13 +157,6 @@ def test_proof_fails_before_and_passes_after(
     release_tree: Callable[[str], Path],
     tmp_path: Path,
 ) -> None:
-    if version in ("0.17.0", "0.18.0") and not _can_import(
-        proof_env, "prometheus_client"
-    ):
-        # vllm.v1.sample.sampler imports vllm.v1.metrics.perf there, which needs it.
-        pytest.skip(
-            f"vLLM {version}'s sampler needs prometheus_client; the proof env lacks it"
-        )
     pristine = release_tree(version)
     status, message = _prove(proof_env, pristine, patch_id)
     assert status == "failed", (

@@ -308,15 +308,6 @@ def _cli(*args: str, stdout: bool = False) -> tuple[int, str]:
 # -- real proofs and tree tests in the managed environment ------------------------
 
 
-@pytest.fixture(scope="session")
-def proof_env() -> envs.ProofEnv:
-    if os.environ.get("DEEPSTACK_PATCH_SKIP_VERIFY") == "1":
-        pytest.skip("DEEPSTACK_PATCH_SKIP_VERIFY=1")
-    return envs.ensure_env(
-        "cpu", envs.CPU_REQUIREMENTS, lambda line: print(line, file=sys.stderr)
-    )
-
-
 def _needed_by_release() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for patch in SERIES:
