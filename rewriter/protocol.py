@@ -95,7 +95,7 @@ class Patch:
     Metadata is class-level so that `deepstack-patch list` needs no parsing.
     """
 
-    #: The upstream reference, e.g. ``vllm#40917``.
+    #: The upstream reference, e.g. ``vllm#12345``.
     id: ClassVar[str]
     title: ClassVar[str]
     upstream_url: ClassVar[str]

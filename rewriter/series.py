@@ -87,7 +87,7 @@ def plan_steps(
 
 
 def upstream_reference(patch: Patch) -> str:
-    """``vllm-project/vllm#40917`` for a GitHub pull request URL, else the id."""
+    """``vllm-project/vllm#12345`` for a GitHub pull request URL, else the id."""
     match = re.search(r"github\.com/([^/]+/[^/]+)/pull/(\d+)", patch.upstream_url)
     return f"{match.group(1)}#{match.group(2)}" if match else patch.id
 
@@ -107,7 +107,7 @@ def build_date() -> dt.datetime:
 
 
 def patch_filename(number: int, patch: Patch) -> str:
-    """``0001-vllm-40917-granite4vision-slice-...patch``, as format-patch names."""
+    """``0001-vllm-12345-model-fix-...patch``, as format-patch names."""
     slug = re.sub(r"[^a-z0-9]+", "-", f"{patch.id} {patch.title}".lower()).strip("-")
     return f"{number:04d}-{slug[:52].rstrip('-')}.patch"
 
