@@ -30,7 +30,7 @@ EXIT_ERROR = 2
 
 def stdout_console() -> Console:
     # Logs and pipes get long lines rather than tables wrapped at 80 columns.
-    width = None if sys.stdout.isatty() else 160
+    width = None if sys.stdout.isatty() else 200
     return Console(highlight=False, soft_wrap=False, width=width)
 
 

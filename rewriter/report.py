@@ -147,7 +147,7 @@ def print_plan_table(console: Console, plan: Plan) -> None:
             ]
             for loc in part_locations:
                 text = f"  {loc.path}:{loc.finding.line} {loc.finding.symbol}"
-                if loc.state is not part_state or multi_part or len(part_locations) > 1:
+                if loc.state is not part_state:
                     text += f" [{STATE_STYLE[loc.state]}]{loc.state.value}[/]"
                 if loc.finding.reason:
                     text += f"\n    [dim]{loc.finding.reason}[/]"
