@@ -25,7 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepstack_patch.syntax import FunctionNode, iter_classes, parameter_names
+from deepstack_patch.syntax import (
+    FunctionNode,
+    is_self_attribute,
+    iter_classes,
+    parameter_names,
+)
 
 if TYPE_CHECKING:
     import libcst
@@ -79,18 +84,9 @@ def has_counter(cls: ast.ClassDef) -> bool:
     return False
 
 
-def _is_self_attr(node: ast.AST, name: str) -> bool:
-    return (
-        isinstance(node, ast.Attribute)
-        and node.attr == name
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "self"
-    )
-
-
 def _is_counter_read(node: ast.AST) -> bool:
     """``self.<counter>`` or ``getattr(self, "<counter>", ...)``."""
-    if _is_self_attr(node, COUNTER):
+    if is_self_attribute(node, COUNTER):
         return True
     return (
         isinstance(node, ast.Call)
@@ -168,7 +164,7 @@ def is_buffer_size_test(test: ast.AST) -> str | None:
 def calls_self_method(node: ast.AST, name: str) -> bool:
     """Whether ``self.<name>(...)`` is called anywhere inside ``node``."""
     return any(
-        isinstance(call, ast.Call) and _is_self_attr(call.func, name)
+        isinstance(call, ast.Call) and is_self_attribute(call.func, name)
         for call in ast.walk(node)
     )
 
