@@ -438,7 +438,11 @@ def test_download_good_control(
     result, out = _download(tmp_path, env)
     assert result.exit_code == 0, result.output
     assert (out / "vllm" / "__init__.py").is_file()
-    assert _cached(tmp_path) == [f"vllm-{FAKE_VERSION}.tar.gz"]
+    # The tarball, and the index's sha256 recorded beside it as verified.
+    assert _cached(tmp_path) == [
+        f"vllm-{FAKE_VERSION}.tar.gz",
+        f"vllm-{FAKE_VERSION}.tar.gz.sha256",
+    ]
 
 
 def test_download_hash_mismatch(
