@@ -59,10 +59,10 @@ from deepstack_patch.protocol import Example, Finding, Patch, PatchState
 from deepstack_patch.syntax import (
     FunctionNode,
     dotted,
+    finding,
     is_self_attribute,
     iter_classes,
     parameter_names,
-    span,
 )
 
 if TYPE_CHECKING:
@@ -658,7 +658,7 @@ class EncoderCudaGraphBudgets(Patch):
     def rewrite(
         self, module: libcst.Module, needed: Sequence[Finding]
     ) -> libcst.Module:
-        from deepstack_patch.syntax import rewrite_functions
+        from deepstack_patch.syntax import rewrite_definitions
 
         source = ast.parse(module.code)
         functions = {
@@ -678,7 +678,7 @@ class EncoderCudaGraphBudgets(Patch):
                 rewriters[found.symbol] = _CeilRewriter(function).rewrite
             elif found.part == "pruning-no-graphs":
                 rewriters[found.symbol] = _rewrite_modalities
-        return rewrite_functions(module, rewriters)
+        return rewrite_definitions(module, rewriters)
 
     def prove(self, tree: Path) -> None:
         _prove(tree, self)
@@ -702,14 +702,13 @@ def _finding(
     upstream's: where 0.22.0's also carries the max_frames_per_video refactor
     (or another neighbour), nothing is named.
     """
-    return Finding(
-        state=state,
-        symbol=symbol,
-        line=node.lineno,
-        span=span(node),
-        reason=reason,
+    return finding(
+        state,
+        symbol,
+        node,
+        reason,
         part=part,
-        rewrites=(symbol,) if upstream_identical else (),
+        rewrites=None if upstream_identical else (),
     )
 
 

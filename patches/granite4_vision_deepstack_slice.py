@@ -31,7 +31,7 @@ from deepstack_patch.syntax import (
     is_self_attribute,
     iter_functions,
     parameter_names,
-    rewrite_functions,
+    rewrite_definitions,
 )
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ class Granite4VisionDeepstackSlice(Patch):
     def rewrite(
         self, module: libcst.Module, needed: Sequence[Finding]
     ) -> libcst.Module:
-        return rewrite_functions(module, {f.symbol: _slice_buffers for f in needed})
+        return rewrite_definitions(module, {f.symbol: _slice_buffers for f in needed})
 
     def prove(self, tree: Path) -> None:
         """``forward`` hands the language model buffers of the step's rows.

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deepstack_patch.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.syntax import FunctionNode, span
+from deepstack_patch.syntax import FunctionNode, rewrite_definitions, span
 
 from ._deepstack_buffer import (
     CLEAR,
@@ -254,62 +254,50 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
     ) -> libcst.Module:
         import libcst
 
-        classes = {f.symbol.rsplit(".", 1)[0] for f in needed}
         removed: list[str] = []
 
-        class DropBoundsChecks(libcst.CSTTransformer):
-            def __init__(self) -> None:
-                self.scope: list[str] = []
-                self.parameter: list[str | None] = []
+        def drop_bounds_checks(function: libcst.FunctionDef) -> libcst.FunctionDef:
+            params = [p.name.value for p in function.params.params]
+            if len(params) < 2:
+                return function
+            parameter = params[1]
 
-            def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
-                self.scope.append(node.name.value)
-                # Enter only the target classes: visiting every body of a
-                # large model file costs about a second.
-                return ".".join(self.scope) in classes
+            class DropBoundsChecks(libcst.CSTTransformer):
+                def __init__(self) -> None:
+                    self.depth = 0
 
-            def leave_ClassDef(
-                self, original: libcst.ClassDef, updated: libcst.ClassDef
-            ) -> libcst.ClassDef:
-                self.scope.pop()
-                return updated
+                def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
+                    # The method itself, not functions nested in it.
+                    self.depth += 1
+                    return self.depth == 1
 
-            def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
-                target = ".".join(self.scope) in classes and node.name.value in (
-                    GET,
-                    CLEAR,
-                )
-                params = [p.name.value for p in node.params.params]
-                self.parameter.append(params[1] if target and len(params) > 1 else None)
-                self.scope.append(node.name.value)
-                return target
-
-            def leave_FunctionDef(
-                self, original: libcst.FunctionDef, updated: libcst.FunctionDef
-            ) -> libcst.FunctionDef:
-                self.scope.pop()
-                self.parameter.pop()
-                return updated
-
-            def leave_IndentedBlock(
-                self, original: libcst.IndentedBlock, updated: libcst.IndentedBlock
-            ) -> libcst.IndentedBlock:
-                parameter = self.parameter[-1] if self.parameter else None
-                if parameter is None:
+                def leave_FunctionDef(
+                    self, original: libcst.FunctionDef, updated: libcst.FunctionDef
+                ) -> libcst.FunctionDef:
+                    self.depth -= 1
                     return updated
-                body = []
-                for statement in updated.body:
-                    if isinstance(statement, libcst.If) and is_bounds_check(
-                        statement_ast(statement, module), parameter
-                    ):
-                        removed.append(parameter)
-                        continue
-                    body.append(statement)
-                return updated.with_changes(body=body)
 
-        result = module.visit(DropBoundsChecks())
+                def leave_IndentedBlock(
+                    self, original: libcst.IndentedBlock, updated: libcst.IndentedBlock
+                ) -> libcst.IndentedBlock:
+                    body = []
+                    for statement in updated.body:
+                        if isinstance(statement, libcst.If) and is_bounds_check(
+                            statement_ast(statement, module), parameter
+                        ):
+                            removed.append(parameter)
+                            continue
+                        body.append(statement)
+                    return updated.with_changes(body=body)
+
+            return function.visit(DropBoundsChecks())
+
+        methods = {name for f in needed for name in f.rewrites}
+        result = rewrite_definitions(
+            module, {name: drop_bounds_checks for name in methods}
+        )
         if not removed:
-            raise LookupError(f"no bounds check found in {', '.join(sorted(classes))}")
+            raise LookupError(f"no bounds check found in {', '.join(sorted(methods))}")
         return result
 
     def prove(self, tree: Path) -> None:

@@ -32,7 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deepstack_patch.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.syntax import FunctionNode, is_self_attribute, span
+from deepstack_patch.syntax import (
+    FunctionNode,
+    is_self_attribute,
+    rewrite_definitions,
+    span,
+)
 
 from ._deepstack_buffer import (
     BUFFERS,
@@ -377,44 +382,10 @@ class Qwen3VLDeepstackResize(Patch):
     def rewrite(
         self, module: libcst.Module, needed: Sequence[Finding]
     ) -> libcst.Module:
-        import libcst
-
         classes = {f.symbol.rsplit(".", 1)[0] for f in needed}
-        done: list[str] = []
-
-        class AddResize(libcst.CSTTransformer):
-            def __init__(self) -> None:
-                self.scope: list[str] = []
-
-            def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
-                self.scope.append(node.name.value)
-                # Enter only classes on the way to a target: visiting every
-                # body of a large model file costs about a second.
-                qualname = ".".join(self.scope)
-                return any(
-                    c == qualname or c.startswith(qualname + ".") for c in classes
-                )
-
-            def leave_ClassDef(
-                self, original: libcst.ClassDef, updated: libcst.ClassDef
-            ) -> libcst.ClassDef:
-                qualname = ".".join(self.scope)
-                self.scope.pop()
-                if qualname not in classes:
-                    return updated
-                done.append(qualname)
-                return _rewrite_class(updated, module)
-
-            def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
-                # Classes nested in functions are not targets (the ast side's
-                # qualnames would say <locals>); don't descend.
-                return False
-
-        result = module.visit(AddResize())
-        missing = classes - set(done)
-        if missing:
-            raise LookupError(f"no class {', '.join(sorted(missing))} in the module")
-        return result
+        return rewrite_definitions(
+            module, {name: lambda cls: _rewrite_class(cls, module) for name in classes}
+        )
 
     def prove(self, tree: Path) -> None:
         """After a clear, ``_get_`` returns zeros, growing on demand."""

@@ -44,7 +44,7 @@ from deepstack_patch.syntax import (
     finding,
     iter_functions,
     parameter_names,
-    rewrite_functions,
+    rewrite_definitions,
 )
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ class SamplerBatchRecompile(Patch):
                 rewriters[found.symbol] = _fix_compiled
             else:
                 rewriters[found.symbol] = _mark_before_calls
-        return rewrite_functions(module, rewriters)
+        return rewrite_definitions(module, rewriters)
 
     def prove(self, tree: Path) -> None:
         _prove_single_compile()

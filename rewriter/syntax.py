@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .protocol import Finding, PatchState
 
@@ -63,9 +63,13 @@ def finding(
     reason: str = "",
     *,
     part: str = "",
-    rewrites: tuple[str, ...] = (),
+    rewrites: tuple[str, ...] | None = None,
 ) -> Finding:
-    """A finding for ``node``: its line, and its whole span as editable."""
+    """A finding for ``node``: its line, and its whole span as editable.
+
+    ``rewrites`` defaults to the symbol itself; pass ``()`` where the fixed
+    code can never equal upstream's.
+    """
     return Finding(
         state=state,
         symbol=symbol,
@@ -73,7 +77,7 @@ def finding(
         span=span(node),
         reason=reason,
         part=part,
-        rewrites=rewrites or (symbol,),
+        rewrites=(symbol,) if rewrites is None else rewrites,
     )
 
 
@@ -129,51 +133,34 @@ def parse_expression(code: str) -> ast.expr:
     return ast.parse(code, mode="eval").body
 
 
-def rewrite_functions(
-    module: libcst.Module,
-    rewriters: dict[str, Callable[[libcst.FunctionDef], libcst.FunctionDef]],
+def rewrite_definitions(
+    module: libcst.Module, rewriters: dict[str, Callable[[Any], Any]]
 ) -> libcst.Module:
-    """Return ``module`` with each named function passed through its rewriter.
+    """Return ``module`` with each named class or function passed through its
+    rewriter (a ``libcst.ClassDef`` or ``libcst.FunctionDef`` in, the same out).
 
-    Raises ``LookupError`` if a named function is not in the module, so a
+    Raises ``LookupError`` if a named definition is not in the module, so a
     patch never silently does nothing.
     """
     import libcst
 
     seen: set[str] = set()
 
-    class FunctionRewriter(libcst.CSTTransformer):
+    class DefinitionRewriter(libcst.CSTTransformer):
         # Only classes and functions on the way to a target are entered:
         # visiting every body of a large model file costs about a second.
         def __init__(self) -> None:
             self.scope: list[str] = []
 
-        def _on_the_way(self, name: str) -> bool:
+        def _enter(self, name: str) -> bool:
             qualname = ".".join([*self.scope, name])
+            self.scope.append(name)
             return any(
                 target == qualname or target.startswith(qualname + ".")
                 for target in rewriters
             )
 
-        def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
-            entered = self._on_the_way(node.name.value)
-            self.scope.append(node.name.value)
-            return entered
-
-        def leave_ClassDef(
-            self, original: libcst.ClassDef, updated: libcst.ClassDef
-        ) -> libcst.ClassDef:
-            self.scope.pop()
-            return updated
-
-        def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
-            entered = self._on_the_way(node.name.value)
-            self.scope.append(node.name.value)
-            return entered
-
-        def leave_FunctionDef(
-            self, original: libcst.FunctionDef, updated: libcst.FunctionDef
-        ) -> libcst.FunctionDef:
+        def _leave(self, updated: Any) -> Any:
             qualname = ".".join(self.scope)
             self.scope.pop()
             rewriter = rewriters.get(qualname)
@@ -182,11 +169,27 @@ def rewrite_functions(
             seen.add(qualname)
             return rewriter(updated)
 
+        def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
+            return self._enter(node.name.value)
+
+        def leave_ClassDef(
+            self, original: libcst.ClassDef, updated: libcst.ClassDef
+        ) -> libcst.ClassDef:
+            return self._leave(updated)
+
+        def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
+            return self._enter(node.name.value)
+
+        def leave_FunctionDef(
+            self, original: libcst.FunctionDef, updated: libcst.FunctionDef
+        ) -> libcst.FunctionDef:
+            return self._leave(updated)
+
     # Nested functions are addressed as ``outer.<locals>.inner`` by the ast
     # side; LibCST's scope here joins them with '.', so map the names.
     rewriters = {name.replace(".<locals>.", "."): fn for name, fn in rewriters.items()}
-    result = module.visit(FunctionRewriter())
+    result = module.visit(DefinitionRewriter())
     missing = set(rewriters) - seen
     if missing:
-        raise LookupError(f"no function {', '.join(sorted(missing))} in the module")
+        raise LookupError(f"no definition {', '.join(sorted(missing))} in the module")
     return result
