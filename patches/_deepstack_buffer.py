@@ -18,13 +18,12 @@ from __future__ import annotations
 import __future__
 
 import ast
-import importlib
-import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deepstack_patch import proving
 from deepstack_patch.syntax import (
     FunctionNode,
     is_self_attribute,
@@ -204,16 +203,10 @@ def model_classes(tree: Path) -> list[tuple[str, type]]:
             ]
             if not top_level:
                 continue
-            module_name = ".".join(path.relative_to(tree).with_suffix("").parts)
-            try:
-                module = importlib.import_module(module_name)
-            except Exception as exc:  # any import failure means: fall back
-                print(
-                    f"note: {module_name} does not import here "
-                    f"({type(exc).__name__}: {exc}); its "
-                    "deepstack methods are compiled from the tree's source",
-                    file=sys.stderr,
-                )
+            relpath = path.relative_to(tree).as_posix()
+            module_name = proving.module_name(relpath)
+            module = proving.import_from_tree(relpath)  # says so when it falls back
+            if module is None:
                 for name, _cls, methods in top_level:
                     found.append(
                         (f"{module_name}.{name}", _compile_methods(path, name, methods))
