@@ -54,7 +54,7 @@ def link_copy(source: Path, destination: Path) -> Path:
 
 
 def release_tree(version: str, work: Path) -> Path:
-    from deepstack_patch.releases import fetch_release
+    from deepstack_patch.fetch.releases import fetch_release
 
     return fetch_release(version, work / f"vllm-{version}").root
 
@@ -129,7 +129,7 @@ def main() -> None:
 
 def matrix_row(work: Path, runs: int) -> tuple[str, float, str]:
     from deepstack_patch.cli import main as cli
-    from deepstack_patch.targets import load_targets
+    from deepstack_patch.engine.targets import load_targets
 
     if "matrix" in getattr(cli, "commands", {}):
         seconds = median_of(runs, lambda: timed([*TOOL, "matrix"], ok=(0, 1)))

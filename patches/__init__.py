@@ -6,7 +6,7 @@ the code as the earlier ones left it.
 
 from __future__ import annotations
 
-from deepstack_patch.protocol import Patch
+from deepstack_patch.engine.protocol import Patch
 
 from . import (
     encoder_cudagraph_budgets,

@@ -23,13 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepstack_patch import proving
-from deepstack_patch.syntax import (
+from deepstack_patch.engine.syntax import (
     FunctionNode,
     is_self_attribute,
     iter_classes,
     parameter_names,
 )
+from deepstack_patch.proof import proving
 
 if TYPE_CHECKING:
     import libcst

@@ -55,8 +55,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepstack_patch.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.syntax import (
+from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
+from deepstack_patch.engine.syntax import (
     FunctionNode,
     dotted,
     finding,
@@ -658,7 +658,7 @@ class EncoderCudaGraphBudgets(Patch):
     def rewrite(
         self, module: libcst.Module, needed: Sequence[Finding]
     ) -> libcst.Module:
-        from deepstack_patch.syntax import rewrite_definitions
+        from deepstack_patch.engine.syntax import rewrite_definitions
 
         source = ast.parse(module.code)
         functions = {
@@ -1396,7 +1396,7 @@ def _load_qwen3_vl_methods(
 ) -> dict[str, Any]:
     """The tree's own Qwen3-VL methods, by part, compiled from its model file."""
     import torch
-    from deepstack_patch.proving import function_from_tree, proof_targets
+    from deepstack_patch.proof.proving import function_from_tree, proof_targets
 
     methods: dict[str, Any] = {}
     for relpath, found in proof_targets(tree, patch):

@@ -23,15 +23,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepstack_patch.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.proving import function_from_tree, import_from_tree, proof_targets
-from deepstack_patch.syntax import (
+from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
+from deepstack_patch.engine.syntax import (
     called_name,
     finding,
     is_self_attribute,
     iter_functions,
     parameter_names,
     rewrite_definitions,
+)
+from deepstack_patch.proof.proving import (
+    function_from_tree,
+    import_from_tree,
+    proof_targets,
 )
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepstack_patch.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.syntax import FunctionNode, rewrite_definitions, span
+from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
+from deepstack_patch.engine.syntax import FunctionNode, rewrite_definitions, span
 
 from ._deepstack_buffer import (
     CLEAR,

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepstack_patch.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.syntax import (
+from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
+from deepstack_patch.engine.syntax import (
     FunctionNode,
     is_self_attribute,
     rewrite_definitions,

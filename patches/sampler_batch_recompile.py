@@ -36,8 +36,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepstack_patch.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.syntax import (
+from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
+from deepstack_patch.engine.syntax import (
     FunctionNode,
     called_name,
     dotted,

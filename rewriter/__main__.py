@@ -1,3 +1,3 @@
-from .cli import main
+from deepstack_patch.cli import main
 
 main()

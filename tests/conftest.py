@@ -17,9 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from deepstack_patch import envs
-from deepstack_patch.releases import download_release, extract_release, find_release
-from deepstack_patch.targets import Targets, load_targets
+from deepstack_patch.engine.targets import Targets, load_targets
+from deepstack_patch.fetch.releases import (
+    download_release,
+    extract_release,
+    find_release,
+)
+from deepstack_patch.proof import envs
 
 TARGETS = load_targets()
 

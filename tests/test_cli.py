@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from deepstack_patch.cli import main
+from deepstack_patch.cli import COMMANDS, main
 from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
 
 MODEL = "vllm/model_executor/models/granite4_vision.py"
@@ -154,6 +154,6 @@ def test_list_shows_every_patch_with_metadata() -> None:
 
 
 def test_every_command_has_help() -> None:
-    for command in main.commands:
+    for command in COMMANDS:
         code, output = run(command, "--help")
         assert code == 0 and "Usage:" in output

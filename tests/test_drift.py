@@ -52,13 +52,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from deepstack_patch.engine.plan import Plan, plan_tree
+from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.engine.syntax import iter_functions
+from deepstack_patch.engine.targets import load_targets
+from deepstack_patch.engine.transaction import write_edits
+from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
-from deepstack_patch.plan import Plan, plan_tree
-from deepstack_patch.protocol import Patch, PatchState
-from deepstack_patch.syntax import iter_functions
-from deepstack_patch.targets import load_targets
-from deepstack_patch.transaction import write_edits
-from deepstack_patch.tree import VllmTree
 
 TARGETS = load_targets()
 KINDS = ("format-120", "format-60", "comments", "rename", "vendor")
@@ -621,7 +621,7 @@ def test_skeleton_rewrite_equals_whole_module(
 ) -> None:
     """The engine's fast path (patches rewrite a skeleton of the file) writes
     exactly what rewriting the whole module writes, on every release."""
-    from deepstack_patch import plan as plan_module
+    from deepstack_patch.engine import plan as plan_module
 
     tree = VllmTree.open(release_tree(release))
     used = []
@@ -665,7 +665,7 @@ def corpus_table(release_root: Callable[[str], Path], work: Path) -> Iterator[st
 if __name__ == "__main__":
     import tempfile
 
-    from deepstack_patch.releases import fetch_release
+    from deepstack_patch.fetch.releases import fetch_release
 
     with tempfile.TemporaryDirectory() as scratch:
 

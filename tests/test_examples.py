@@ -12,9 +12,9 @@ from __future__ import annotations
 import ast
 
 import pytest
+from deepstack_patch.engine.plan import rewrite_text
+from deepstack_patch.engine.protocol import Example, Patch, PatchState, combine_states
 from deepstack_patch.patches import SERIES
-from deepstack_patch.plan import rewrite_text
-from deepstack_patch.protocol import Example, Patch, PatchState, combine_states
 
 CASES = [
     pytest.param(patch, example, id=f"{patch.id}-{example.name}")

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from deepstack_patch import plan as plan_module
 from deepstack_patch.cli import main
+from deepstack_patch.engine import plan as plan_module
+from deepstack_patch.engine.plan import plan_tree
+from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
-from deepstack_patch.plan import plan_tree
-from deepstack_patch.protocol import PatchState
-from deepstack_patch.tree import VllmTree
 
 pytestmark = pytest.mark.release
 
@@ -106,7 +106,7 @@ def two_targets(tree: Path) -> Path:
 
 KILL_SCRIPT = """
 import os, signal, sys
-from deepstack_patch import transaction
+from deepstack_patch.engine import transaction
 from deepstack_patch.cli import main
 
 renames = 0
@@ -155,7 +155,7 @@ def test_killed_between_renames_leaves_whole_files_and_rerun_completes(
 def test_failed_rename_restores_every_file(
     two_targets: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deepstack_patch import transaction
+    from deepstack_patch.engine import transaction
 
     before = snapshot(two_targets)
     calls: list[Path] = []
@@ -274,7 +274,7 @@ def test_vllm_src_is_a_file(tree: Path) -> None:
 LOCK_HOLDER = """
 import sys, time
 from pathlib import Path
-from deepstack_patch.transaction import tree_lock
+from deepstack_patch.engine.transaction import tree_lock
 with tree_lock(Path(sys.argv[1])):
     print("locked", flush=True)
     time.sleep(60)  # bounded: the test kills it long before

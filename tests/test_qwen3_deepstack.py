@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from deepstack_patch.engine.plan import Plan, plan_tree
+from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.syntax import iter_functions
+from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import patch_by_id
-from deepstack_patch.plan import Plan, plan_tree
-from deepstack_patch.protocol import PatchState
-from deepstack_patch.syntax import iter_functions
-from deepstack_patch.tree import VllmTree
 
 pytestmark = pytest.mark.release
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from conftest import TARGETS
+from deepstack_patch.engine.plan import Plan, plan_tree
+from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.syntax import iter_functions
+from deepstack_patch.engine.transaction import write_edits
+from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
-from deepstack_patch.plan import Plan, plan_tree
-from deepstack_patch.protocol import PatchState
-from deepstack_patch.syntax import iter_functions
-from deepstack_patch.transaction import write_edits
-from deepstack_patch.tree import VllmTree
 
 pytestmark = pytest.mark.release
 RELEASES = [pytest.param(v, id=v) for v in TARGETS.releases]

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 from conftest import link_copy
+from deepstack_patch.engine.plan import plan_tree
+from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.syntax import iter_functions
+from deepstack_patch.engine.transaction import write_edits
+from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import patch_by_id
-from deepstack_patch.plan import plan_tree
-from deepstack_patch.protocol import PatchState
-from deepstack_patch.syntax import iter_functions
-from deepstack_patch.transaction import write_edits
-from deepstack_patch.tree import VllmTree
 
 SAMPLER = "vllm#38933"
 BUDGETS = "vllm#38040"
@@ -131,7 +131,7 @@ def test_budgets_on_019_use_that_release_names(
 
 
 def _prove(env: object, tree: Path, patch_id: str) -> tuple[str, str]:
-    from deepstack_patch.verify import run_proofs
+    from deepstack_patch.proof.verify import run_proofs
 
     result = run_proofs(env, tree, [patch_id])[patch_id]
     return result.status, result.message

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from deepstack_patch import envs, verify
 from deepstack_patch.cli import main
-from deepstack_patch.errors import DeepstackError
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.targets import PatchTargets, Targets, load_targets
+from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
-from deepstack_patch.platform_plugin import ENV_VAR, cpu_platform
-from deepstack_patch.protocol import PatchState
-from deepstack_patch.targets import PatchTargets, Targets, load_targets
-from deepstack_patch.tree import VllmTree
+from deepstack_patch.proof import envs, verify
+from deepstack_patch.proof.platform_plugin import ENV_VAR, cpu_platform
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -204,12 +204,14 @@ def test_platform_plugin_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv(ENV_VAR, raising=False)
     assert cpu_platform() is None
     monkeypatch.setenv(ENV_VAR, "cpu")
-    assert cpu_platform() == "deepstack_patch.platform_plugin.SourceTreeCpuPlatform"
+    assert (
+        cpu_platform() == "deepstack_patch.proof.platform_plugin.SourceTreeCpuPlatform"
+    )
     from importlib.metadata import entry_points
 
     registered = {e.name: e.value for e in entry_points(group="vllm.platform_plugins")}
     assert registered.get("deepstack_patch_cpu") == (
-        "deepstack_patch.platform_plugin:cpu_platform"
+        "deepstack_patch.proof.platform_plugin:cpu_platform"
     )
 
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import __version__
-from .errors import DeepstackError
-from .protocol import Patch
-from .series import PatchStep, upstream_reference
-from .transaction import write_edits
-from .tree import VllmTree
+from deepstack_patch import __version__
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.protocol import Patch
+from deepstack_patch.engine.transaction import write_edits
+from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.vendor.quilt import PatchStep, upstream_reference
 
 if TYPE_CHECKING:
     import git

@@ -14,7 +14,7 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import DeepstackError
+from deepstack_patch.engine.errors import DeepstackError
 
 if TYPE_CHECKING:
     import libcst

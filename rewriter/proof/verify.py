@@ -5,7 +5,7 @@ with the tree first on ``sys.path`` and vLLM's CPU platform selected by
 deepstack-patch's platform plugin:
 
 - the proofs of all selected patches, in one process per tree (importing
-  vLLM takes seconds), through ``prove_runner.py``;
+  vLLM takes seconds), through ``proof/runner.py``;
 - the tree's ``cpu_tests`` from targets.toml, with pytest writing a JUnit XML
   file that is parsed here (never pytest's stdout);
 - with a pristine tree, the proofs again on it: fail-to-pass;
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .envs import ProofEnv, subprocess_env
-from .errors import DeepstackError
-from .plan import plan_tree
-from .protocol import Patch, PatchState
-from .targets import Targets
-from .tree import VllmTree
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.plan import plan_tree
+from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.engine.targets import Targets
+from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 
 Progress = Callable[[str], None]
 
@@ -65,16 +65,16 @@ class ProofResult:
 
 
 def runner_path() -> Path:
-    return Path(__file__).with_name("prove_runner.py")
+    return Path(__file__).with_name("runner.py")
 
 
 def proof_request(tree: Path, patch_ids: Sequence[str], output: Path) -> dict:
-    from . import patches
+    from deepstack_patch import patches
 
     return {
         "tree": str(tree),
         "patch_ids": list(patch_ids),
-        "package_dir": str(Path(__file__).parent),
+        "package_dir": str(Path(__file__).parent.parent),
         "patches_dir": str(Path(patches.__file__).parent),
         "output": str(output),
     }
@@ -480,7 +480,7 @@ def gpu_stage(
         stage.status, stage.reason = "skipped", found
         stage.run = TestRun(command=[], selected=selected, absent=absent)
         return stage
-    from .envs import ensure_env, gpu_requirements
+    from deepstack_patch.proof.envs import ensure_env, gpu_requirements
 
     env = ensure_env("gpu", gpu_requirements(tree.version), progress)
     site, installed, record = _wheel_info(env.python)
@@ -690,7 +690,7 @@ def verify_tree(
 
 
 def report_json(report: VerifyReport) -> dict[str, Any]:
-    from .report import SCHEMA_VERSION, tree_json
+    from deepstack_patch.output.report import SCHEMA_VERSION, tree_json
 
     return {
         "schema": SCHEMA_VERSION,

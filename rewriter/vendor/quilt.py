@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
-from .errors import DeepstackError
-from .plan import FileEdit, Plan, plan_tree
-from .protocol import Patch
-from .report import unified_diff
-from .tree import VllmTree
+from deepstack_patch import __version__
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.plan import FileEdit, Plan, plan_tree
+from deepstack_patch.engine.protocol import Patch
+from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.output.report import unified_diff
 
 #: The first line of every series file this tool writes; a folder whose
 #: series starts with it may be rewritten by a later export.

@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DeepstackError
+from deepstack_patch.engine.errors import DeepstackError
 
 _VERSION_ASSIGNMENT = re.compile(
     r"""^(?:__version__\s*=\s*)?version\s*=\s*['"]([^'"]+)['"]""", re.MULTILINE

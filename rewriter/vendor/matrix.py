@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DeepstackError
-from .targets import Targets
-from .tree import VllmTree
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.targets import Targets
+from deepstack_patch.engine.tree import VllmTree
 
 
 @dataclass
@@ -47,15 +47,15 @@ def check_release(version: str, selected: Sequence[str], verify: bool) -> Releas
     Runs in a worker process; every failure becomes ``error`` so one bad
     release never hides the others' results.
     """
-    from .patches import SERIES
-    from .plan import plan_tree
-    from .releases import (
+    from deepstack_patch.engine.plan import plan_tree
+    from deepstack_patch.engine.transaction import write_edits
+    from deepstack_patch.fetch.releases import (
         cached_release,
         download_release,
         extract_release,
         find_release,
     )
-    from .transaction import write_edits
+    from deepstack_patch.patches import SERIES
 
     started = time.monotonic()
     result = ReleaseResult(version)
@@ -128,9 +128,8 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
     """
     import hashlib
 
+    from deepstack_patch.fetch.releases import cache_dir
     from filelock import FileLock
-
-    from .releases import cache_dir
 
     stat = archive.stat()
     key = hashlib.sha256(
@@ -252,7 +251,7 @@ def read_releases(path: Path) -> list[str]:
             "give a file with one vLLM version per line",
         ) from None
     if path.suffix == ".toml":
-        from .targets import tomllib
+        from deepstack_patch.engine.targets import tomllib
 
         try:
             releases = list(tomllib.loads(text).get("releases", []))
@@ -314,7 +313,7 @@ def _release_commands(
     version: str, skip: Sequence[str], with_verify: bool, label: str = "deepstack.1"
 ) -> list[str]:
     """The shell commands one CI job runs for one release."""
-    from .sdist import local_version
+    from deepstack_patch.vendor.sdist import local_version
 
     skips = "".join(f" --skip {shlex.quote(patch_id)}" for patch_id in skip)
     out = f"backport-{version}"
@@ -461,10 +460,10 @@ def _pipeline_dumper() -> type:
 
 
 def verify_available() -> bool:
-    """Whether this installation has the `verify` command (issue: proofs)."""
-    from .cli import main
+    """Whether this installation has the `verify` plumbing (issue: proofs)."""
+    import importlib.util
 
-    return "verify" in main.commands
+    return importlib.util.find_spec("deepstack_patch.proof.verify") is not None
 
 
 def dumps(document: dict[str, Any]) -> str:

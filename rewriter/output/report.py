@@ -11,12 +11,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from deepstack_patch.engine.plan import FileEdit, Plan
+from deepstack_patch.engine.protocol import Patch, PatchReport, PatchState
+from deepstack_patch.engine.tree import VllmTree
 from rich.console import Console
 from rich.table import Table
-
-from .plan import FileEdit, Plan
-from .protocol import Patch, PatchReport, PatchState
-from .tree import VllmTree
 
 SCHEMA_VERSION = 1
 

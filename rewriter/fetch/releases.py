@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DeepstackError
-from .tree import VllmTree, detect_version
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.tree import VllmTree, detect_version
 
 PYPI_SIMPLE = "https://pypi.org/simple/"
 PROJECT = "vllm"

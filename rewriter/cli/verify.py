@@ -11,18 +11,16 @@ import sys
 from pathlib import Path
 
 import click
-
-from .cli import (
+from deepstack_patch.cli.common import (
     EXIT_ERROR,
     format_option,
-    main,
     select_options,
     stderr_console,
     stdout_console,
     tree_options,
 )
-from .errors import DeepstackError
-from .tree import VllmTree
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.tree import VllmTree
 
 EXIT_FAILED = 1
 
@@ -102,12 +100,12 @@ def verify(
     Exit codes: 0 every selected check passed; 1 a check failed; 2 a selected
     patch is drifted, or an error.
     """
-    from .envs import CPU_REQUIREMENTS, check_python, ensure_env
-    from .patches import SERIES
-    from .plan import select_patches
-    from .report import dump_json
-    from .targets import load_targets
-    from .verify import junit_xml, report_json, verify_tree
+    from deepstack_patch.engine.plan import select_patches
+    from deepstack_patch.engine.targets import load_targets
+    from deepstack_patch.output.report import dump_json
+    from deepstack_patch.patches import SERIES
+    from deepstack_patch.proof.envs import CPU_REQUIREMENTS, check_python, ensure_env
+    from deepstack_patch.proof.verify import junit_xml, report_json, verify_tree
 
     err = stderr_console()
     selected = select_patches(SERIES, only, skip)
@@ -170,8 +168,8 @@ def _pristine_tree(tree: VllmTree, path: Path | None) -> VllmTree:
             "give the unpatched tree with --pristine PATH (e.g. a `git worktree "
             "add` of the commit before your backports)",
         )
-    from .cli import fetch_with_progress
-    from .releases import cache_dir
+    from deepstack_patch.cli import fetch_with_progress
+    from deepstack_patch.fetch.releases import cache_dir
 
     # A cache folder only verify writes: it is never patched.
     out = cache_dir() / "pristine" / f"vllm-{tree.version}"
@@ -179,10 +177,9 @@ def _pristine_tree(tree: VllmTree, path: Path | None) -> VllmTree:
 
 
 def _print_report(report: object) -> None:
+    from deepstack_patch.output.report import print_tree_header
+    from deepstack_patch.proof.verify import VerifyReport
     from rich.table import Table
-
-    from .report import print_tree_header
-    from .verify import VerifyReport
 
     assert isinstance(report, VerifyReport)
     console = stdout_console()
@@ -259,6 +256,3 @@ def _style(status: str, failed_ok: bool = False) -> str:
     if status == "failed" and failed_ok:
         return f"[yellow]{status}[/]"
     return status if status == "-" else f"[red]{status}[/]"
-
-
-main.add_command(verify)

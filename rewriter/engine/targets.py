@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from .errors import DeepstackError
-from .protocol import PatchState
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.protocol import PatchState
 
 if sys.version_info >= (3, 11):
     import tomllib

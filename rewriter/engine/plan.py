@@ -15,10 +15,16 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .errors import DeepstackError
-from .protocol import Finding, Location, Patch, PatchReport, PatchState
-from .source import SourceFile
-from .tree import VllmTree
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.protocol import (
+    Finding,
+    Location,
+    Patch,
+    PatchReport,
+    PatchState,
+)
+from deepstack_patch.engine.source import SourceFile
+from deepstack_patch.engine.tree import VllmTree
 
 
 @dataclass

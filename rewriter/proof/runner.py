@@ -3,7 +3,7 @@
 `deepstack-patch verify` starts this file with the proof environment's
 interpreter (which need not have deepstack-patch installed), as::
 
-    python prove_runner.py REQUEST.json
+    python runner.py REQUEST.json
 
 The request names the tree, the patch ids, where ``deepstack_patch`` and
 ``deepstack_patch.patches`` live, and where to write the results. The tree

@@ -18,9 +18,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .protocol import Finding, Patch, PatchState
-from .source import SourceFile
-from .tree import VllmTree
+from deepstack_patch.engine.protocol import Finding, Patch, PatchState
+from deepstack_patch.engine.source import SourceFile
+from deepstack_patch.engine.tree import VllmTree
 
 
 def proof_targets(tree: Path, patch: Patch) -> list[tuple[str, Finding]]:

@@ -19,8 +19,8 @@ import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import DeepstackError
-from .plan import FileEdit
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.plan import FileEdit
 
 METADATA_FILES = ("PKG-INFO", "vllm.egg-info/PKG-INFO")
 VERSION_MODULE = "vllm/_version.py"

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DeepstackError
-from .platform_plugin import ENV_VAR as PLATFORM_ENV_VAR
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.proof.platform_plugin import ENV_VAR as PLATFORM_ENV_VAR
 
 #: Bump when the layout of a managed venv changes, so old ones are not reused.
 ENV_FORMAT = 1
@@ -107,7 +107,7 @@ def env_key(requirements: Sequence[str], python_version: str | None = None) -> s
 
 
 def envs_dir() -> Path:
-    from .releases import cache_dir
+    from deepstack_patch.fetch.releases import cache_dir
 
     return cache_dir() / "envs"
 
@@ -210,7 +210,8 @@ def install_platform_plugin(python: Path) -> Path:
     ``.dist-info`` with ``entry_points.txt``), so vLLM's entry-point lookup
     finds it without deepstack-patch or its dependencies in that venv.
     """
-    from . import __version__, platform_plugin
+    from deepstack_patch import __version__
+    from deepstack_patch.proof import platform_plugin
 
     purelib = subprocess.run(
         [

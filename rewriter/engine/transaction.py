@@ -19,8 +19,8 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .errors import DeepstackError
-from .plan import FileEdit
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.plan import FileEdit
 
 #: Test hook: called with each target path just before its rename.
 _before_replace = None

@@ -11,7 +11,7 @@ import ast
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .protocol import Finding, PatchState
+from deepstack_patch.engine.protocol import Finding, PatchState
 
 if TYPE_CHECKING:
     import libcst

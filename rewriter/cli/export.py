@@ -1,0 +1,89 @@
+"""``deepstack-patch export``: a quilt / format-patch series with DEP-3 headers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from deepstack_patch.cli.common import (
+    EXIT_OK,
+    format_option,
+    refuse_drifted,
+    select_options,
+    selected_drifted,
+    stdout_console,
+)
+from deepstack_patch.engine.tree import VllmTree
+
+
+@click.command()
+@click.option(
+    "--vllm-src",
+    "vllm_src",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Root of the vLLM source tree to export the series for (not modified).",
+)
+@click.option(
+    "--series",
+    "series_dir",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folder for the patch files and the quilt `series` file.",
+)
+@select_options
+@format_option
+def export(
+    vllm_src: Path,
+    series_dir: Path,
+    only: tuple[str, ...],
+    skip: tuple[str, ...],
+    output_format: str,
+) -> None:
+    """Write the patches this exact tree needs as a patch series.
+
+    One `git format-patch` style file per needed patch, with DEP-3 headers
+    (Description, Origin, Bug, Applied-Upstream, Last-Update), in series
+    order and cumulative: each applies on top of the ones before it. A quilt
+    `series` file lists them. `quilt push -a`, `patch -p1` or `git apply` on a
+    copy of the same tree gives byte for byte what `apply` gives. The tree
+    itself is not modified. SOURCE_DATE_EPOCH fixes the dates.
+
+    \b
+    Exit codes: 0 series written (possibly empty: nothing needed);
+    2 drifted targets or an error, nothing written.
+    """
+    from deepstack_patch.engine.plan import select_patches
+    from deepstack_patch.output.report import dump_json, plan_json
+    from deepstack_patch.patches import SERIES
+    from deepstack_patch.vendor.quilt import plan_steps, write_series
+
+    tree = VllmTree.open(vllm_src)
+    plan, steps = plan_steps(tree, SERIES, select_patches(SERIES, only, skip))
+    if selected_drifted(plan):
+        refuse_drifted(plan, output_format, "export")
+    names = write_series(series_dir, steps, tree.version)
+    if output_format == "json":
+        series = [
+            {"file": name, "id": step.patch.id}
+            for name, step in zip(names, steps, strict=True)
+        ]
+        document = plan_json(
+            plan, "export", series_dir=str(series_dir.resolve()), series=series
+        )
+        click.echo(dump_json(document))
+        sys.exit(EXIT_OK)
+    console = stdout_console()
+    if not names:
+        console.print(
+            f"vLLM {tree.version}: nothing needed; wrote an empty series to "
+            f"{series_dir / 'series'}"
+        )
+    else:
+        console.print(
+            f"vLLM {tree.version}: wrote {len(names)} patch(es) to {series_dir}:"
+        )
+        for name in names:
+            console.print(f"  {name}")
+    sys.exit(EXIT_OK)
