@@ -460,7 +460,14 @@ def test_backport_writes_tree_series_tarball_and_report(
     code, output = run("backport", "--release", RELEASE, "--out", str(out))
     assert code == 0, output
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["report.json", "series", f"vllm-{version}", f"vllm-{version}.tar.gz"]
+        [
+            "report.json",
+            "series",
+            f"vllm-{version}",
+            f"vllm-{version}.tar.gz",
+            "sbom.cdx.json",
+            "provenance.intoto.json",
+        ]
     )
 
 
