@@ -23,13 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepstack_patch.engine.protocol import (
-    Example,
-    Finding,
-    FollowUp,
-    Patch,
-    PatchState,
-)
+from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
 from deepstack_patch.engine.syntax import (
     called_name,
     finding,
@@ -43,6 +37,8 @@ from deepstack_patch.proof.proving import (
     import_from_tree,
     proof_targets,
 )
+
+from ._follow_ups import FOLLOW_UPS
 
 if TYPE_CHECKING:
     import libcst
@@ -192,17 +188,7 @@ class Granite4VisionDeepstackSlice(Patch):
     )
     paths = ("vllm/model_executor/models/*.py",)
     markers = (b"_ds_buffers",)
-    follow_ups = (
-        FollowUp(
-            "vllm#49094",
-            "open",
-            "2026-11-23",
-            "A pull request by this fix's author, under the same title, proposes the "
-            "same [:n] slice of Granite4Vision's deepstack buffers again (13 to "
-            "about 63 tokens/s decode); the releases in targets.toml up to 0.33.0 "
-            "still carry this fix's slice.",
-        ),
-    )
+    follow_ups = FOLLOW_UPS["vllm#40917"]
     parts = {"": "method that builds IntermediateTensors from self._ds_buffers"}
     examples = (
         Example("upstream 0.20.x forward", BEFORE, AFTER),

@@ -31,13 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepstack_patch.engine.protocol import (
-    Example,
-    Finding,
-    FollowUp,
-    Patch,
-    PatchState,
-)
+from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
 from deepstack_patch.engine.syntax import (
     FunctionNode,
     is_self_attribute,
@@ -63,6 +57,7 @@ from ._deepstack_buffer import (
     statement_ast,
     token_parameter,
 )
+from ._follow_ups import FOLLOW_UPS
 
 if TYPE_CHECKING:
     import libcst
@@ -291,35 +286,7 @@ class Qwen3VLDeepstackResize(Patch):
         "_get_ calls it in place of its early `return None` on an empty counter."
     )
     requires = ("vllm#40932",)
-    follow_ups = (
-        FollowUp(
-            "vllm#53516",
-            "closed",
-            "2026-11-23",
-            "Reports that this fix's removal of the `num_tokens == 0` early return "
-            "in _get_deepstack_input_embeds costs Qwen3-VL-2B 27 points on an "
-            "image people-detection task under torch.compile, measured with the "
-            "official v0.20.2 and v0.27.1 images and v0.27.1 with that line "
-            "restored.",
-        ),
-        FollowUp(
-            "vllm#49397",
-            "merged",
-            "2026-11-23",
-            "Skips the zero-backed deepstack buffers this fix keeps when the "
-            "vision tower itself is skipped (StageMissingLayer, vllm#49384 on "
-            "Qwen3-Omni); that later change is not part of this patch.",
-        ),
-        FollowUp(
-            "vllm#44384",
-            "open",
-            "2026-11-23",
-            "Proposes recreating the buffers when their size, device or dtype "
-            "differs from the step's, because the zero-backed buffers this fix "
-            "returns can still be on their initial device and dtype (CPU, float32) "
-            "in text- or audio-only profiling of Qwen3-VL and Qwen3-Omni.",
-        ),
-    )
+    follow_ups = FOLLOW_UPS["vllm#43617"]
     paths = MODEL_PATHS
     markers = MARKERS
     parts = {"": "class defining _get_deepstack_input_embeds"}

@@ -30,6 +30,7 @@ from deepstack_patch.cli import main
 from deepstack_patch.fetch.releases import cached_release
 from deepstack_patch.patches import SERIES, patch_by_id
 from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
+from deepstack_patch.patches._follow_ups import FOLLOW_UPS
 from deepstack_patch.vendor.provenance import (
     PROVENANCE_NAME,
     SBOM_NAME,
@@ -437,6 +438,15 @@ def test_list_json_lists_follow_ups_per_patch() -> None:
     [issue] = [f for f in by_id["vllm#43617"] if f["reference"] == "vllm#53516"]
     assert issue["status"] == "closed"
     assert issue["url"] == "https://github.com/vllm-project/vllm/issues/53516"
+
+
+def test_every_recorded_follow_up_is_on_its_patch() -> None:
+    assert set(FOLLOW_UPS) <= {p.id for p in SERIES}
+    compared = 0
+    for patch in SERIES:
+        assert patch.follow_ups == FOLLOW_UPS.get(patch.id, ()), patch.id
+        compared += len(patch.follow_ups)
+    assert compared == sum(len(entry) for entry in FOLLOW_UPS.values()) > 0
 
 
 def test_list_text_shows_follow_ups() -> None:
