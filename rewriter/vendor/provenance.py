@@ -77,6 +77,24 @@ class AppliedPatch:
     text: bytes
 
 
+def read_applied(
+    series_dir: Path, patch_ids: Sequence[str], names: Sequence[str], base: Path
+) -> list[AppliedPatch]:
+    """The applied patches of a series ``write_series`` wrote: ``patch_ids`` and
+    the file ``names`` it returned, in order; paths are relative to ``base``
+    (the folder the SBOM is written to)."""
+    from deepstack_patch.patches import patch_by_id
+
+    return [
+        AppliedPatch(
+            patch_by_id(patch_id),
+            os.path.relpath(series_dir / name, base).replace(os.sep, "/"),
+            (series_dir / name).read_bytes(),
+        )
+        for patch_id, name in zip(patch_ids, names, strict=True)
+    ]
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -367,19 +385,10 @@ def write_backport_provenance(
     file, report.json and the SBOM: every file a build consumes, but not the
     extracted tree (the tarball holds it).
     """
-    from deepstack_patch.patches import patch_by_id
-
     outputs = report["outputs"]
     series_dir = Path(outputs["series"])
     names = list(outputs["series_files"])
-    applied = [
-        AppliedPatch(
-            patch_by_id(patch_id),
-            f"{series_dir.name}/{name}",
-            (series_dir / name).read_bytes(),
-        )
-        for patch_id, name in zip(report["applied"], names, strict=True)
-    ]
+    applied = read_applied(series_dir, report["applied"], names, out.resolve())
     upstream = UpstreamArtefact(archive.name, sha256_file(archive), "sdist")
     tarball = Path(outputs["sdist"])
     sbom = write_sbom(
