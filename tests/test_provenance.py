@@ -37,7 +37,9 @@ from deepstack_patch.vendor.provenance import (
     AppliedPatch,
     UpstreamArtefact,
     provenance_statement,
+    read_applied,
     sbom_document,
+    write_sbom,
 )
 from jsonschema import Draft202012Validator
 
@@ -320,6 +322,40 @@ def test_the_validator_rejects_a_broken_sbom() -> None:
     )
     document["metadata"]["component"]["pedigree"]["patches"][0]["type"] = "fix"
     assert sbom_errors(json.dumps(document)) != ""
+
+
+def test_write_sbom_for_a_wheel_reads_the_series_it_was_given(tmp_path: Path) -> None:
+    series = tmp_path / "patches"
+    series.mkdir()
+    (series / "0001-a.patch").write_bytes(b"--- a/x.py\n+++ b/x.py\n")
+    wheel = tmp_path / "dist" / "vllm-0.20.2+deepstack.1-cp38-abi3-linux_x86_64.whl"
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"wheel bytes")
+    items = read_applied(series, ["vllm#40917"], ["0001-a.patch"], wheel.parent)
+    assert items[0].path == "../patches/0001-a.patch"
+    path = write_sbom(
+        wheel.parent / SBOM_NAME,
+        release="0.20.2",
+        local_version="0.20.2+deepstack.1",
+        upstream=UpstreamArtefact(
+            "vllm-0.20.2-cp38-abi3-linux_x86_64.whl", "ef" * 32, "wheel"
+        ),
+        applied=items,
+        output=wheel,
+    )
+    text = path.read_text()
+    assert sbom_errors(text) == ""
+    component = vllm_component(text)
+    assert (
+        component["hashes"][0]["content"] == hashlib.sha256(b"wheel bytes").hexdigest()
+    )
+    assert (
+        "wheel vllm-0.20.2-cp38-abi3"
+        in component["pedigree"]["ancestors"][0]["description"]
+    )
+    [entry] = component["pedigree"]["patches"]
+    assert entry["diff"]["text"]["content"] == "--- a/x.py\n+++ b/x.py\n"
+    assert not list(wheel.parent.glob("*.partial"))
 
 
 # --- the in-toto statement (fast) ---------------------------------------------
