@@ -38,6 +38,8 @@ from deepstack_patch.proof.proving import (
     proof_targets,
 )
 
+from ._follow_ups import FOLLOW_UPS
+
 if TYPE_CHECKING:
     import libcst
 
@@ -186,6 +188,7 @@ class Granite4VisionDeepstackSlice(Patch):
     )
     paths = ("vllm/model_executor/models/*.py",)
     markers = (b"_ds_buffers",)
+    follow_ups = FOLLOW_UPS["vllm#40917"]
     parts = {"": "method that builds IntermediateTensors from self._ds_buffers"}
     examples = (
         Example("upstream 0.20.x forward", BEFORE, AFTER),

@@ -57,6 +57,7 @@ from ._deepstack_buffer import (
     statement_ast,
     token_parameter,
 )
+from ._follow_ups import FOLLOW_UPS
 
 if TYPE_CHECKING:
     import libcst
@@ -285,6 +286,7 @@ class Qwen3VLDeepstackResize(Patch):
         "_get_ calls it in place of its early `return None` on an empty counter."
     )
     requires = ("vllm#40932",)
+    follow_ups = FOLLOW_UPS["vllm#43617"]
     paths = MODEL_PATHS
     markers = MARKERS
     parts = {"": "class defining _get_deepstack_input_embeds"}

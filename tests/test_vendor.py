@@ -3,7 +3,7 @@
 `export`'s series applied with `patch -p1`, `git apply`, `git am` and quilt
 gives byte for byte the tree `apply` gives; `apply --commit` makes one commit
 per patch with provenance trailers and never commits anything else;
-`backport` writes its four outputs; `matrix` holds the real releases to
+`backport` writes its outputs; `matrix` holds the real releases to
 targets.toml; emitted CI pipelines are YAML that names every release.
 
 `patch` and `git` may write into files in place, so the trees they patch are
@@ -460,7 +460,14 @@ def test_backport_writes_tree_series_tarball_and_report(
     code, output = run("backport", "--release", RELEASE, "--out", str(out))
     assert code == 0, output
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["report.json", "series", f"vllm-{version}", f"vllm-{version}.tar.gz"]
+        [
+            "report.json",
+            "series",
+            f"vllm-{version}",
+            f"vllm-{version}.tar.gz",
+            "sbom.cdx.json",
+            "provenance.intoto.json",
+        ]
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import shutil
@@ -43,9 +44,12 @@ def _prepare_out(out: Path) -> None:
             f"--out {out}: not empty, and not the output of an earlier backport",
             "give a new or empty folder",
         )
+    from deepstack_patch.vendor.provenance import PROVENANCE_NAME, SBOM_NAME
+
     # Only what an earlier backport writes is removed.
+    earlier_outputs = (REPORT_NAME, "series", SBOM_NAME, PROVENANCE_NAME)
     for child in children:
-        if child.name in (REPORT_NAME, "series") or child.name.startswith("vllm-"):
+        if child.name in earlier_outputs or child.name.startswith("vllm-"):
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
             else:
@@ -93,13 +97,17 @@ def backport(
                                    the pristine release
       vllm-VERSION+LABEL.tar.gz    the patched source tarball
       report.json                  states, patches, outputs (schema 1)
+      sbom.cdx.json                CycloneDX SBOM: the patched vLLM, its
+                                   upstream ancestor and each backport
+      provenance.intoto.json       in-toto statement (SLSA provenance v1)
+                                   of every output file, unsigned
 
     The tree and the tarball carry the local version (PKG-INFO,
     vllm.egg-info/PKG-INFO, vllm/_version.py); the series carries only the
     fixes. SOURCE_DATE_EPOCH makes the tarball and series reproducible.
 
     \b
-    Exit codes: 0 all four written; 2 drifted targets or an error (the
+    Exit codes: 0 all written; 2 drifted targets or an error (the
     patched tree and tarball are not written).
     """
     from deepstack_patch.engine.plan import select_patches
@@ -107,10 +115,17 @@ def backport(
     from deepstack_patch.fetch.releases import extract_release
     from deepstack_patch.output.report import dump_json, plan_json
     from deepstack_patch.patches import SERIES
+    from deepstack_patch.vendor.provenance import (
+        PROVENANCE_NAME,
+        SBOM_NAME,
+        backport_document_paths,
+        write_backport_provenance,
+    )
     from deepstack_patch.vendor.quilt import build_date, plan_steps, write_series
     from deepstack_patch.vendor.sdist import local_version, repack_sdist, version_edits
 
     started = time.monotonic()
+    started_on = dt.datetime.now(dt.timezone.utc)
     selected = select_patches(SERIES, only, skip)
     new_version = local_version(release, label)
     out = out or Path(f"backport-{release}")
@@ -158,10 +173,12 @@ def backport(
             "sdist": str(sdist.resolve()),
             "sdist_sha256": hashlib.sha256(sdist.read_bytes()).hexdigest(),
             "report": str((out / REPORT_NAME).resolve()),
+            **backport_document_paths(out),
         },
         seconds=round(time.monotonic() - started, 2),
     )
     (out / REPORT_NAME).write_text(dump_json(document) + "\n")
+    write_backport_provenance(out, document, archive, started_on)
     if output_format == "json":
         click.echo(dump_json(document))
         sys.exit(EXIT_OK)
@@ -172,6 +189,8 @@ def backport(
     stdout.print(f"  series   {out / 'series'} ({len(names)} patch file(s))")
     stdout.print(f"  tarball  {sdist}")
     stdout.print(f"  report   {out / REPORT_NAME}")
+    stdout.print(f"  sbom     {out / SBOM_NAME}")
+    stdout.print(f"  provenance {out / PROVENANCE_NAME}")
     console.print(f"done in {document['seconds']:.1f} s")
     sys.exit(EXIT_OK)
 

@@ -13,7 +13,11 @@ from deepstack_patch.cli.common import (
 @format_option
 def list_command(output_format: str) -> None:
     """List the patch series in the order it is applied, with metadata."""
-    from deepstack_patch.output.report import dump_json, metadata_json
+    from deepstack_patch.output.report import (
+        dump_json,
+        metadata_json,
+        print_follow_ups,
+    )
     from deepstack_patch.patches import SERIES
 
     if output_format == "json":
@@ -34,3 +38,4 @@ def list_command(output_format: str) -> None:
         if patch.supersedes:
             console.print(f"  supersedes: {', '.join(patch.supersedes)}")
         console.print(f"  where:    {', '.join(patch.paths)}")
+        print_follow_ups(console, patch)

@@ -31,9 +31,11 @@ def status(
     or an error. (Use `apply --check` to fail a pipeline on needed patches.)
     """
     from deepstack_patch.engine.plan import plan_tree, select_patches
+    from deepstack_patch.engine.protocol import PatchState
     from deepstack_patch.output.report import (
         dump_json,
         plan_json,
+        print_follow_ups,
         print_plan_table,
         print_tree_header,
     )
@@ -46,4 +48,8 @@ def status(
         console = stdout_console()
         print_tree_header(console, tree)
         print_plan_table(console, plan)
+        # Only where the fix matters to this tree: needed, applied or drifted.
+        for report in plan.reports:
+            if report.selected and report.state is not PatchState.NOT_APPLICABLE:
+                print_follow_ups(console, report.patch, indent=f"{report.patch.id}  ")
     sys.exit(EXIT_ERROR if selected_drifted(plan) else EXIT_OK)

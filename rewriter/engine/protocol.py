@@ -89,6 +89,31 @@ class Example:
     state: PatchState = PatchState.NEEDED
 
 
+@dataclass(frozen=True)
+class FollowUp:
+    """What upstream said about a fix after it shipped, as recorded by hand.
+
+    ``reference`` is an upstream issue or pull request (``vllm#53516``),
+    ``status`` its state when it was read (``open``, ``closed``, ``merged``),
+    ``recorded`` that date (ISO 8601), and ``summary`` one sentence saying what
+    it reports or proposes. Nothing here is fetched at run time: a user deciding
+    whether to apply a patch sees what was known when the series was curated.
+    """
+
+    reference: str
+    status: str
+    recorded: str
+    summary: str
+
+    @property
+    def url(self) -> str:
+        """The GitHub address of ``owner#number`` references of vLLM."""
+        project, _, number = self.reference.partition("#")
+        if project == "vllm" and number.isdigit():
+            return f"https://github.com/vllm-project/vllm/issues/{number}"
+        return ""
+
+
 class Patch:
     """One upstream fix. Subclasses fill in the metadata and the two hooks.
 
@@ -120,6 +145,8 @@ class Patch:
     #: part that no file holds is reported not-applicable with this text.
     parts: ClassVar[dict[str, str]]
     examples: ClassVar[tuple[Example, ...]] = ()
+    #: What upstream reported or proposed about this fix after it shipped.
+    follow_ups: ClassVar[tuple[FollowUp, ...]] = ()
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
         """Report the state of every target location in one parsed file.

@@ -68,6 +68,7 @@ def patch_json(report: PatchReport) -> dict[str, Any]:
             for state, reason in [report.part_state(part)]
         ],
         "files": report.files,
+        "follow_ups": follow_ups_json(patch),
         "locations": [
             {
                 "path": loc.path,
@@ -108,7 +109,34 @@ def metadata_json(patch: Patch) -> dict[str, Any]:
         "supersedes": list(patch.supersedes),
         "parts": {name or "": what for name, what in patch.parts.items()},
         "paths": list(patch.paths),
+        "follow_ups": follow_ups_json(patch),
     }
+
+
+def follow_ups_json(patch: Patch) -> list[dict[str, str]]:
+    """What upstream said about the fix since it shipped (``Patch.follow_ups``)."""
+    return [
+        {
+            "reference": follow_up.reference,
+            "status": follow_up.status,
+            "recorded": follow_up.recorded,
+            "summary": follow_up.summary,
+            "url": follow_up.url,
+        }
+        for follow_up in patch.follow_ups
+    ]
+
+
+def print_follow_ups(console: Console, patch: Patch, indent: str = "  ") -> None:
+    """One entry per follow-up: reference, status when recorded, the sentence."""
+    for follow_up in patch.follow_ups:
+        console.print(
+            f"{indent}follow-up: [bold]{follow_up.reference}[/] "
+            f"({follow_up.status} when recorded on {follow_up.recorded}) "
+            f"{follow_up.summary}"
+            + (f" [dim]{follow_up.url}[/]" if follow_up.url else ""),
+            highlight=False,
+        )
 
 
 def print_tree_header(console: Console, tree: VllmTree) -> None:
