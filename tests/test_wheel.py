@@ -152,6 +152,7 @@ def test_a_corrupt_member_is_caught_by_record(tmp_path: Path) -> None:
     [
         (None, None),  # this machine's: whichever fits, checked below
         ("aarch64", OFFICIAL_NAMES[0]),
+        ("x86_64", OFFICIAL_NAMES[1]),
         ("manylinux_2_35_x86_64", OFFICIAL_NAMES[1]),
     ],
 )

@@ -28,6 +28,7 @@ COMMANDS = {
     "matrix": "matrix:matrix",
     "verify": "verify:verify",
     "wheel": "wheel:wheel",
+    "doctor": "doctor:doctor",
 }
 
 

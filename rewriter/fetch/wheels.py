@@ -107,11 +107,8 @@ def choose_wheel(filenames: Sequence[str], platform: str | None) -> str:
 
 
 def _platform_fits(tag_platform: str, asked: str) -> bool:
-    match asked.split("_"):
-        case [arch] if arch == tag_platform.rsplit("_", 1)[-1]:
-            return True  # --platform x86_64
-        case _:
-            return asked == tag_platform
+    """``manylinux_2_35_x86_64`` fits itself and its architecture, ``x86_64``."""
+    return tag_platform == asked or tag_platform.endswith(f"_{asked}")
 
 
 def download_wheel(release: SourceRelease, progress: Progress | None = None) -> Path:
