@@ -180,8 +180,8 @@ def _resolve(where: dict[str, Any], python: str) -> tuple[Path, str, list[str]]:
     if dist is None:
         return package, "a plain folder on sys.path (no vllm distribution)", shadowing
     if _same(dist["package"], package):
-        how = "editable install" if dist["editable"] else "installed"
         by = dist["installer"] or "an unknown installer"
+        how = "an editable install" if dist["editable"] else "installed from a wheel"
         return package, f"{how} by {by} (vllm {dist['version']})", shadowing
     if dist["editable"] and not Path(dist["package"]).exists():
         return package, f"editable install of {dist['url']}", shadowing
@@ -205,7 +205,10 @@ def _verdict(report: PatchReport, diagnosis: Diagnosis) -> Verdict:
     record = diagnosis.record
     patch_id = report.patch.id
     skipped = record is not None and patch_id in record.skipped
-    where = ", ".join(report.files) or "this vLLM"
+    needed_in = {
+        loc.path for loc in report.locations if loc.state is not PatchState.APPLIED
+    }
+    where = ", ".join(sorted(needed_in)) or "this vLLM"
     match report.state:
         case PatchState.NOT_APPLICABLE:
             return Verdict(report, True, False, [f"not needed: {report.reason}"])

@@ -130,7 +130,7 @@ def _where(request):
             candidates.append({"entry": os.path.abspath(entry), "via": via})
     return {
         "python": sys.executable,
-        "python_version": "%d.%d.%d" % sys.version_info[:3],
+        "python_version": ".".join(str(n) for n in sys.version_info[:3]),
         "cache_tag": sys.implementation.cache_tag,
         "optimize": sys.flags.optimize,
         "pycache_prefix": getattr(sys, "pycache_prefix", None),
@@ -223,7 +223,7 @@ def _import(request):
             )
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             entry["live"] = False
-            entry["why"] = "%s: %s" % (type(exc).__name__, exc)
+            entry["why"] = f"{type(exc).__name__}: {exc}"
         answer.append(entry)
     return answer
 
