@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import py_compile
 import subprocess
 import sys
@@ -243,3 +244,88 @@ def zip_member(wheel: Path, name: str) -> bytes:
 
     with zipfile.ZipFile(wheel) as archive:
         return archive.read(name)
+
+
+# --- the check in every vLLM process, through vLLM's own plugin loader -------------
+
+LOAD_PLUGINS = "from vllm.plugins import load_general_plugins; load_general_plugins()"
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """deepstack-patch importable, and its entry point declared, from a folder
+    put on PYTHONPATH: the managed environment is shared and never modified."""
+    import deepstack_patch
+    import deepstack_patch.patches
+    from deepstack_patch import __version__
+
+    folder = tmp_path_factory.mktemp("plugin")
+    package = folder / "deepstack_patch"
+    package.mkdir()
+    for child in Path(deepstack_patch.__file__).parent.iterdir():
+        (package / child.name).symlink_to(child)
+    (package / "patches").symlink_to(Path(deepstack_patch.patches.__file__).parent)
+    info = folder / f"deepstack_patch_live-{__version__}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: deepstack-patch-live\nVersion: {__version__}\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\n"
+        "deepstack_patch_live = deepstack_patch.proof.live_plugin:check_live\n"
+    )
+    return folder
+
+
+def load_plugins(proof_env, tree: Path, plugin_path: Path, cache: Path, **env: str):
+    from deepstack_patch.proof import envs
+
+    environment = envs.subprocess_env(tree)
+    environment["PYTHONPATH"] = f"{tree}{os.pathsep}{plugin_path}"
+    environment["DEEPSTACK_PATCH_CACHE"] = str(cache)
+    environment.update(env)
+    done = subprocess.run(
+        [str(proof_env.python), "-c", LOAD_PLUGINS],
+        env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if "deepstack-patch:" in line
+    ]
+    return done.returncode, lines, done.stderr
+
+
+@pytest.mark.verify
+@pytest.mark.release
+def test_plugin_in_vllms_loader_on_pristine_and_patched_trees(
+    proof_env, release_tree, patched_copy, plugin_path: Path, tmp_path: Path
+) -> None:
+    pristine = release_tree("0.20.2")
+    code, lines, _ = load_plugins(proof_env, pristine, plugin_path, tmp_path / "c1")
+    assert code == 0 and len(lines) == 1, lines
+    assert "fixes NOT live" in lines[0] and "vllm#40917" in lines[0], lines
+    assert "deepstack-patch apply --installed" in lines[0]
+    print("pristine, full check:", lines[0].rsplit("(", 1)[-1])
+
+    code, lines, stderr = load_plugins(
+        proof_env, pristine, plugin_path, tmp_path / "c1", DEEPSTACK_PATCH_REQUIRE="1"
+    )
+    assert code != 0 and "FixesNotLive" in stderr, stderr[-2000:]
+    print("pristine, cached:", stderr.strip().splitlines()[-1][-40:])
+
+    for switched_off in ({"DEEPSTACK_PATCH_CHECK": "0"}, {"VLLM_PLUGINS": "other"}):
+        code, lines, _ = load_plugins(
+            proof_env, pristine, plugin_path, tmp_path / "c1", **switched_off
+        )
+        assert code == 0 and lines == [], (switched_off, lines)
+
+    patched = patched_copy("0.20.2")
+    applied = CliRunner().invoke(main, ["apply", "--vllm-src", str(patched)])
+    assert applied.exit_code == 0, applied.output
+    for run in ("full check", "cached"):
+        code, lines, _ = load_plugins(proof_env, patched, plugin_path, tmp_path / "c2")
+        assert code == 0 and len(lines) == 1, lines
+        assert "fixes live: vllm#38933, vllm#38040, vllm#40932, vllm#40917, " \
+            "vllm#43617" in lines[0], lines  # fmt: skip
+        print(f"patched, {run}:", lines[0].rsplit("(", 1)[-1])

@@ -46,13 +46,13 @@ def bytecode_state(source_path, thorough=True):
     if data[:4] != importlib.util.MAGIC_NUMBER or len(data) < 16:
         return pyc, RECOMPILED, "bytecode of another Python: ignored"
     flags = int.from_bytes(data[4:8], "little")
-    with open(source_path, "rb") as handle:
-        source = handle.read()
     if flags & ~0b11:
         return pyc, RECOMPILED, "invalid bytecode flags: ignored"
     if flags & 0b1:  # hash-based (PEP 552)
         mode = _check_hash_mode()
         checked = mode == "always" or (flags & 0b10 and mode != "never")
+        with open(source_path, "rb") as handle:
+            source = handle.read()
         matches = data[8:16] == importlib.util.source_hash(source)
         if matches:
             return pyc, FRESH, "source hash matches"
@@ -80,11 +80,13 @@ def bytecode_state(source_path, thorough=True):
     # Same mtime and size can still hold other code (a copy that kept the
     # mtime); code objects compare everything but the file name.
     try:
+        with open(source_path, "rb") as handle:
+            source = handle.read()
         code = marshal.loads(data[16:])
         fresh = code == compile(
             source, source_path, "exec", dont_inherit=True, optimize=sys.flags.optimize
         )
-    except (ValueError, EOFError, TypeError, SyntaxError):
+    except (OSError, ValueError, EOFError, TypeError, SyntaxError):
         fresh = False
     if fresh:
         return pyc, FRESH, "timestamp and size match; same code"
