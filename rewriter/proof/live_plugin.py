@@ -49,7 +49,9 @@ def check_live() -> None:
         return
     from vllm.logger import init_logger
 
-    logger = init_logger(__name__)
+    # Under "vllm.": vLLM configures handlers and levels for its own logger
+    # tree only; a logger named after this module would drop INFO lines.
+    logger = init_logger(f"vllm.plugins.{PLUGIN_NAME}")
     require = os.environ.get(REQUIRE_ENV) == "1"
     try:
         state = live_state()

@@ -173,8 +173,14 @@ def _write(
     """Write ``target`` beside itself, then move it in place (never half a wheel)."""
     from wheel.wheelfile import WheelFile
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".wheel-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".wheel-", dir=target.parent))
+    except OSError as exc:
+        raise DeepstackError(
+            f"--out {target.parent}: cannot write there: {exc.strerror}",
+            "give a folder you can write to with --out",
+        ) from None
     partial = staging / target.name
     infos = source.infolist()
     seen: set[str] = set()
