@@ -103,6 +103,20 @@ def test_a_checkout_on_pythonpath_shadows_the_distribution(tmp_path: Path) -> No
     assert "apply --vllm-src" in document["fix_command"]
 
 
+def test_a_checkout_in_the_working_folder_is_named_not_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkout = make_site(tmp_path / "checkout", granite.BEFORE, dist=False)
+    site = make_site(tmp_path / "site", granite.AFTER)
+    monkeypatch.chdir(checkout)
+    code, document = doctor(site)
+    assert code == 0, document
+    assert document["vllm"]["path"] == str(site / "vllm")
+    assert document["vllm"]["shadowing"] == [
+        f"{checkout}/vllm (working folder (python -m / python -c only))"
+    ]
+
+
 def plant_bytecode(site: Path, old: str, mode: py_compile.PycInvalidationMode) -> Path:
     """Bytecode of ``old`` where the import system looks for the model's."""
     source = site / MODEL

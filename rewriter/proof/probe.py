@@ -104,9 +104,10 @@ def _check_hash_mode():
 
 def _where(request):
     here = os.path.abspath(os.getcwd())
-    # A console script (`vllm serve`) does not see the working folder; only
-    # `python -m` / `python -c` do: report it apart, never let it decide.
-    path = [p for p in sys.path if p not in ("", here)]
+    # `python -c` put the working folder first ("" ); a console script
+    # (`vllm serve`) does not see it, only `python -m` does: report it apart,
+    # never let it decide. A PYTHONPATH entry naming that folder stays.
+    path = sys.path[1:] if sys.path[:1] == [""] else list(sys.path)
     sys.path[:] = path
     pythonpath = [
         os.path.abspath(p)
@@ -121,11 +122,13 @@ def _where(request):
             "locations": list(spec.submodule_search_locations or []),
         }
     candidates = []
-    for entry in [here, *path]:
+    on_path = [os.path.abspath(p or here) for p in path]
+    extra = [] if here in on_path else [here]
+    for entry in extra + path:
         package = os.path.join(entry or here, "vllm")
         if os.path.isfile(os.path.join(package, "__init__.py")):
             via = "site"
-            if entry == here:
+            if entry in extra:
                 via = "working folder (python -m / python -c only)"
             elif os.path.abspath(entry) in pythonpath:
                 via = "PYTHONPATH"
