@@ -258,4 +258,8 @@ def test_official_wheel_installs_with_its_local_version(
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert version == f"{RELEASE}+deepstack.1"
+    # The fixes are live in the interpreter that installed it.
+    code, output = run("doctor", "--python", str(python))
+    assert code == 0, output
+    assert f"vllm    {RELEASE}+deepstack.1" in output
     shutil.rmtree(env)
