@@ -23,6 +23,10 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deepstack_patch.proof.change_record import ChangeRecord
 
 CHECK_ENV = "DEEPSTACK_PATCH_CHECK"
 REQUIRE_ENV = "DEEPSTACK_PATCH_REQUIRE"
@@ -104,8 +108,9 @@ def live_state(root: Path | None = None) -> LiveState:
         root = Path(vllm.__file__).parent.parent
     record = _record(root)
     state = None
-    unchanged = record is not None and record.tool_version == __version__
-    if unchanged and not record.changed_since(root):
+    # A record of another tool version may predate a patch of this series.
+    trusted = record is not None and record.tool_version == __version__
+    if trusted and not record.changed_since(root):
         state = LiveState(root, list(record.applied), {}, list(record.skipped))
         files = [f.path for f in record.files]
     if state is None:
@@ -115,7 +120,7 @@ def live_state(root: Path | None = None) -> LiveState:
     return state
 
 
-def _record(root: Path):  # -> ChangeRecord | None
+def _record(root: Path) -> ChangeRecord | None:
     from deepstack_patch.proof.change_record import UnreadableRecord, read_record
 
     for dist_info in sorted(root.glob("vllm-*.dist-info")):
