@@ -347,3 +347,74 @@ def test_plugin_in_vllms_loader_on_pristine_and_patched_trees(
         assert "fixes live: vllm#38933, vllm#38040, vllm#40932, vllm#40917, " \
             "vllm#43617" in lines[0], lines  # fmt: skip
         print(f"patched, {run}:", lines[0].rsplit("(", 1)[-1])
+
+
+# --- the live check, without vLLM: a small package with a logger of its own ---------
+
+CHECK = (
+    "import vllm\n"
+    "from deepstack_patch.proof.live_plugin import check_live\n"
+    "check_live()\n"
+)
+
+
+def run_check(site: Path, **env: str) -> subprocess.CompletedProcess:
+    (site / "vllm/logger.py").write_text(
+        "import logging\nlogging.basicConfig(level=logging.INFO)\n"
+        "init_logger = logging.getLogger\n"
+    )
+    environment = dict(
+        os.environ, PYTHONPATH=str(site), DEEPSTACK_PATCH_CACHE=str(site / "c"), **env
+    )
+    return subprocess.run(
+        [sys.executable, "-c", CHECK], env=environment, capture_output=True, text=True
+    )
+
+
+def test_live_check_warns_raises_or_stays_quiet(tmp_path: Path) -> None:
+    site = make_site(tmp_path / "site", granite.BEFORE)
+    warned = run_check(site)
+    assert warned.returncode == 0
+    assert "WARNING" in warned.stderr and "fixes NOT live" in warned.stderr
+    assert f"{GRANITE}: needed in {MODEL}" in warned.stderr
+    required = run_check(site, DEEPSTACK_PATCH_REQUIRE="1")
+    assert required.returncode != 0 and "FixesNotLive" in required.stderr
+    quiet = run_check(site, DEEPSTACK_PATCH_CHECK="0")
+    assert quiet.returncode == 0 and "deepstack-patch" not in quiet.stderr
+
+
+def test_live_check_cache_follows_the_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deepstack_patch.proof.live_plugin import _cache_file
+
+    site = make_site(tmp_path / "site", granite.AFTER)
+    assert f"fixes live: {GRANITE}" in run_check(site).stderr
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(site / "c"))
+    cache = _cache_file(site)
+    assert json.loads(cache.read_text())["live"] == [GRANITE]
+    # Rewritten in place with another size: the cache must not answer.
+    (site / MODEL).write_text(granite.BEFORE)
+    assert "fixes NOT live" in run_check(site).stderr
+    assert json.loads(cache.read_text())["missing"] == {GRANITE: f"needed in {MODEL}"}
+
+
+def test_live_check_trusts_an_unchanged_record_and_its_skips(tmp_path: Path) -> None:
+    site = make_site(tmp_path / "site", granite.AFTER)
+    write_record(site)
+    assert f"fixes live: {GRANITE}" in run_check(site).stderr
+    assert not (site / "c").exists()  # answered by the record, no full check
+    (site / MODEL).write_text(granite.BEFORE)  # changed since: the full check
+    write_record(site, applied=(), skipped=(GRANITE,))
+    checked = run_check(site)
+    assert "WARNING" not in checked.stderr
+    assert f"skipped on purpose: {GRANITE}" in checked.stderr
+
+
+def test_live_check_finds_stale_bytecode(tmp_path: Path) -> None:
+    site = make_site(tmp_path / "site", granite.AFTER)
+    pyc = plant_bytecode(
+        site, granite.BEFORE, py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
+    checked = run_check(site)
+    assert f"{GRANITE}: stale bytecode {pyc}" in checked.stderr
