@@ -70,6 +70,7 @@ def wheel(
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.output.report import dump_json, plan_json
     from deepstack_patch.patches import SERIES
+    from deepstack_patch.vendor.sdist import local_version
     from deepstack_patch.vendor.wheel import patch_wheel
 
     if (release is None) == (wheel_file is None):
@@ -80,6 +81,7 @@ def wheel(
     if wheel_file is not None and platform is not None:
         raise DeepstackError("--platform goes with --release, not with --wheel")
     selected = select_patches(SERIES, only, skip)
+    local_version(release or "0", label)  # a bad label fails before a download
     source = wheel_file if wheel_file is not None else _download(release, platform)
     console = stderr_console()
     result = patch_wheel(
