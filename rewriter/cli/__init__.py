@@ -27,6 +27,8 @@ COMMANDS = {
     "backport": "backport:backport",
     "matrix": "matrix:matrix",
     "verify": "verify:verify",
+    "wheel": "wheel:wheel",
+    "doctor": "doctor:doctor",
 }
 
 

@@ -1,0 +1,91 @@
+"""``deepstack-patch doctor``: is every needed fix live in the vLLM a Python runs?"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from deepstack_patch.cli.common import (
+    EXIT_NEEDED,
+    EXIT_OK,
+    format_option,
+    stdout_console,
+)
+
+
+@click.command()
+@click.option(
+    "--python",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The interpreter that runs vLLM (default: the one running this tool).",
+)
+@click.option(
+    "--import",
+    "import_check",
+    is_flag=True,
+    help="Also import the target modules in that Python and compare the live "
+    "functions with the source. Needs vLLM's dependencies (torch, ...) there.",
+)
+@format_option
+def doctor(python: Path | None, import_check: bool, output_format: str) -> None:
+    """Check that the fixes are live where vLLM runs, without importing vLLM.
+
+    In that Python: which vllm the import system resolves (path, version, how
+    it was installed, what shadows what on sys.path / PYTHONPATH); each
+    patch's state in that source; whether each target module loads from that
+    source and its bytecode is that source's; and the change record
+    `apply --installed` keeps (applied, skipped, files changed since).
+
+    \b
+    Exit codes: 0 every needed fix is live; 1 one is not (the output says
+    which and why); 2 an error.
+    """
+    from deepstack_patch.output.report import dump_json
+    from deepstack_patch.patches import SERIES
+    from deepstack_patch.proof.doctor import diagnose, diagnosis_json
+
+    diagnosis = diagnose(python, SERIES, import_check)
+    if output_format == "json":
+        click.echo(dump_json(diagnosis_json(diagnosis)))
+    else:
+        _print(diagnosis)
+    sys.exit(EXIT_OK if diagnosis.live else EXIT_NEEDED)
+
+
+def _print(diagnosis) -> None:  # noqa: ANN001 - a proof.doctor.Diagnosis
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = stdout_console()
+    console.print(f"python  {diagnosis.python} ({diagnosis.python_version})")
+    console.print(f"vllm    {diagnosis.version} at {diagnosis.package}")
+    console.print(f"        {escape(diagnosis.installed_as)}")
+    for other in diagnosis.shadowing:
+        console.print(f"        also on the path, not imported: {escape(other)}")
+    record = diagnosis.record
+    if record is not None:
+        changed = ", ".join(diagnosis.changed_since) or "none"
+        console.print(
+            f"record  applied {', '.join(record.applied) or 'nothing'} on "
+            f"{record.date}; skipped {', '.join(record.skipped) or 'none'}; "
+            f"files changed since: {changed}"
+        )
+    for note in diagnosis.notes:
+        console.print(f"note    {escape(note)}")
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("patch", "state", "live", "why"):
+        table.add_column(column)
+    for verdict in diagnosis.verdicts:
+        live = "yes" if verdict.live else ("-" if not verdict.counts else "NO")
+        table.add_row(
+            verdict.report.patch.id,
+            str(verdict.report.state),
+            live,
+            escape("; ".join(verdict.reasons)),
+        )
+    console.print(table)
+    if diagnosis.live:
+        console.print("every needed fix is live")
+    else:
+        console.print(f"not live; to fix: {escape(diagnosis.fix_command)}")
