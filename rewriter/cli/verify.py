@@ -169,7 +169,7 @@ def _pristine_tree(tree: VllmTree, path: Path | None) -> VllmTree:
             "add` of the commit before your backports)",
         )
     from deepstack_patch.cli import fetch_with_progress
-    from deepstack_patch.fetch.releases import cache_dir
+    from deepstack_patch.engine.cache import cache_dir
 
     # A cache folder only verify writes: it is never patched.
     out = cache_dir() / "pristine" / f"vllm-{tree.version}"

@@ -107,7 +107,7 @@ def env_key(requirements: Sequence[str], python_version: str | None = None) -> s
 
 
 def envs_dir() -> Path:
-    from deepstack_patch.fetch.releases import cache_dir
+    from deepstack_patch.engine.cache import cache_dir
 
     return cache_dir() / "envs"
 

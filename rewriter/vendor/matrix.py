@@ -128,7 +128,7 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
     """
     import hashlib
 
-    from deepstack_patch.fetch.releases import cache_dir
+    from deepstack_patch.engine.cache import cache_dir
     from filelock import FileLock
 
     stat = archive.stat()
