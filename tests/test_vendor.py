@@ -29,7 +29,6 @@ from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.targets import default_targets_path
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
-from deepstack_patch.vendor.matrix import verify_available
 from deepstack_patch.vendor.quilt import upstream_reference
 
 pytestmark = pytest.mark.release
@@ -524,17 +523,7 @@ def test_emitted_pipeline_is_yaml_naming_every_release(
         scripts = ["\n".join(s["commands"]) for s in group["steps"]]
     for release, script in zip(TARGETS.releases, scripts, strict=True):
         assert f"deepstack-patch backport --release {release} " in script
-        if verify_available():
-            assert "deepstack-patch verify --vllm-src " in script
-
-
-def test_matrix_verify_says_it_needs_the_verify_command(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr("deepstack_patch.vendor.matrix.verify_available", lambda: False)
-    code, output = run("matrix", "--verify")
-    assert code == 2
-    assert "needs the `deepstack-patch verify` command" in flat(output)
+        assert "deepstack-patch verify --vllm-src " in script
 
 
 def test_allow_dirty_without_commit_is_an_error(
