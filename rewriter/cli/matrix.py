@@ -90,16 +90,9 @@ def matrix(
     2 an error (a release could not be fetched or read).
     """
     from deepstack_patch.engine.plan import select_patches
-    from deepstack_patch.engine.targets import default_targets_path, load_targets
-    from deepstack_patch.vendor.matrix import read_releases
+    from deepstack_patch.vendor.matrix import matrix_inputs
 
-    targets_path = targets_file or default_targets_path()
-    targets = load_targets(targets_path)
-    releases = read_releases(releases_file) if releases_file else targets.releases
-    if not releases:
-        raise DeepstackError(
-            f"{targets_path}: lists no releases", "add releases = [...] or --releases"
-        )
+    targets_path, targets, releases = matrix_inputs(releases_file, targets_file)
     series = load_series()
     selected = select_patches(series, only, skip)
     if (output is None) != (emit is None):
@@ -110,33 +103,27 @@ def matrix(
     if emit and output:
         sys.exit(_emit(emit, output, releases, targets, install))
     result = _check_with_progress(releases, series, selected, targets, jobs, verify)
+    patch_ids = [patch.id for patch in series if patch.id in selected]
     if output_format == "json":
         from deepstack_patch.output.documents import dump_json
         from deepstack_patch.vendor.matrix import matrix_json
 
-        click.echo(
-            dump_json(
-                matrix_json(
-                    result.results,
-                    result.differences,
-                    str(targets_path),
-                    result.wall_seconds,
-                )
-            )
+        document = matrix_json(
+            result.results, result.differences, str(targets_path), result.wall_seconds
         )
-        sys.exit(result.exit_code)
-    from deepstack_patch.output.tables import print_matrix
+        click.echo(dump_json(document))
+    else:
+        from deepstack_patch.output.tables import print_matrix
 
-    patch_ids = [patch.id for patch in series if patch.id in selected]
-    print_matrix(
-        stdout_console(),
-        result.results,
-        result.differences,
-        patch_ids,
-        verify,
-        result.wall_seconds,
-        jobs,
-    )
+        print_matrix(
+            stdout_console(),
+            result.results,
+            result.differences,
+            patch_ids,
+            verify,
+            result.wall_seconds,
+            jobs,
+        )
     sys.exit(result.exit_code)
 
 

@@ -250,6 +250,22 @@ def differences(
     return found
 
 
+def matrix_inputs(
+    releases_file: Path | None, targets_file: Path | None
+) -> tuple[Path, Targets, list[str]]:
+    """The targets file, its expectations, and the releases to check."""
+    from deepstack_patch.engine.targets import default_targets_path, load_targets
+
+    targets_path = targets_file or default_targets_path()
+    targets = load_targets(targets_path)
+    releases = read_releases(releases_file) if releases_file else targets.releases
+    if not releases:
+        raise DeepstackError(
+            f"{targets_path}: lists no releases", "add releases = [...] or --releases"
+        )
+    return targets_path, targets, list(releases)
+
+
 def read_releases(path: Path) -> list[str]:
     """Releases from a file: one per line (``#`` comments), or TOML ``releases``."""
     try:
