@@ -526,6 +526,26 @@ def test_emitted_pipeline_is_yaml_naming_every_release(
         assert "deepstack-patch verify --vllm-src " in script
 
 
+@pytest.mark.verify
+def test_matrix_verify_runs_verify_on_the_patched_release(
+    proof_env: object, tmp_path: Path
+) -> None:
+    """``matrix --verify`` patches each release and judges it with verify's
+    plumbing (in the worker process), in the managed environment."""
+    patch_id = needed_ids(RELEASE)[0]
+    releases = tmp_path / "releases.txt"
+    releases.write_text(f"{RELEASE}\n")
+    code, output = run(
+        "matrix", "--releases", str(releases), "--verify", "--only", patch_id,
+        "-j", "1", "--format", "json",
+    )  # fmt: skip
+    document = json.loads(output)
+    [row] = document["releases"]
+    assert row["error"] == "" and row["states"][patch_id] == "needed", output
+    assert row["verify_exit_code"] == 0, output
+    assert code == 0 and document["ok"] is True
+
+
 def test_allow_dirty_without_commit_is_an_error(
     patched_copy: Callable[[str], Path],
 ) -> None:

@@ -106,7 +106,7 @@ def verify(
     err = stderr_console()
     series = load_series()
     selected = select_patches(series, only, skip)
-    pristine = pristine_for(tree, against_pristine, pristine_path)
+    pristine = pristine_for(tree, against_pristine, pristine_path, err.print)
 
     def say(line: str) -> None:
         err.print(f"[dim]{line}[/]", markup=True, highlight=False)

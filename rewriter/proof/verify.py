@@ -111,17 +111,22 @@ def verify(
 
 
 def pristine_for(
-    tree: VllmTree, against_pristine: bool, path: Path | None
+    tree: VllmTree,
+    against_pristine: bool,
+    path: Path | None,
+    progress: Progress = lambda line: None,
 ) -> VllmTree | None:
     """``--against-pristine [--pristine PATH]``: the tree to compare with, if any."""
     if path is not None and not against_pristine:
         raise DeepstackError(
             "--pristine goes with --against-pristine", "add --against-pristine"
         )
-    return pristine_tree(tree, path) if against_pristine else None
+    return pristine_tree(tree, path, progress) if against_pristine else None
 
 
-def pristine_tree(tree: VllmTree, path: Path | None) -> VllmTree:
+def pristine_tree(
+    tree: VllmTree, path: Path | None, progress: Progress = lambda line: None
+) -> VllmTree:
     """The unpatched tree: given, or the cached release of the tree's version."""
     if path is not None:
         return VllmTree.open(path)
@@ -136,12 +141,14 @@ def pristine_tree(tree: VllmTree, path: Path | None) -> VllmTree:
         )
     from deepstack_patch.engine.cache import cache_dir
     from deepstack_patch.fetch.releases import fetch_release
-    from deepstack_patch.output.progress import progress
+    from deepstack_patch.output.progress import progress as download_progress
 
     # A cache folder only verify writes: it is never patched.
     out = cache_dir() / "pristine" / f"vllm-{tree.version}"
-    with progress(f"vllm-{tree.version}.tar.gz") as task:
-        return fetch_release(tree.version, out, task.transferred)
+    with download_progress(f"vllm-{tree.version}.tar.gz") as task:
+        pristine = fetch_release(tree.version, out, task.transferred)
+    progress(f"vLLM {tree.version} source at {pristine.root}")
+    return pristine
 
 
 def _provable(state: PatchState | None) -> bool:
