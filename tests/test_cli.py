@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from deepstack_patch.cli import COMMANDS, main
+from deepstack_patch.patches import SERIES
 from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
 
 MODEL = "vllm/model_executor/models/granite4_vision.py"
@@ -149,8 +150,24 @@ def test_file_instead_of_tree(tmp_path: Path) -> None:
 def test_list_shows_every_patch_with_metadata() -> None:
     code, output = run("list", "--format", "json")
     assert code == 0
-    ids = [p["id"] for p in json.loads(output)["patches"]]
-    assert "vllm#40917" in ids
+    document = json.loads(output)
+    assert document["schema"] == 1
+    listed = [
+        (p["id"], p["title"], p["upstream_url"], p["fixed_in"])
+        for p in document["patches"]
+    ]
+    expected = [(p.id, p.title, p.upstream_url, p.fixed_in) for p in SERIES]
+    assert len(expected) >= 5 and listed == expected
+    code, text = run("list")
+    assert code == 0
+    flat = " ".join(text.split())
+    for patch in SERIES:  # in series order, each with its metadata
+        assert f"{patch.id} {' '.join(patch.title.split())}" in flat
+        assert (
+            f"upstream: {patch.upstream_url} (first in vLLM {patch.fixed_in})" in flat
+        )
+    positions = [flat.index(f"{patch.id} ") for patch in SERIES]
+    assert positions == sorted(positions)
 
 
 def test_every_command_has_help() -> None:

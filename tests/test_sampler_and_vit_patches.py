@@ -131,7 +131,7 @@ def test_budgets_on_019_use_that_release_names(
 
 
 def _prove(env: object, tree: Path, patch_id: str) -> tuple[str, str]:
-    from deepstack_patch.proof.verify import run_proofs
+    from deepstack_patch.proof.proofs import run_proofs
 
     result = run_proofs(env, tree, [patch_id])[patch_id]
     return result.status, result.message

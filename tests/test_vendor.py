@@ -29,7 +29,6 @@ from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.targets import default_targets_path
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
-from deepstack_patch.vendor.matrix import verify_available
 from deepstack_patch.vendor.quilt import upstream_reference
 
 pytestmark = pytest.mark.release
@@ -531,17 +530,27 @@ def test_emitted_pipeline_is_yaml_naming_every_release(
         scripts = ["\n".join(s["commands"]) for s in group["steps"]]
     for release, script in zip(TARGETS.releases, scripts, strict=True):
         assert f"deepstack-patch backport --release {release} " in script
-        if verify_available():
-            assert "deepstack-patch verify --vllm-src " in script
+        assert "deepstack-patch verify --vllm-src " in script
 
 
-def test_matrix_verify_says_it_needs_the_verify_command(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.verify
+def test_matrix_verify_runs_verify_on_the_patched_release(
+    proof_env: object, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("deepstack_patch.vendor.matrix.verify_available", lambda: False)
-    code, output = run("matrix", "--verify")
-    assert code == 2
-    assert "needs the `deepstack-patch verify` command" in flat(output)
+    """``matrix --verify`` patches each release and judges it with verify's
+    plumbing (in the worker process), in the managed environment."""
+    patch_id = needed_ids(RELEASE)[0]
+    releases = tmp_path / "releases.txt"
+    releases.write_text(f"{RELEASE}\n")
+    code, output = run(
+        "matrix", "--releases", str(releases), "--verify", "--only", patch_id,
+        "-j", "1", "--format", "json",
+    )  # fmt: skip
+    document = json.loads(output)
+    [row] = document["releases"]
+    assert row["error"] == "" and row["states"][patch_id] == "needed", output
+    assert row["verify_exit_code"] == 0, output
+    assert code == 0 and document["ok"] is True
 
 
 def test_allow_dirty_without_commit_is_an_error(

@@ -24,8 +24,18 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.targets import PatchTargets, Targets, load_targets
 from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.output import documents
+from deepstack_patch.output.junit import junit_xml
 from deepstack_patch.patches import SERIES
-from deepstack_patch.proof import envs, verify
+from deepstack_patch.proof import (
+    envs,
+    gpu,
+    proofs,
+    results,
+    tree_tests,
+    verdicts,
+    verify,
+)
 from deepstack_patch.proof.platform_plugin import ENV_VAR, cpu_platform
 
 if sys.version_info >= (3, 11):
@@ -35,18 +45,6 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = load_targets()
-
-JUNIT = """<?xml version="1.0" encoding="utf-8"?>
-<testsuites><testsuite name="pytest" errors="1" failures="1" skipped="1" tests="4">
-<testcase classname="tests.v1.sample.test_ops" name="test_count[1]" time="0.5"/>
-<testcase classname="tests.v1.sample.test_ops.TestGpu" name="test_big" time="0.0">
-  <skipped type="pytest.skip" message="needs CUDA">skip reason</skipped></testcase>
-<testcase classname="tests.v1.sample.test_ops" name="test_bad" time="0.1">
-  <failure message="assert 1 == 2">trace</failure></testcase>
-<testcase classname="tests.other.test_x" name="test_boom" time="0.1">
-  <error message="fixture exploded">trace</error></testcase>
-</testsuite></testsuites>
-"""
 
 
 def make_tree(root: Path, files: list[str]) -> Path:
@@ -72,12 +70,15 @@ def fake_targets(cpu: list[str], gpu: list[str] | None = None) -> Targets:
 def test_select_tests_keeps_present_files_and_reports_absent(tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "t", ["tests/v1/sample/test_ops.py"])
     listed = ["tests/v1/sample/test_ops.py::test_count", "tests/v1/later/test_new.py"]
-    selected, absent = verify.select_tests(
+    selected, absent = tree_tests.select_tests(
         tree, fake_targets(listed), ["a#1", "b#2"], "cpu"
     )
     assert selected == {"tests/v1/sample/test_ops.py::test_count": ["a#1", "b#2"]}
     assert absent == ["tests/v1/later/test_new.py: not in this release"]
-    assert verify.select_tests(tree, fake_targets(listed), ["zz"], "cpu") == ({}, [])
+    assert tree_tests.select_tests(tree, fake_targets(listed), ["zz"], "cpu") == (
+        {},
+        [],
+    )
 
 
 def test_tests_limited_to_releases(tmp_path: Path) -> None:
@@ -88,12 +89,12 @@ def test_tests_limited_to_releases(tmp_path: Path) -> None:
     )
     targets = load_targets(toml)
     tree = make_tree(tmp_path / "t", ["tests/a.py", "tests/b.py"])
-    old = verify.select_tests(tree, targets, ["a#1"], "cpu", "0.19.1")
+    old = tree_tests.select_tests(tree, targets, ["a#1"], "cpu", "0.19.1")
     assert old == (
         {"tests/a.py": ["a#1"]},
         ["tests/b.py: only on vLLM >=0.20.0: 0.19 cannot collect it"],
     )
-    new = verify.select_tests(tree, targets, ["a#1"], "cpu", "0.20.0")
+    new = tree_tests.select_tests(tree, targets, ["a#1"], "cpu", "0.20.0")
     assert sorted(new[0]) == ["tests/a.py", "tests/b.py"] and new[1] == []
     toml.write_text('[patches."a#1"]\ncpu_tests = [3]\n')
     with pytest.raises(DeepstackError, match="neither a pytest node id"):
@@ -101,52 +102,99 @@ def test_tests_limited_to_releases(tmp_path: Path) -> None:
 
 
 def test_pytest_command_cpu_and_gpu(tmp_path: Path) -> None:
-    junit = tmp_path / "j.xml"
-    cpu = verify.pytest_command(Path("/py"), tmp_path, ["tests/a.py"], junit)
+    results = tmp_path / "results.json"
+    cpu = tree_tests.pytest_command(Path("/py"), tmp_path, ["tests/a.py"], results)
     assert cpu[:3] == ["/py", "-m", "pytest"]
-    assert "--noconftest" in cpu and f"--junit-xml={junit}" in cpu
+    assert "--noconftest" in cpu and f"--deepstack-results={results}" in cpu
+    assert "deepstack_patch_results" in cpu
     assert cpu[cpu.index("--rootdir") + 1] == str(tmp_path)
     assert cpu[-1] == "tests/a.py" and "no:cacheprovider" in cpu
-    gpu = verify.pytest_command(Path("/py"), tmp_path, ["tests/a.py"], junit, gpu=True)
+    gpu = tree_tests.pytest_command(
+        Path("/py"), tmp_path, ["tests/a.py"], results, gpu=True
+    )
     assert "--noconftest" not in gpu
 
 
-def test_parse_junit_outcomes_nodeids_and_files(tmp_path: Path) -> None:
+TREE_TESTS = """\
+import pytest
+
+def test_count():
+    assert 1 + 1 == 2
+
+class TestGpu:
+    def test_big(self):
+        pytest.skip("needs CUDA")
+
+def test_bad():
+    assert 1 == 2
+
+@pytest.fixture
+def exploding():
+    raise RuntimeError("fixture exploded")
+
+def test_boom(exploding):
+    pass
+"""
+
+
+def test_results_plugin_outcomes_nodeids_and_messages(tmp_path: Path) -> None:
+    """pytest's own reports, through the plugin, in a real pytest run."""
     tree = make_tree(tmp_path / "t", ["tests/v1/sample/test_ops.py"])
-    path = tmp_path / "junit.xml"
-    path.write_text(JUNIT)
-    cases = verify.parse_junit(path, tree)
-    assert [(c.outcome, c.nodeid) for c in cases] == [
-        ("passed", "tests/v1/sample/test_ops.py::test_count[1]"),
-        ("skipped", "tests/v1/sample/test_ops.py::TestGpu::test_big"),
-        ("failed", "tests/v1/sample/test_ops.py::test_bad"),
-        # Its file is not in the tree: the classname stands in.
-        ("error", "tests.other.test_x::test_boom"),
-    ]
-    assert cases[1].message == "needs CUDA" and cases[2].message == "assert 1 == 2"
-    # Without the tree, a trailing class name is dropped by convention.
-    assert verify.parse_junit(path)[1].file == "tests/v1/sample/test_ops.py"
-    run = verify.TestRun(
-        command=[], selected={"tests/v1/sample/test_ops.py::test_count": ["a#1"]}
+    (tree / "tests/v1/sample/test_ops.py").write_text(TREE_TESTS)
+    (tree / "tests/v1/broken").mkdir()
+    (tree / "tests/v1/broken/test_gone.py").write_text("import no_such_module\n")
+    selected = {
+        "tests/v1/sample/test_ops.py::test_count": ["a#1"],
+        "tests/v1/sample/test_ops.py::TestGpu": ["a#1"],
+        "tests/v1/sample/test_ops.py::test_bad": ["b#2"],
+        "tests/v1/sample/test_ops.py::test_boom": ["b#2"],
+    }
+    run = tree_tests.run_pytest(
+        Path(sys.executable), tree, selected, [], env=dict(os.environ)
     )
-    run.cases = cases
-    assert [c.name for c in run.cases_of("a#1")] == ["test_count[1]"]
+    outcomes = sorted((c.nodeid, c.outcome) for c in run.cases)
+    assert outcomes == [
+        ("tests/v1/sample/test_ops.py::TestGpu::test_big", "skipped"),
+        ("tests/v1/sample/test_ops.py::test_bad", "failed"),
+        ("tests/v1/sample/test_ops.py::test_boom", "error"),
+        ("tests/v1/sample/test_ops.py::test_count", "passed"),
+    ], run.json()
+    by_id = {c.nodeid: c for c in run.cases}
+    assert by_id["tests/v1/sample/test_ops.py::TestGpu::test_big"].message == (
+        "needs CUDA"
+    )
+    assert "assert 1 == 2" in by_id["tests/v1/sample/test_ops.py::test_bad"].message
+    assert "fixture exploded" in by_id["tests/v1/sample/test_ops.py::test_boom"].message
+    big = by_id["tests/v1/sample/test_ops.py::TestGpu::test_big"]
+    assert (big.classname, big.name) == ("tests.v1.sample.test_ops.TestGpu", "test_big")
+    assert [c.name for c in run.cases_of("a#1")] == ["test_big", "test_count"]
+    assert len(run.cases_of("b#2")) == 2
     assert not run.ok and run.json()["failed"] == 1 and run.json()["skipped"] == 1
-    (tmp_path / "bad.xml").write_text("<testsuite")
-    with pytest.raises(DeepstackError, match="bad.xml"):
-        verify.parse_junit(tmp_path / "bad.xml")
+    assert run.json()["errors"] == 1 and not run.error
+    # A module that does not import stops pytest (exit code 2): an error case
+    # that belongs to the patches selecting that file, and the run's error.
+    broken = {"tests/v1/broken/test_gone.py": ["b#2"]}
+    run = tree_tests.run_pytest(
+        Path(sys.executable), tree, broken, [], env=dict(os.environ)
+    )
+    [case] = run.cases_of("b#2")
+    assert case.outcome == "error" and "no_such_module" in case.message
+    assert "exit code 2" in run.error
+    (tmp_path / "bad.json").write_text("[{")
+    with pytest.raises(DeepstackError, match="bad.json"):
+        results.read_results(tmp_path / "bad.json")
 
 
 def test_detect_gpu_without_driver_and_with_fake_smi(tmp_path: Path) -> None:
-    present, reason = verify.detect_gpu(lambda name: None)
+    present, reason = gpu.detect_gpu(lambda name: None)
     assert not present and "nvidia-smi is not on PATH" in reason
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
     smi.chmod(0o755)
-    present, reason = verify.detect_gpu(lambda name: str(smi))
+    present, reason = gpu.detect_gpu(lambda name: str(smi))
     assert not present and "No devices were found" in reason
     smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-1)'\n")
-    assert verify.detect_gpu(lambda name: str(smi)) == (
+    assert gpu.detect_gpu(lambda name: str(smi)) == (
         True,
         "GPU 0: NVIDIA H100 (UUID: GPU-1)",
     )
@@ -155,15 +203,15 @@ def test_detect_gpu_without_driver_and_with_fake_smi(tmp_path: Path) -> None:
 def test_gpu_stage_without_gpu_is_skipped_with_reason(tmp_path: Path) -> None:
     tree = VllmTree.open(make_tree(tmp_path / "t", ["tests/kernels/test_k.py"]))
     targets = fake_targets([], gpu=["tests/kernels/test_k.py::test_cuda"])
-    stage = verify.gpu_stage(
+    stage = gpu.gpu_stage(
         tree, targets, ["a#1"], print, detect=lambda: (False, "no NVIDIA GPU: x")
     )
     assert stage.status == "skipped" and stage.reason == "no NVIDIA GPU: x"
     assert stage.run is not None
     assert list(stage.run.selected) == ["tests/kernels/test_k.py::test_cuda"]
     assert not stage.ok  # asked for and not run: not a pass
-    assert verify.GpuStage(requested=False).ok
-    none_listed = verify.gpu_stage(tree, fake_targets([]), ["a#1"], print)
+    assert gpu.GpuStage(requested=False).ok
+    none_listed = gpu.gpu_stage(tree, fake_targets([]), ["a#1"], print)
     assert none_listed.status == "skipped" and "no gpu_tests" in none_listed.reason
 
 
@@ -178,7 +226,7 @@ def test_precompiled_files_and_overlay(tmp_path: Path) -> None:
             "torch/lib/libtorch.so,sha256=x,1",
         ]
     )
-    files = verify.precompiled_files(record)
+    files = gpu.precompiled_files(record)
     assert files == [
         "vllm/_C.abi3.so",
         "vllm/libcuda_helper.so.12",
@@ -189,15 +237,15 @@ def test_precompiled_files_and_overlay(tmp_path: Path) -> None:
     for relpath in files:
         (site / relpath).parent.mkdir(parents=True, exist_ok=True)
         (site / relpath).write_bytes(b"\x7fELF")
-    overlay = verify.overlay_tree(tree, site, files, tmp_path / "overlay")
+    overlay = gpu.overlay_tree(tree, site, files, tmp_path / "overlay")
     assert (overlay / "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so").read_bytes() == (
         b"\x7fELF"
     )
     assert (overlay / "vllm/model_executor/models/qwen3_vl.py").is_file()
     assert not (tree / "vllm/_C.abi3.so").exists()  # the tree is never written
-    verify.check_wheel_version("0.20.2", "0.20.2")
+    gpu.check_wheel_version("0.20.2", "0.20.2")
     with pytest.raises(DeepstackError, match="wheel is 0.20.1, the tree is 0.20.2"):
-        verify.check_wheel_version("0.20.1", "0.20.2")
+        gpu.check_wheel_version("0.20.1", "0.20.2")
 
 
 def test_platform_plugin_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,9 +263,12 @@ def test_platform_plugin_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> Non
     )
 
 
+@pytest.mark.verify
 def test_generated_plugin_dist_is_found_by_entry_points(tmp_path: Path) -> None:
+    """pip builds the plugin project (its isolated build fetches setuptools from
+    the package index, hence the verify marker) into a venv like verify's."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     python = envs.venv_python(venv)
     envs.install_platform_plugin(python)
     probe = (
@@ -260,7 +311,7 @@ def test_python_without_torch_says_what_to_install(tmp_path: Path) -> None:
 
 def test_runner_crash_is_an_error_with_the_log(tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "t", [])
-    results = verify.run_proofs(envs.ProofEnv(Path(sys.executable)), tree, ["nope#0"])
+    results = proofs.run_proofs(envs.ProofEnv(Path(sys.executable)), tree, ["nope#0"])
     assert results["nope#0"].status == "error"
     assert "KeyError" in results["nope#0"].message
 
@@ -268,28 +319,28 @@ def test_runner_crash_is_an_error_with_the_log(tmp_path: Path) -> None:
 def test_report_json_junit_and_exit_semantics(tmp_path: Path) -> None:
     tree = VllmTree.open(make_tree(tmp_path / "t", []))
     patch = SERIES[0]
-    good = verify.PatchVerdict(patch, PatchState.APPLIED, "")
-    good.proof = verify.ProofResult(patch.id, "passed", seconds=1.0)
+    good = verdicts.PatchVerdict(patch, PatchState.APPLIED, "")
+    good.proof = proofs.ProofResult(patch.id, "passed", seconds=1.0)
     good.pristine_state = PatchState.NEEDED
-    good.pristine_proof = verify.ProofResult(patch.id, "failed", "buggy")
+    good.pristine_proof = proofs.ProofResult(patch.id, "failed", "buggy")
     assert good.fail_to_pass == "proven" and not good.problems
-    bad = verify.PatchVerdict(SERIES[1], PatchState.NEEDED, "")
-    bad.proof = verify.ProofResult(SERIES[1].id, "failed", "bug is here")
+    bad = verdicts.PatchVerdict(SERIES[1], PatchState.NEEDED, "")
+    bad.proof = proofs.ProofResult(SERIES[1].id, "failed", "bug is here")
     assert bad.problems[0].startswith("not applied")
     report = verify.VerifyReport(
         tree=tree,
         env=envs.ProofEnv(Path("/py")),
         verdicts=[good, bad],
-        cpu_tests=verify.TestRun(command=[]),
-        gpu=verify.GpuStage(True, "skipped", "no NVIDIA GPU: x"),
+        cpu_tests=tree_tests.TestRun(command=[]),
+        gpu=gpu.GpuStage(True, "skipped", "no NVIDIA GPU: x"),
     )
     assert not report.ok
-    document = report_json = verify.report_json(report)
+    document = report_json = documents.verify_json(report)
     assert document["schema"] == 1 and document["command"] == "verify"
     assert document["patches"][0]["fail_to_pass"] == "proven"
     assert document["patches"][1]["ok"] is False
     assert report_json["gpu"]["status"] == "skipped"
-    suite = ET.fromstring(verify.junit_xml(report))
+    suite = ET.fromstring(junit_xml(report))
     assert suite.get("failures") == "1" and suite.get("skipped") == "1"
     names = [(c.get("classname"), c.get("name")) for c in suite.iter("testcase")]
     assert ("fail-to-pass.0.20.2", patch.id) in names
@@ -367,7 +418,7 @@ def test_fail_to_pass(
             assert verdict.state is PatchState.APPLIED
             assert verdict.fail_to_pass == "proven", "\n".join(lines)
     assert report.cpu_tests.ok, report.cpu_tests.json()
-    assert report.ok, json.dumps(verify.report_json(report), indent=1)[:4000]
+    assert report.ok, json.dumps(documents.verify_json(report), indent=1)[:4000]
 
 
 @pytest.mark.verify
@@ -379,13 +430,13 @@ def test_tree_tests_run_on_cpu_through_the_plugin(
     fails without it (UnspecifiedPlatform), so the plugin is what makes it run."""
     tree = release_tree("0.20.2")
     nodeid = "tests/v1/sample/test_batched_count_greater_than.py"
-    with_plugin = verify.run_pytest(
+    with_plugin = tree_tests.run_pytest(
         proof_env.python, tree, {nodeid: ["x"]}, [], env=envs.subprocess_env(tree)
     )
     assert with_plugin.ok and with_plugin.count("passed") > 0, with_plugin.json()
     without = dict(envs.subprocess_env(tree))
     without.pop(ENV_VAR)
-    no_plugin = verify.run_pytest(
+    no_plugin = tree_tests.run_pytest(
         proof_env.python, tree, {nodeid: ["x"]}, [], env=without
     )
     assert not no_plugin.ok

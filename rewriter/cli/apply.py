@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
 from deepstack_patch.cli.common import (
-    EXIT_ERROR,
-    EXIT_NEEDED,
     EXIT_OK,
     format_option,
+    load_series,
     refuse_drifted,
     select_options,
-    selected_drifted,
     stdout_console,
     tree_options,
 )
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.tree import VllmTree
 
 
@@ -66,18 +65,11 @@ def apply(
     Exit codes: 0 applied, or nothing to do; 1 with --check: patches needed;
     2 drifted targets or an error, nothing written.
     """
-    from deepstack_patch.engine.plan import plan_tree, select_patches
-    from deepstack_patch.engine.transaction import tree_lock, write_edits
-    from deepstack_patch.output.report import (
-        dump_json,
-        plan_json,
-        print_plan_table,
-        print_tree_header,
-        unified_diff,
-    )
-    from deepstack_patch.patches import SERIES
+    from deepstack_patch.engine.apply import CHECK, DRY_RUN, WRITE, apply_tree
+    from deepstack_patch.engine.plan import select_patches
 
-    selected = select_patches(SERIES, only, skip)
+    series = load_series()
+    selected = select_patches(series, only, skip)
     if commit or allow_dirty:
         if not commit or dry_run or check:
             raise DeepstackError(
@@ -85,104 +77,100 @@ def apply(
                 "with --dry-run or --check",
                 "drop --dry-run/--check, or add --commit to --allow-dirty",
             )
-        sys.exit(apply_with_commits(tree, selected, allow_dirty, output_format))
-    console = stdout_console()
-    writes = not (dry_run or check)
-    with tree_lock(tree.root) if writes else contextlib.nullcontext():
-        plan = plan_tree(tree, SERIES, selected, rewrite=not check)
-        drifted = selected_drifted(plan)
-        written: list[str] = []
-        if writes and not drifted:
-            written = write_edits(tree.root, plan.edits)
-
-    if check:
-        code = EXIT_ERROR if drifted else EXIT_NEEDED if plan.needed else EXIT_OK
-    else:
-        code = EXIT_ERROR if drifted else EXIT_OK
+        sys.exit(apply_with_commits(tree, series, selected, allow_dirty, output_format))
+    mode = CHECK if check else DRY_RUN if dry_run else WRITE
+    result = apply_tree(tree, series, selected, mode)
     if output_format == "json":
-        extra: dict[str, Any] = {"dry_run": dry_run, "check": check, "written": written}
-        if dry_run:
-            extra["diff"] = unified_diff(plan.edits)
-        click.echo(dump_json(plan_json(plan, "apply", **extra)))
-        sys.exit(code)
+        click.echo(_apply_json(result, dry_run, check))
+    elif dry_run and not result.drifted:
+        from deepstack_patch.output.diffs import unified_diff
 
-    if dry_run and not drifted:
-        sys.stdout.write(unified_diff(plan.edits))
-        sys.exit(code)
-    print_tree_header(console, tree)
+        sys.stdout.write(unified_diff(result.plan.edits))
+    else:
+        _print_apply(result)
+    sys.exit(result.exit_code)
+
+
+def _apply_json(result: Any, dry_run: bool, check: bool) -> str:
+    from deepstack_patch.output.diffs import unified_diff
+    from deepstack_patch.output.documents import dump_json, plan_json
+
+    extra: dict[str, Any] = {
+        "dry_run": dry_run,
+        "check": check,
+        "written": result.written,
+    }
+    if dry_run:
+        extra["diff"] = unified_diff(result.plan.edits)
+    return dump_json(plan_json(result.plan, "apply", **extra))
+
+
+def _print_apply(result: Any) -> None:
+    from deepstack_patch.output.tables import print_plan_table, print_tree_header
+
+    plan = result.plan
+    console = stdout_console()
+    print_tree_header(console, plan.tree)
     print_plan_table(console, plan)
-    if drifted:
-        names = ", ".join(r.patch.id for r in drifted)
+    if result.drifted:
+        names = ", ".join(r.patch.id for r in result.drifted)
         console.print(
             f"[bold red]refused:[/] {names} drifted: the target code has a shape "
             "this tool does not recognise, so nothing was written. Each location "
             "above says what was expected; use --skip ID to apply the others."
         )
-    elif check:
+    elif result.mode == "check":
         needed = ", ".join(r.patch.id for r in plan.needed)
         console.print(f"needed: {needed}" if needed else "nothing needed")
-    elif written:
+    elif result.written:
         ids = ", ".join(r.patch.id for r in plan.needed)
-        console.print(f"[green]applied[/] {ids}; wrote {len(written)} file(s):")
-        for relpath in written:
+        console.print(f"[green]applied[/] {ids}; wrote {len(result.written)} file(s):")
+        for relpath in result.written:
             console.print(f"  {relpath}")
     else:
         console.print(
             "nothing to do: every selected patch is applied or not applicable"
         )
-    sys.exit(code)
 
 
 def apply_with_commits(
-    tree: VllmTree, selected: set[str], allow_dirty: bool, output_format: str
+    tree: VllmTree,
+    series: Sequence[Patch],
+    selected: set[str],
+    allow_dirty: bool,
+    output_format: str,
 ) -> int:
     """Apply the needed patches as one git commit each; return the exit code."""
-    from deepstack_patch.engine.transaction import tree_lock
-    from deepstack_patch.output.report import (
-        dump_json,
-        plan_json,
-        print_plan_table,
-        print_tree_header,
-    )
-    from deepstack_patch.patches import SERIES
-    from deepstack_patch.vendor.quilt import plan_steps
-    from deepstack_patch.vendor.vcs import (
-        check_work_tree,
-        commit_steps,
-        open_repository,
-    )
+    from deepstack_patch.output.documents import dump_json, plan_json
+    from deepstack_patch.output.tables import print_plan_table, print_tree_header
+    from deepstack_patch.vendor.vcs import commit_series
 
-    repo = open_repository(tree)
-    with tree_lock(tree.root):
-        plan, steps = plan_steps(tree, SERIES, selected)
-        if selected_drifted(plan):
-            refuse_drifted(plan, output_format, "apply")
-        touched = sorted({edit.relpath for step in steps for edit in step.edits})
-        check_work_tree(repo, tree, touched, allow_dirty)
-        commits = commit_steps(repo, tree, steps)
-
+    result = commit_series(tree, series, selected, allow_dirty)
+    if result.drifted:
+        return refuse_drifted(result.plan, output_format, "apply")
     if output_format == "json":
         document = plan_json(
-            plan,
+            result.plan,
             "apply",
             dry_run=False,
             check=False,
-            written=touched,
+            written=result.touched,
             commits=[
-                {"id": c.patch_id, "sha": c.sha, "files": c.files} for c in commits
+                {"id": c.patch_id, "sha": c.sha, "files": c.files}
+                for c in result.commits
             ],
         )
         click.echo(dump_json(document))
         return EXIT_OK
     console = stdout_console()
     print_tree_header(console, tree)
-    print_plan_table(console, plan)
-    if not commits:
+    print_plan_table(console, result.plan)
+    if not result.commits:
         console.print(
             "nothing to do: every selected patch is applied or not applicable; "
             "no commit made"
         )
-    for commit in commits:
+    for commit in result.commits:
         console.print(
             f"[green]committed[/] {commit.sha[:12]} {commit.patch_id} "
             f"({', '.join(commit.files)})"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import Plan
-from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.tree import VllmTree
 from rich.console import Console
 
@@ -76,24 +76,20 @@ def open_tree(vllm_src: Path | None, release: str | None, out: Path | None) -> V
 
 def fetch_with_progress(version: str, out: Path) -> VllmTree:
     from deepstack_patch.fetch.releases import fetch_release
-    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+    from deepstack_patch.output.progress import progress
 
-    console = stderr_console()
-    with Progress(
-        *Progress.get_default_columns(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(f"vllm-{version}.tar.gz", total=None)
-
-        def advance(done: int, total: int | None) -> None:
-            progress.update(task, completed=done, total=total)
-
-        tree = fetch_release(version, out, advance)
-    console.print(f"vLLM {version} source at {tree.root}")
+    with progress(f"vllm-{version}.tar.gz") as task:
+        tree = fetch_release(version, out, task.transferred)
+    stderr_console().print(f"vLLM {version} source at {tree.root}")
     return tree
+
+
+def load_series() -> Sequence[Patch]:
+    """The patch series. The one place the command line imports the patches;
+    every layer below gets the series as an argument."""
+    from deepstack_patch.patches import SERIES
+
+    return SERIES
 
 
 def select_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -119,18 +115,10 @@ def selected_drifted(plan: Plan) -> list[Any]:
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
 
 
-def _drifted(plan: Plan) -> list[Any]:
-    return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
-
-
-def refuse_drifted(plan: Plan, output_format: str, command: str) -> None:
-    """Print the plan and the refusal, then exit 2 (nothing was written)."""
-    from deepstack_patch.output.report import (
-        dump_json,
-        plan_json,
-        print_plan_table,
-        print_tree_header,
-    )
+def refuse_drifted(plan: Plan, output_format: str, command: str) -> int:
+    """Print the plan and the refusal; return exit code 2 (nothing was written)."""
+    from deepstack_patch.output.documents import dump_json, plan_json
+    from deepstack_patch.output.tables import print_plan_table, print_tree_header
 
     if output_format == "json":
         click.echo(dump_json(plan_json(plan, command, written=[])))
@@ -144,4 +132,4 @@ def refuse_drifted(plan: Plan, output_format: str, command: str) -> None:
             "this tool does not recognise, so nothing was written. Each location "
             "above says what was expected; use --skip ID to leave a patch out."
         )
-    sys.exit(EXIT_ERROR)
+    return EXIT_ERROR

@@ -10,6 +10,7 @@ from deepstack_patch.cli.common import (
     EXIT_NEEDED,
     EXIT_OK,
     format_option,
+    load_series,
     stdout_console,
 )
 
@@ -41,11 +42,10 @@ def doctor(python: Path | None, import_check: bool, output_format: str) -> None:
     Exit codes: 0 every needed fix is live; 1 one is not (the output says
     which and why); 2 an error.
     """
-    from deepstack_patch.output.report import dump_json
-    from deepstack_patch.patches import SERIES
+    from deepstack_patch.output.documents import dump_json
     from deepstack_patch.proof.doctor import diagnose, diagnosis_json
 
-    diagnosis = diagnose(python, SERIES, import_check)
+    diagnosis = diagnose(python, load_series(), import_check)
     if output_format == "json":
         click.echo(dump_json(diagnosis_json(diagnosis)))
     else:

@@ -9,9 +9,9 @@ import click
 from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
+    load_series,
     refuse_drifted,
     select_options,
-    selected_drifted,
     stdout_console,
 )
 from deepstack_patch.engine.tree import VllmTree
@@ -55,22 +55,22 @@ def export(
     2 drifted targets or an error, nothing written.
     """
     from deepstack_patch.engine.plan import select_patches
-    from deepstack_patch.output.report import dump_json, plan_json
-    from deepstack_patch.patches import SERIES
-    from deepstack_patch.vendor.quilt import plan_steps, write_series
+    from deepstack_patch.output.documents import dump_json, plan_json
+    from deepstack_patch.vendor.quilt import export_series
 
     tree = VllmTree.open(vllm_src)
-    plan, steps = plan_steps(tree, SERIES, select_patches(SERIES, only, skip))
-    if selected_drifted(plan):
-        refuse_drifted(plan, output_format, "export")
-    names = write_series(series_dir, steps, tree.version)
+    series = load_series()
+    result = export_series(tree, series, select_patches(series, only, skip), series_dir)
+    if result.drifted:
+        sys.exit(refuse_drifted(result.plan, output_format, "export"))
+    names = result.names
     if output_format == "json":
-        series = [
+        listed = [
             {"file": name, "id": step.patch.id}
-            for name, step in zip(names, steps, strict=True)
+            for name, step in zip(names, result.steps, strict=True)
         ]
         document = plan_json(
-            plan, "export", series_dir=str(series_dir.resolve()), series=series
+            result.plan, "export", series_dir=str(series_dir.resolve()), series=listed
         )
         click.echo(dump_json(document))
         sys.exit(EXIT_OK)

@@ -3,39 +3,19 @@
 from __future__ import annotations
 
 import click
-from deepstack_patch.cli.common import (
-    format_option,
-    stdout_console,
-)
+from deepstack_patch.cli.common import format_option, load_series, stdout_console
 
 
 @click.command("list")
 @format_option
 def list_command(output_format: str) -> None:
     """List the patch series in the order it is applied, with metadata."""
-    from deepstack_patch.output.report import (
-        dump_json,
-        metadata_json,
-        print_follow_ups,
-    )
-    from deepstack_patch.patches import SERIES
-
+    series = load_series()
     if output_format == "json":
-        click.echo(
-            dump_json({"schema": 1, "patches": [metadata_json(p) for p in SERIES]})
-        )
+        from deepstack_patch.output.documents import dump_json, list_json
+
+        click.echo(dump_json(list_json(series)))
         return
-    console = stdout_console()
-    for patch in SERIES:
-        console.print(f"[bold]{patch.id}[/]  {patch.title}")
-        console.print(
-            f"  upstream: {patch.upstream_url} (first in vLLM {patch.fixed_in})"
-        )
-        console.print(f"  symptom:  {patch.symptom}")
-        console.print(f"  changes:  {patch.also_changes}")
-        if patch.requires:
-            console.print(f"  requires: {', '.join(patch.requires)}")
-        if patch.supersedes:
-            console.print(f"  supersedes: {', '.join(patch.supersedes)}")
-        console.print(f"  where:    {', '.join(patch.paths)}")
-        print_follow_ups(console, patch)
+    from deepstack_patch.output.tables import print_series
+
+    print_series(stdout_console(), series)

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import click
 from deepstack_patch.cli.common import (
-    EXIT_ERROR,
-    EXIT_NEEDED,
     EXIT_OK,
     format_option,
+    load_series,
     select_options,
     stderr_console,
     stdout_console,
 )
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.engine.protocol import PatchState
 
 
 @click.command()
@@ -48,8 +44,8 @@ from deepstack_patch.engine.protocol import PatchState
 @click.option(
     "--verify",
     is_flag=True,
-    help="Also apply the series to each release and run `deepstack-patch verify` "
-    "on it (needs the verify command and its extras).",
+    help="Also apply the series to each release and verify it, as "
+    "`deepstack-patch verify` does.",
 )
 @click.option(
     "--emit",
@@ -94,161 +90,76 @@ def matrix(
     2 an error (a release could not be fetched or read).
     """
     from deepstack_patch.engine.plan import select_patches
-    from deepstack_patch.engine.targets import default_targets_path, load_targets
-    from deepstack_patch.patches import SERIES
-    from deepstack_patch.vendor.matrix import (
-        DEFAULT_INSTALL,
-        differences,
-        emit_pipeline,
-        matrix_json,
-        read_releases,
-        verify_available,
-    )
+    from deepstack_patch.vendor.matrix import matrix_inputs
 
-    targets_path = targets_file or default_targets_path()
-    targets = load_targets(targets_path)
-    releases = read_releases(releases_file) if releases_file else targets.releases
-    if not releases:
-        raise DeepstackError(
-            f"{targets_path}: lists no releases", "add releases = [...] or --releases"
-        )
-    selected = select_patches(SERIES, only, skip)
-    patch_ids = [patch.id for patch in SERIES if patch.id in selected]
-
+    targets_path, targets, releases = matrix_inputs(releases_file, targets_file)
+    series = load_series()
+    selected = select_patches(series, only, skip)
     if (output is None) != (emit is None):
         raise DeepstackError(
             "--emit and --output go together",
             "e.g. --emit buildkite --output .buildkite/deepstack.yml",
         )
-    if verify and not verify_available():
-        raise DeepstackError(
-            "--verify needs the `deepstack-patch verify` command, which this "
-            "installation does not have",
-            "install a deepstack-patch version with `verify`, or run without --verify",
-        )
-    if emit:
-        with_verify = verify_available()
-        text = emit_pipeline(
-            emit, releases, targets, install or DEFAULT_INSTALL, with_verify
-        )
-        if str(output) == "-":
-            sys.stdout.write(text)
-        else:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text)
-            stderr_console().print(
-                f"wrote {emit} pipeline for {len(releases)} release(s) to {output}"
-            )
-        if not with_verify:
-            stderr_console().print(
-                "[yellow]warning:[/] this installation has no `verify` command, so "
-                "the jobs run backport only"
-            )
-        sys.exit(EXIT_OK)
-
-    results, wall = _run_with_progress(releases, sorted(selected), jobs, verify)
-    diffs = differences(results, targets, patch_ids)
-    errors = [r for r in results if r.error]
-    failed_verify = [r for r in results if r.verify_code]
-    code = EXIT_ERROR if errors else EXIT_NEEDED if diffs or failed_verify else EXIT_OK
+    if emit and output:
+        sys.exit(_emit(emit, output, releases, targets, install))
+    result = _check_with_progress(releases, series, selected, targets, jobs, verify)
+    patch_ids = [patch.id for patch in series if patch.id in selected]
     if output_format == "json":
-        click.echo(
-            json.dumps(matrix_json(results, diffs, str(targets_path), wall), indent=2)
+        from deepstack_patch.output.documents import dump_json
+        from deepstack_patch.vendor.matrix import matrix_json
+
+        document = matrix_json(
+            result.results, result.differences, str(targets_path), result.wall_seconds
         )
-        sys.exit(code)
-    _print_matrix(results, diffs, patch_ids, verify, wall, jobs)
-    sys.exit(code)
+        click.echo(dump_json(document))
+    else:
+        from deepstack_patch.output.tables import print_matrix
+
+        print_matrix(
+            stdout_console(),
+            result.results,
+            result.differences,
+            patch_ids,
+            verify,
+            result.wall_seconds,
+            jobs,
+        )
+    sys.exit(result.exit_code)
 
 
-def _run_with_progress(
-    releases: list[str], selected: list[str], jobs: int, verify: bool
-) -> tuple[list[Any], float]:
-    from deepstack_patch.vendor.matrix import run_matrix
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+def _emit(
+    emit: str, output: Path, releases: list[str], targets: Any, install: str | None
+) -> int:
+    from deepstack_patch.vendor.pipelines import DEFAULT_INSTALL, emit_pipeline
 
-    started = time.monotonic()
-    with Progress(
-        TextColumn("matrix"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=stderr_console(),
-        transient=True,
-    ) as progress:
-        task = progress.add_task("", total=len(releases))
+    text = emit_pipeline(emit, releases, targets, install or DEFAULT_INSTALL)
+    if str(output) == "-":
+        sys.stdout.write(text)
+    else:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        stderr_console().print(
+            f"wrote {emit} pipeline for {len(releases)} release(s) to {output}"
+        )
+    return EXIT_OK
+
+
+def _check_with_progress(
+    releases: list[str],
+    series: Any,
+    selected: set[str],
+    targets: Any,
+    jobs: int,
+    verify: bool,
+) -> Any:
+    from deepstack_patch.output.progress import progress
+    from deepstack_patch.vendor.matrix import check_matrix
+
+    with progress("matrix", total=len(releases), transfer=False) as task:
 
         def done(result: Any) -> None:
-            status = "error" if result.error else "ok"
-            progress.update(task, advance=1, description=f"{result.version} {status}")
+            task.step(f"{result.version} {'error' if result.error else 'ok'}")
 
-        results = run_matrix(releases, selected, jobs, verify, done)
-    return results, time.monotonic() - started
-
-
-def _print_matrix(
-    results: list[Any],
-    diffs: list[Any],
-    patch_ids: list[str],
-    verify: bool,
-    wall: float,
-    jobs: int,
-) -> None:
-    from deepstack_patch.output.report import STATE_STYLE
-    from rich.table import Table
-
-    console = stdout_console()
-    wrong = {(d.version, d.patch_id): d.expected for d in diffs}
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    table.add_column("release", no_wrap=True)
-    for patch_id in patch_ids:
-        table.add_column(patch_id, no_wrap=True)
-    if verify:
-        table.add_column("verify", no_wrap=True)
-    for result in results:
-        if result.error:
-            row = [f"[bold red]error[/] {result.error.splitlines()[0]}"]
-            row += [""] * (len(patch_ids) - 1 + verify)
-            table.add_row(result.version, *row)
-            continue
-        cells = []
-        for patch_id in patch_ids:
-            state = result.states.get(patch_id, "")
-            style = STATE_STYLE.get(PatchState(state), "") if state else ""
-            cell = f"[{style}]{state}[/]" if style else state
-            if (result.version, patch_id) in wrong:
-                cell = f"[bold red]{state} ≠ {wrong[result.version, patch_id]}[/]"
-            cells.append(cell)
-        if verify:
-            cells.append(
-                "[green]passed[/]"
-                if result.verify_code == 0
-                else "skipped (drifted)"
-                if result.verify_code is None
-                else f"[red]failed ({result.verify_code})[/]"
-            )
-        table.add_row(result.version, *cells)
-    console.print(table)
-    errors = [r for r in results if r.error]
-    for result in errors:
-        console.print(f"[bold red]error:[/] {result.version}: {result.error}")
-    for result in results:
-        if result.verify_code:
-            console.print(f"[red]verify failed on {result.version}:[/]")
-            console.print(result.verify_output, markup=False)
-    if diffs:
-        console.print(
-            f"[bold red]{len(diffs)} state(s) differ from the targets[/] "
-            "(shown as found ≠ expected)"
+        return check_matrix(
+            releases, series, selected, targets, jobs=jobs, verify=verify, on_done=done
         )
-    console.print(
-        f"{len(results)} release(s) x {len(patch_ids)} patch(es) in {wall:.1f} s "
-        f"with {jobs} process(es); "
-        + ("all as expected" if not diffs and not errors else "NOT as expected")
-    )

@@ -9,6 +9,7 @@ from deepstack_patch.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     format_option,
+    load_series,
     select_options,
     selected_drifted,
     stdout_console,
@@ -31,20 +32,21 @@ def status(
     or an error. (Use `apply --check` to fail a pipeline on needed patches.)
     """
     from deepstack_patch.engine.plan import plan_tree, select_patches
-    from deepstack_patch.engine.protocol import PatchState
-    from deepstack_patch.output.report import (
-        dump_json,
-        plan_json,
-        print_follow_ups,
-        print_plan_table,
-        print_tree_header,
-    )
-    from deepstack_patch.patches import SERIES
 
-    plan = plan_tree(tree, SERIES, select_patches(SERIES, only, skip), rewrite=False)
+    series = load_series()
+    plan = plan_tree(tree, series, select_patches(series, only, skip), rewrite=False)
     if output_format == "json":
+        from deepstack_patch.output.documents import dump_json, plan_json
+
         click.echo(dump_json(plan_json(plan, "status")))
     else:
+        from deepstack_patch.engine.protocol import PatchState
+        from deepstack_patch.output.tables import (
+            print_follow_ups,
+            print_plan_table,
+            print_tree_header,
+        )
+
         console = stdout_console()
         print_tree_header(console, tree)
         print_plan_table(console, plan)

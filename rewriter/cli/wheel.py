@@ -9,6 +9,7 @@ import click
 from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
+    load_series,
     refuse_drifted,
     select_options,
     stderr_console,
@@ -68,8 +69,7 @@ def wheel(
     Exit codes: 0 written; 2 drifted targets or an error (nothing written).
     """
     from deepstack_patch.engine.plan import select_patches
-    from deepstack_patch.output.report import dump_json, plan_json
-    from deepstack_patch.patches import SERIES
+    from deepstack_patch.output.documents import dump_json, plan_json
     from deepstack_patch.vendor.sdist import local_version
     from deepstack_patch.vendor.wheel import patch_wheel
 
@@ -80,22 +80,23 @@ def wheel(
         )
     if wheel_file is not None and platform is not None:
         raise DeepstackError("--platform goes with --release, not with --wheel")
-    selected = select_patches(SERIES, only, skip)
+    series = load_series()
+    selected = select_patches(series, only, skip)
     local_version(release or "0", label)  # a bad label fails before a download
     source = wheel_file if wheel_file is not None else _download(release, platform)
     console = stderr_console()
     result = patch_wheel(
-        source, SERIES, selected, label, out, lambda line: console.print(line)
+        source, series, selected, label, out, lambda line: console.print(line)
     )
     if result.path is None:
-        refuse_drifted(result.plan, output_format, "wheel")
+        sys.exit(refuse_drifted(result.plan, output_format, "wheel"))
     applied = sorted({i for e in result.plan.edits for i in e.patch_ids})
     document = plan_json(
         result.plan,
         "wheel",
         release=result.release,
         local_version=result.version,
-        applied=[p.id for p in SERIES if p.id in applied],
+        applied=[p.id for p in series if p.id in applied],
         written=result.replaced,
         outputs={"wheel": str(result.path), "wheel_sha256": result.sha256},
         source_wheel=str(source),
@@ -126,19 +127,8 @@ def wheel(
 
 def _download(release: str, platform: str | None) -> Path:
     from deepstack_patch.fetch.wheels import download_wheel, find_wheel
-    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+    from deepstack_patch.output.progress import progress
 
     found = find_wheel(release, platform)
-    with Progress(
-        *Progress.get_default_columns(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=stderr_console(),
-        transient=True,
-    ) as progress:
-        task = progress.add_task(found.filename, total=None)
-
-        def advance(done: int, total: int | None) -> None:
-            progress.update(task, completed=done, total=total)
-
-        return download_wheel(found, advance)
+    with progress(found.filename) as task:
+        return download_wheel(found, task.transferred)

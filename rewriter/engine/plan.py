@@ -44,10 +44,6 @@ class Plan:
     edits: list[FileEdit]
 
     @property
-    def drifted(self) -> list[PatchReport]:
-        return [r for r in self.reports if r.state is PatchState.DRIFTED]
-
-    @property
     def needed(self) -> list[PatchReport]:
         return [r for r in self.reports if r.selected and r.state is PatchState.NEEDED]
 

@@ -120,19 +120,6 @@ def parameter_names(function: FunctionNode) -> list[str]:
     return [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
 
 
-def same_code(left: ast.AST, right: ast.AST) -> bool:
-    """Two nodes are the same code, whatever their layout and comments."""
-    return ast.dump(left) == ast.dump(right)
-
-
-def parse_statement(code: str) -> ast.stmt:
-    return ast.parse(code).body[0]
-
-
-def parse_expression(code: str) -> ast.expr:
-    return ast.parse(code, mode="eval").body
-
-
 def rewrite_definitions(
     module: libcst.Module, rewriters: dict[str, Callable[[Any], Any]]
 ) -> libcst.Module:

@@ -153,10 +153,10 @@ def tree_lock(root: Path) -> Iterator[None]:
     The lock file lives in the user's cache, not in the tree, so that the
     tree gains no stray file.
     """
+    from deepstack_patch.engine.cache import cache_dir
     from filelock import FileLock, Timeout
-    from platformdirs import user_cache_dir
 
-    locks = Path(user_cache_dir("deepstack-patch")) / "locks"
+    locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(str(root).encode()).hexdigest()[:16]
     lock = FileLock(str(locks / f"{key}.lock"))

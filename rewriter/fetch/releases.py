@@ -126,13 +126,9 @@ def _version_key(version: str) -> tuple:
 
 
 def cache_dir() -> Path:
-    from platformdirs import user_cache_dir
+    from deepstack_patch.engine.cache import cache_dir as user_cache
 
-    path = Path(
-        os.environ.get("DEEPSTACK_PATCH_CACHE", user_cache_dir("deepstack-patch"))
-    )
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return user_cache()
 
 
 def download_release(release: SourceRelease, progress: Progress | None = None) -> Path:

@@ -107,7 +107,7 @@ def env_key(requirements: Sequence[str], python_version: str | None = None) -> s
 
 
 def envs_dir() -> Path:
-    from deepstack_patch.fetch.releases import cache_dir
+    from deepstack_patch.engine.cache import cache_dir
 
     return cache_dir() / "envs"
 
@@ -203,51 +203,58 @@ def _build(root: Path, requirements: Sequence[str], say: Progress) -> None:
     install_platform_plugin(python)
 
 
-def install_platform_plugin(python: Path) -> Path:
+def install_platform_plugin(python: Path) -> None:
     """Put deepstack-patch's vLLM platform plugin into the venv of ``python``.
 
-    A tiny distribution written as pip would install a wheel (a module and a
-    ``.dist-info`` with ``entry_points.txt``), so vLLM's entry-point lookup
-    finds it without deepstack-patch or its dependencies in that venv.
+    pip builds and installs a tiny generated project (the plugin module and
+    its ``vllm.platform_plugins`` entry point), so vLLM's entry-point lookup
+    finds it without deepstack-patch or its dependencies in that venv. pip
+    runs as the user configured it; its isolated build gets setuptools from
+    the same index as the rest of the environment.
     """
+    import tempfile
+
     from deepstack_patch import __version__
     from deepstack_patch.proof import platform_plugin
 
-    purelib = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    site = Path(purelib)
-    module = site / f"{PLUGIN_DIST}.py"
-    module.write_text(Path(platform_plugin.__file__).read_text())
-    info = site / f"{PLUGIN_DIST}-{__version__}.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {PLUGIN_DIST}\nVersion: {__version__}\n"
-        "Summary: deepstack-patch verify's vLLM CPU platform plugin\n"
-    )
-    (info / "entry_points.txt").write_text(
-        f"[vllm.platform_plugins]\ndeepstack_patch_cpu = {PLUGIN_DIST}:cpu_platform\n"
-    )
-    (info / "INSTALLER").write_text("deepstack-patch\n")
-    (info / "RECORD").write_text(
-        "".join(
-            f"{path},,\n"
-            for path in (
-                module.name,
-                *(f"{info.name}/{n}" for n in ("METADATA", "entry_points.txt")),
-                f"{info.name}/INSTALLER",
-                f"{info.name}/RECORD",
-            )
+    with tempfile.TemporaryDirectory(prefix="deepstack-plugin-") as scratch:
+        project = Path(scratch) / PLUGIN_DIST
+        project.mkdir()
+        (project / f"{PLUGIN_DIST}.py").write_text(
+            Path(platform_plugin.__file__).read_text()
         )
-    )
-    return module
+        (project / "pyproject.toml").write_text(
+            plugin_pyproject(PLUGIN_DIST, __version__)
+        )
+        command = [*pip_install_command(python, ["--no-deps", str(project)])]
+        done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise DeepstackError(
+            f"pip could not install verify's platform plugin into {python}:\n"
+            + "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:]),
+            "check that your package index (PIP_INDEX_URL / pip.conf) has "
+            "setuptools, which pip builds the plugin with",
+        )
+
+
+def plugin_pyproject(name: str, version: str) -> str:
+    """The generated project's pyproject.toml: one module, one entry point."""
+    return f"""\
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{name}"
+version = "{version}"
+description = "deepstack-patch verify's vLLM CPU platform plugin"
+
+[project.entry-points."vllm.platform_plugins"]
+deepstack_patch_cpu = "{name}:cpu_platform"
+
+[tool.setuptools]
+py-modules = ["{name}"]
+"""
 
 
 def check_python(python: Path) -> ProofEnv:

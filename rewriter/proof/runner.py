@@ -39,6 +39,17 @@ def load_package(name: str, folder: str) -> None:
     spec.loader.exec_module(module)
 
 
+def patches_dir() -> Path:
+    """Where ``deepstack_patch.patches`` lives, found without importing it.
+
+    The one place outside the command line that knows the series' package:
+    the runner loads it by name in its own process.
+    """
+    spec = importlib.util.find_spec("deepstack_patch.patches")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def run(request: dict) -> list[dict]:
     tree = Path(request["tree"])
     sys.path.insert(0, str(tree))

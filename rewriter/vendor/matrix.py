@@ -2,19 +2,15 @@
 
 Each release is checked in its own process (fetch from the cache or the
 index, extract to a temporary folder, plan, delete), so a vendor's matrix of
-releases takes about the time of its slowest release per worker. The same
-matrix is also emitted as a CI pipeline that runs `backport` (and `verify`)
-per release on separate CI workers.
+releases takes about the time of its slowest release per worker. With
+``verify``, each release is also patched and verified (``proof.verify``).
+The same matrix as a CI pipeline is ``pipelines.py``.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.targets import Targets
 from deepstack_patch.engine.tree import VllmTree
 
@@ -41,7 +38,9 @@ class ReleaseResult:
     seconds: float = 0.0
 
 
-def check_release(version: str, selected: Sequence[str], verify: bool) -> ReleaseResult:
+def check_release(
+    version: str, series: Sequence[Patch], selected: Sequence[str], verify: bool
+) -> ReleaseResult:
     """Status (and optionally apply + verify) of one pristine release.
 
     Runs in a worker process; every failure becomes ``error`` so one bad
@@ -55,7 +54,6 @@ def check_release(version: str, selected: Sequence[str], verify: bool) -> Releas
         extract_release,
         find_release,
     )
-    from deepstack_patch.patches import SERIES
 
     started = time.monotonic()
     result = ReleaseResult(version)
@@ -65,31 +63,19 @@ def check_release(version: str, selected: Sequence[str], verify: bool) -> Releas
         if verify:  # the tree's own tests run: it needs every file
             tree = extract_release(archive, version, work / f"vllm-{version}")
         else:
-            patterns = [pattern for patch in SERIES for pattern in patch.paths]
+            patterns = [pattern for patch in series for pattern in patch.paths]
             tree = status_tree(archive, version, patterns)
-        plan = plan_tree(tree, SERIES, set(selected), rewrite=verify)
+        plan = plan_tree(tree, series, set(selected), rewrite=verify)
         for report in plan.reports:
             result.states[report.patch.id] = report.state.value
             result.reasons[report.patch.id] = report.reason
         drifted = any(r.selected and r.state.value == "drifted" for r in plan.reports)
         if verify and not drifted:
             # The extraction is this worker's own throwaway copy: patch it in
-            # place, then let the verify command judge the patched tree.
+            # place, then let verify judge the patched tree.
             write_edits(tree.root, plan.edits)
-            command = [
-                sys.executable,
-                "-m",
-                "deepstack_patch",
-                "verify",
-                "--vllm-src",
-                str(tree.root),
-            ]
-            for patch_id in selected:
-                command += ["--only", patch_id]
-            run = subprocess.run(command, capture_output=True, text=True)
-            result.verify_code = run.returncode
-            result.verify_output = "\n".join(
-                (run.stdout + run.stderr).strip().splitlines()[-15:]
+            result.verify_code, result.verify_output = verify_release_tree(
+                tree, series, set(selected)
             )
     except DeepstackError as exc:
         result.error = str(exc)
@@ -99,6 +85,26 @@ def check_release(version: str, selected: Sequence[str], verify: bool) -> Releas
         shutil.rmtree(work, ignore_errors=True)
     result.seconds = time.monotonic() - started
     return result
+
+
+def verify_release_tree(
+    tree: VllmTree, series: Sequence[Patch], selected: set[str]
+) -> tuple[int, str]:
+    """verify's exit code on a patched tree, and the last lines of its report."""
+    import io
+
+    from deepstack_patch.engine.targets import load_targets
+    from deepstack_patch.output.tables import print_verify_report
+    from deepstack_patch.proof.verify import EXIT_DRIFTED, verify
+    from rich.console import Console
+
+    try:
+        report = verify(tree, series, selected, load_targets())
+    except DeepstackError as exc:
+        return EXIT_DRIFTED, f"error: {exc}"
+    text = io.StringIO()
+    print_verify_report(Console(file=text, width=200, highlight=False), report)
+    return report.exit_code, "\n".join(text.getvalue().strip().splitlines()[-15:])
 
 
 #: What version detection reads, besides the files the patches look at.
@@ -128,7 +134,7 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
     """
     import hashlib
 
-    from deepstack_patch.fetch.releases import cache_dir
+    from deepstack_patch.engine.cache import cache_dir
     from filelock import FileLock
 
     stat = archive.stat()
@@ -181,6 +187,7 @@ def extract_matching(archive: Path, out: Path, patterns: Sequence[str]) -> VllmT
 
 def run_matrix(
     releases: Sequence[str],
+    series: Sequence[Patch],
     selected: Sequence[str],
     jobs: int,
     verify: bool,
@@ -197,7 +204,9 @@ def run_matrix(
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         futures = {
-            pool.submit(check_release, version, list(selected), verify): version
+            pool.submit(
+                check_release, version, list(series), list(selected), verify
+            ): version
             for version in releases
         }
         for future in as_completed(futures):
@@ -239,6 +248,22 @@ def differences(
             elif state != want.value:
                 found.append(Difference(result.version, patch_id, state, want.value))
     return found
+
+
+def matrix_inputs(
+    releases_file: Path | None, targets_file: Path | None
+) -> tuple[Path, Targets, list[str]]:
+    """The targets file, its expectations, and the releases to check."""
+    from deepstack_patch.engine.targets import default_targets_path, load_targets
+
+    targets_path = targets_file or default_targets_path()
+    targets = load_targets(targets_path)
+    releases = read_releases(releases_file) if releases_file else targets.releases
+    if not releases:
+        raise DeepstackError(
+            f"{targets_path}: lists no releases", "add releases = [...] or --releases"
+        )
+    return targets_path, targets, list(releases)
 
 
 def read_releases(path: Path) -> list[str]:
@@ -304,167 +329,38 @@ def matrix_json(
     }
 
 
-# --- CI pipelines ----------------------------------------------------------
+@dataclass
+class MatrixResult:
+    """One matrix run: each release's result, what differs, and the wall time."""
 
-DEFAULT_INSTALL = "python -m pip install '.[verify,vendor]'"
+    results: list[ReleaseResult]
+    differences: list[Difference]
+    wall_seconds: float
 
-
-def _release_commands(
-    version: str, skip: Sequence[str], with_verify: bool, label: str = "deepstack.1"
-) -> list[str]:
-    """The shell commands one CI job runs for one release."""
-    from deepstack_patch.vendor.sdist import local_version
-
-    skips = "".join(f" --skip {shlex.quote(patch_id)}" for patch_id in skip)
-    out = f"backport-{version}"
-    commands = [
-        f"deepstack-patch backport --release {version} --out {out} "
-        f"--local-version {shlex.quote(label)}{skips}",
-    ]
-    if with_verify:
-        tree = f"{out}/vllm-{local_version(version, label)}"
-        commands.append(
-            f"deepstack-patch verify --vllm-src {shlex.quote(tree)}{skips} "
-            f"--junit-xml {out}/verify.xml"
-        )
-    return commands
+    @property
+    def exit_code(self) -> int:
+        """2 a release could not be checked; 1 a state differs or verify
+        failed; 0 everything as targets.toml expects."""
+        if any(r.error for r in self.results):
+            return 2
+        if self.differences or any(r.verify_code for r in self.results):
+            return 1
+        return 0
 
 
-def emit_pipeline(
-    kind: str,
+def check_matrix(
     releases: Sequence[str],
+    series: Sequence[Patch],
+    selected: set[str],
     targets: Targets,
-    install: str,
-    with_verify: bool,
-) -> str:
-    """A GitHub Actions workflow or a Buildkite pipeline, one job per release.
-
-    Patches targets.toml expects drifted on a release are skipped in that
-    release's job: a drifted patch makes backport refuse the whole release.
-    """
-    import yaml
-
-    def skipped(version: str) -> list[str]:
-        return sorted(
-            patch_id
-            for patch_id, state in targets.expected(version).items()
-            if state.value == "drifted"
-        )
-
-    if kind == "github-actions":
-        include = [
-            {
-                "release": version,
-                "run": "\n".join(
-                    _release_commands(version, skipped(version), with_verify)
-                ),
-            }
-            for version in releases
-        ]
-        document: dict[str, Any] = {
-            "name": "deepstack-patch backports",
-            "on": {"workflow_dispatch": {}, "push": {"branches": ["main"]}},
-            "jobs": {
-                "backport": {
-                    "name": "vLLM ${{ matrix.release }}",
-                    "runs-on": "ubuntu-latest",
-                    "timeout-minutes": 90,
-                    "strategy": {"fail-fast": False, "matrix": {"include": include}},
-                    "steps": [
-                        {"uses": "actions/checkout@v4"},
-                        {
-                            "uses": "actions/setup-python@v5",
-                            "with": {"python-version": "3.12"},
-                        },
-                        {
-                            "name": "Cache release tarballs",
-                            "uses": "actions/cache@v4",
-                            "with": {
-                                "path": "~/.cache/deepstack-patch",
-                                "key": "deepstack-patch-${{ matrix.release }}",
-                            },
-                        },
-                        {"name": "Install deepstack-patch", "run": install},
-                        {
-                            "name": "Backport" + (" and verify" if with_verify else ""),
-                            "run": "${{ matrix.run }}",
-                        },
-                        {
-                            "uses": "actions/upload-artifact@v4",
-                            "if": "always()",
-                            "with": {
-                                "name": "vllm-${{ matrix.release }}-deepstack",
-                                "path": "backport-${{ matrix.release }}/*.tar.gz\n"
-                                "backport-${{ matrix.release }}/series/\n"
-                                "backport-${{ matrix.release }}/report.json\n"
-                                "backport-${{ matrix.release }}/verify.xml",
-                            },
-                        },
-                    ],
-                }
-            },
-        }
-    elif kind == "buildkite":
-        document = {
-            "steps": [
-                {
-                    "group": ":package: deepstack-patch backports",
-                    "key": "deepstack-backports",
-                    "steps": [
-                        {
-                            "label": f":hammer: vLLM {version}",
-                            "key": "backport-" + version.replace(".", "-"),
-                            "commands": [
-                                install,
-                                *_release_commands(
-                                    version, skipped(version), with_verify
-                                ),
-                            ],
-                            "artifact_paths": [
-                                f"backport-{version}/*.tar.gz",
-                                f"backport-{version}/series/*",
-                                f"backport-{version}/report.json",
-                                f"backport-{version}/verify.xml",
-                            ],
-                            "timeout_in_minutes": 90,
-                        }
-                        for version in releases
-                    ],
-                }
-            ]
-        }
-    else:  # click's Choice keeps this unreachable from the command line
-        raise DeepstackError(f"--emit {kind}: unknown pipeline kind")
-    header = (
-        "# Generated by `deepstack-patch matrix --emit "
-        f"{kind}`: one backport job per vLLM release.\n"
-        "# Regenerate it rather than editing it by hand.\n"
-    )
-    return header + yaml.dump(
-        document, Dumper=_pipeline_dumper(), sort_keys=False, width=100
-    )
-
-
-def _pipeline_dumper() -> type:
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        """Multi-line shell scripts as ``|`` blocks, as people write them."""
-
-    def represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
-        style = "|" if "\n" in text else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
-
-    Dumper.add_representer(str, represent_str)
-    return Dumper
-
-
-def verify_available() -> bool:
-    """Whether this installation has the `verify` plumbing (issue: proofs)."""
-    import importlib.util
-
-    return importlib.util.find_spec("deepstack_patch.proof.verify") is not None
-
-
-def dumps(document: dict[str, Any]) -> str:
-    return json.dumps(document, indent=2)
+    *,
+    jobs: int,
+    verify: bool,
+    on_done: Callable[[ReleaseResult], None] | None = None,
+) -> MatrixResult:
+    """Check every release in parallel and compare with ``targets``."""
+    started = time.monotonic()
+    results = run_matrix(releases, series, sorted(selected), jobs, verify, on_done)
+    patch_ids = [patch.id for patch in series if patch.id in selected]
+    diffs = differences(results, targets, patch_ids)
+    return MatrixResult(results, diffs, time.monotonic() - started)

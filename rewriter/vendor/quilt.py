@@ -23,7 +23,7 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import FileEdit, Plan, plan_tree
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.tree import VllmTree
-from deepstack_patch.output.report import unified_diff
+from deepstack_patch.output.diffs import unified_diff
 
 #: The first line of every series file this tool writes; a folder whose
 #: series starts with it may be rewritten by a later export.
@@ -243,3 +243,29 @@ def write_series(
         + "".join(f"{name}\n" for name in names)
     )
     return names
+
+
+@dataclass
+class ExportResult:
+    """What ``export`` wrote: the plan, its steps, and the patch file names."""
+
+    plan: Plan
+    steps: list[PatchStep]
+    names: list[str]
+
+    @property
+    def drifted(self) -> bool:
+        return any(r.selected and r.state.value == "drifted" for r in self.plan.reports)
+
+
+def export_series(
+    tree: VllmTree, series: Sequence[Patch], selected: set[str], directory: Path
+) -> ExportResult:
+    """Write the patches ``tree`` needs as a series in ``directory``.
+
+    A drifted selected patch writes nothing: the result says so.
+    """
+    plan, steps = plan_steps(tree, series, selected)
+    if any(r.selected and r.state.value == "drifted" for r in plan.reports):
+        return ExportResult(plan, steps, [])
+    return ExportResult(plan, steps, write_series(directory, steps, tree.version))

@@ -9,16 +9,17 @@ uncommitted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deepstack_patch import __version__
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.engine.protocol import Patch
-from deepstack_patch.engine.transaction import write_edits
+from deepstack_patch.engine.plan import Plan
+from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.engine.transaction import tree_lock, write_edits
 from deepstack_patch.engine.tree import VllmTree
-from deepstack_patch.vendor.quilt import PatchStep, upstream_reference
+from deepstack_patch.vendor.quilt import PatchStep, plan_steps, upstream_reference
 
 if TYPE_CHECKING:
     import git
@@ -29,6 +30,41 @@ class CommitRecord:
     patch_id: str
     sha: str
     files: list[str]
+
+
+@dataclass
+class CommitResult:
+    """What ``apply --commit`` did: the plan, the files, one commit per patch."""
+
+    plan: Plan
+    touched: list[str] = field(default_factory=list)
+    commits: list[CommitRecord] = field(default_factory=list)
+
+    @property
+    def drifted(self) -> bool:
+        return any(
+            r.selected and r.state is PatchState.DRIFTED for r in self.plan.reports
+        )
+
+
+def commit_series(
+    tree: VllmTree, series: Sequence[Patch], selected: set[str], allow_dirty: bool
+) -> CommitResult:
+    """Apply the needed patches of ``series`` as one git commit each.
+
+    A drifted selected patch commits nothing: the result says so. A dirty
+    work tree (or a dirty file a patch rewrites) is refused before any write.
+    """
+    repo = open_repository(tree)
+    with tree_lock(tree.root):
+        plan, steps = plan_steps(tree, series, selected)
+        result = CommitResult(plan)
+        if result.drifted:
+            return result
+        result.touched = sorted({e.relpath for step in steps for e in step.edits})
+        check_work_tree(repo, tree, result.touched, allow_dirty)
+        result.commits = commit_steps(repo, tree, steps)
+    return result
 
 
 def open_repository(tree: VllmTree) -> git.Repo:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import Plan, plan_tree
-from deepstack_patch.engine.protocol import Patch
+from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.vendor.sdist import local_version, version_edits
 
@@ -81,7 +81,7 @@ def patch_wheel(
             say(f"planning {len(series)} patch(es) on vllm {release}")
             plan = plan_tree(tree, series, selected, progress=None)
             result = PatchedWheel(wheel, release, new_version, plan)
-            if any(r.selected for r in plan.drifted):
+            if any(r.selected and r.state is PatchState.DRIFTED for r in plan.reports):
                 return result
             old_dist_info = source.dist_info_path
             replaced = {e.relpath: e.new for e in plan.edits}

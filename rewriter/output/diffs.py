@@ -1,0 +1,25 @@
+"""Unified diffs of a plan's edits, as ``git apply`` and ``patch -p1`` read them."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+
+from deepstack_patch.engine.plan import FileEdit
+
+
+def unified_diff(edits: Sequence[FileEdit]) -> str:
+    """A ``git apply`` / ``patch -p1`` compatible diff of the edits."""
+    chunks = []
+    for edit in edits:
+        old = edit.old.decode("utf-8", "surrogateescape").splitlines(keepends=True)
+        new = edit.new.decode("utf-8", "surrogateescape").splitlines(keepends=True)
+        lines = difflib.unified_diff(old, new, f"a/{edit.relpath}", f"b/{edit.relpath}")
+        chunks.append(f"diff --git a/{edit.relpath} b/{edit.relpath}\n")
+        for line in lines:
+            chunks.append(
+                line
+                if line.endswith("\n")
+                else line + "\n\\ No newline at end of file\n"
+            )
+    return "".join(chunks)

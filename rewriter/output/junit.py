@@ -1,0 +1,80 @@
+"""A verify run as JUnit XML, for CI dashboards (``verify --junit-xml FILE``)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from deepstack_patch.engine.protocol import PatchState
+
+
+def junit_xml(report: Any) -> str:
+    """Every check as a JUnit test case, for CI dashboards."""
+    suite = ET.Element("testsuite", name="deepstack-patch verify")
+    version = report.tree.version
+
+    def case(classname: str, name: str, seconds: float = 0.0) -> ET.Element:
+        return ET.SubElement(
+            suite, "testcase", classname=classname, name=name, time=f"{seconds:.2f}"
+        )
+
+    for verdict in report.verdicts:
+        pid = verdict.patch.id
+        if verdict.state is PatchState.NOT_APPLICABLE:
+            element = case(f"proof.{version}", pid)
+            ET.SubElement(
+                element, "skipped", message=f"not-applicable: {verdict.reason}"
+            )
+            continue
+        proof = verdict.proof
+        element = case(f"proof.{version}", pid, proof.seconds if proof else 0.0)
+        # Fail-to-pass and tree tests have test cases of their own below.
+        own = [
+            p
+            for p in verdict.problems
+            if not p.startswith("fail-to-pass") and "tree test(s)" not in p
+        ]
+        if own:
+            failed = proof is not None and proof.status in ("failed", "passed")
+            sub = ET.SubElement(
+                element, "failure" if failed else "error", message="; ".join(own)
+            )
+            sub.text = proof.message if proof else ""
+        if verdict.pristine_state is not None and verdict.fail_to_pass:
+            element = case(f"fail-to-pass.{version}", pid)
+            if verdict.fail_to_pass == "not-proven":
+                before = verdict.pristine_proof
+                sub = ET.SubElement(
+                    element,
+                    "failure",
+                    message=f"pristine proof {before.status if before else 'not run'}",
+                )
+                sub.text = before.message if before else ""
+    for label, run in (("tree", report.cpu_tests), ("gpu", report.gpu.run)):
+        if run is None:
+            continue
+        for test in run.cases:
+            element = case(f"{label}.{test.classname}", test.name, test.seconds)
+            if test.outcome in ("failed", "error", "skipped"):
+                tag = {"failed": "failure"}.get(test.outcome, test.outcome)
+                ET.SubElement(element, tag, message=test.message[:2000])
+        if run.error:
+            element = case(f"{label}.pytest", "run")
+            ET.SubElement(element, "error", message=run.error[:2000])
+    if report.gpu.requested and report.gpu.status == "skipped":
+        element = case("gpu", "stage")
+        ET.SubElement(element, "skipped", message=report.gpu.reason)
+    cases = suite.findall("testcase")
+    suite.set("tests", str(len(cases)))
+    for tag, attr in (
+        ("failure", "failures"),
+        ("error", "errors"),
+        ("skipped", "skipped"),
+    ):
+        suite.set(attr, str(sum(c.find(tag) is not None for c in cases)))
+    ET.indent(suite)
+    return (
+        '<?xml version="1.0" encoding="utf-8"?>\n'
+        + ET.tostring(suite, encoding="unicode")
+        + "\n"
+    )

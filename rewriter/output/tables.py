@@ -1,0 +1,240 @@
+"""What the commands say to people: rich text and tables on a console."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from deepstack_patch.engine.protocol import PatchState
+
+if TYPE_CHECKING:
+    from deepstack_patch.engine.plan import Plan
+    from deepstack_patch.engine.protocol import Patch
+    from deepstack_patch.engine.tree import VllmTree
+    from rich.console import Console
+
+STATE_STYLE = {
+    PatchState.NEEDED: "yellow",
+    PatchState.APPLIED: "green",
+    PatchState.NOT_APPLICABLE: "dim",
+    PatchState.DRIFTED: "bold red",
+}
+
+
+def print_tree_header(console: Console, tree: VllmTree) -> None:
+    console.print(
+        f"vLLM [bold]{tree.version}[/] at {tree.root} "
+        f"[dim](version from {tree.version_source})[/]"
+    )
+
+
+def print_plan_table(console: Console, plan: Plan) -> None:
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("patch", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("title / where", overflow="fold")
+    for report in plan.reports:
+        patch = report.patch
+        state = report.state
+        label = f"[{STATE_STYLE[state]}]{state.value}[/]"
+        if not report.selected:
+            label += " [dim](skipped)[/]"
+        table.add_row(
+            patch.id, label, f"{patch.title} [dim](fixed in {patch.fixed_in})[/]"
+        )
+        multi_part = len(patch.parts) > 1
+        for part in patch.parts:
+            part_state, part_reason = report.part_state(part)
+            if multi_part:
+                table.add_row(
+                    "",
+                    f"  [{STATE_STYLE[part_state]}]{part_state.value}[/]",
+                    f"  part {part}",
+                )
+            part_locations = [
+                loc for loc in report.locations if loc.finding.part == part
+            ]
+            for loc in part_locations:
+                text = f"  {loc.path}:{loc.finding.line} {loc.finding.symbol}"
+                if loc.state is not part_state:
+                    text += f" [{STATE_STYLE[loc.state]}]{loc.state.value}[/]"
+                if loc.finding.reason:
+                    text += f"\n    [dim]{loc.finding.reason}[/]"
+                table.add_row("", "", text)
+            if not part_locations and part_reason:
+                table.add_row("", "", f"  [dim]{part_reason}[/]")
+        if report.blocked_reason:
+            table.add_row("", "", f"  [red]{report.blocked_reason}[/]")
+    console.print(table)
+
+
+def print_series(console: Console, series: Sequence[Patch]) -> None:
+    """``list``: each patch's metadata, in series order."""
+    for patch in series:
+        console.print(f"[bold]{patch.id}[/]  {patch.title}")
+        console.print(
+            f"  upstream: {patch.upstream_url} (first in vLLM {patch.fixed_in})"
+        )
+        console.print(f"  symptom:  {patch.symptom}")
+        console.print(f"  changes:  {patch.also_changes}")
+        if patch.requires:
+            console.print(f"  requires: {', '.join(patch.requires)}")
+        if patch.supersedes:
+            console.print(f"  supersedes: {', '.join(patch.supersedes)}")
+        console.print(f"  where:    {', '.join(patch.paths)}")
+        print_follow_ups(console, patch)
+
+
+def print_follow_ups(console: Console, patch: Patch, indent: str = "  ") -> None:
+    """One entry per follow-up: reference, status when recorded, the sentence."""
+    for follow_up in patch.follow_ups:
+        console.print(
+            f"{indent}follow-up: [bold]{follow_up.reference}[/] "
+            f"({follow_up.status} when recorded on {follow_up.recorded}) "
+            f"{follow_up.summary}"
+            + (f" [dim]{follow_up.url}[/]" if follow_up.url else ""),
+            highlight=False,
+        )
+
+
+def print_verify_report(console: Console, report: Any) -> None:
+    """``verify``: a table of verdicts, then what failed and why."""
+    from rich.table import Table
+
+    print_tree_header(console, report.tree)
+    if report.pristine is not None:
+        console.print(f"pristine: {report.pristine.root}")
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("patch")
+    table.add_column("state")
+    table.add_column("proof")
+    if report.pristine is not None:
+        table.add_column("pristine")
+        table.add_column("fail-to-pass")
+    table.add_column("tree tests")
+    table.add_column("verdict")
+    for verdict in report.verdicts:
+        proof = verdict.proof.status if verdict.proof else "-"
+        passed = sum(t.outcome == "passed" for t in verdict.tests)
+        skipped = sum(t.outcome == "skipped" for t in verdict.tests)
+        tests = f"{passed}/{len(verdict.tests)} passed" if verdict.tests else "-"
+        if skipped:
+            tests += f", {skipped} skipped"
+        cells = [verdict.patch.id, verdict.state.value, _style(proof)]
+        if report.pristine is not None:
+            before = verdict.pristine_proof.status if verdict.pristine_proof else "-"
+            cells += [_style(before, failed_ok=True), verdict.fail_to_pass or "-"]
+        problems = verdict.problems
+        verdict_cell = (
+            "[red]" + "; ".join(problems) + "[/]"
+            if problems
+            else "[dim]not applicable[/]"
+            if verdict.state.value == "not-applicable"
+            else "[green]ok[/]"
+        )
+        table.add_row(*cells, tests, verdict_cell)
+    console.print(table)
+    for verdict in report.verdicts:
+        for label, proof in (
+            ("proof", verdict.proof),
+            ("pristine", verdict.pristine_proof),
+        ):
+            if proof and proof.status != "passed" and proof.message:
+                console.print(f"[bold]{verdict.patch.id} {label}:[/] {proof.message}")
+    run = report.cpu_tests
+    if run.selected or run.absent:
+        console.print(
+            f"tree tests: {len(run.cases)} run, {run.count('passed')} passed, "
+            f"{run.count('failed')} failed, {run.count('error')} errors, "
+            f"{run.count('skipped')} skipped ({run.seconds} s)"
+        )
+        for nodeid in run.absent:
+            console.print(f"  not run: {nodeid}")
+        for case in run.cases:
+            if case.outcome in ("failed", "error"):
+                console.print(f"  [red]{case.outcome}[/] {case.nodeid}: {case.message}")
+        if run.error:
+            console.print(f"[red]pytest:[/] {run.error}")
+    if report.gpu.requested:
+        gpu_run = report.gpu.run
+        if report.gpu.status == "ran" and gpu_run is not None:
+            console.print(
+                f"GPU tests ({report.gpu.reason}): {len(gpu_run.cases)} run, "
+                f"{gpu_run.count('passed')} passed, {gpu_run.count('skipped')} skipped"
+            )
+        else:
+            console.print(f"[yellow]GPU tests skipped:[/] {report.gpu.reason}")
+    verdict_text = "[green]verified[/]" if report.ok else "[red]not verified[/]"
+    console.print(f"{verdict_text} in {report.seconds} s")
+
+
+def _style(status: str, failed_ok: bool = False) -> str:
+    if status == "passed":
+        return f"[green]{status}[/]"
+    if status == "failed" and failed_ok:
+        return f"[yellow]{status}[/]"
+    return status if status == "-" else f"[red]{status}[/]"
+
+
+def print_matrix(
+    console: Console,
+    results: list[Any],
+    diffs: list[Any],
+    patch_ids: list[str],
+    verify: bool,
+    wall: float,
+    jobs: int,
+) -> None:
+    """``matrix``: a release x patch table; cells that differ show both states."""
+    from rich.table import Table
+
+    wrong = {(d.version, d.patch_id): d.expected for d in diffs}
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("release", no_wrap=True)
+    for patch_id in patch_ids:
+        table.add_column(patch_id, no_wrap=True)
+    if verify:
+        table.add_column("verify", no_wrap=True)
+    for result in results:
+        if result.error:
+            row = [f"[bold red]error[/] {result.error.splitlines()[0]}"]
+            row += [""] * (len(patch_ids) - 1 + verify)
+            table.add_row(result.version, *row)
+            continue
+        cells = []
+        for patch_id in patch_ids:
+            state = result.states.get(patch_id, "")
+            style = STATE_STYLE.get(PatchState(state), "") if state else ""
+            cell = f"[{style}]{state}[/]" if style else state
+            if (result.version, patch_id) in wrong:
+                cell = f"[bold red]{state} ≠ {wrong[result.version, patch_id]}[/]"
+            cells.append(cell)
+        if verify:
+            cells.append(
+                "[green]passed[/]"
+                if result.verify_code == 0
+                else "skipped (drifted)"
+                if result.verify_code is None
+                else f"[red]failed ({result.verify_code})[/]"
+            )
+        table.add_row(result.version, *cells)
+    console.print(table)
+    errors = [r for r in results if r.error]
+    for result in errors:
+        console.print(f"[bold red]error:[/] {result.version}: {result.error}")
+    for result in results:
+        if result.verify_code:
+            console.print(f"[red]verify failed on {result.version}:[/]")
+            console.print(result.verify_output, markup=False)
+    if diffs:
+        console.print(
+            f"[bold red]{len(diffs)} state(s) differ from the targets[/] "
+            "(shown as found ≠ expected)"
+        )
+    console.print(
+        f"{len(results)} release(s) x {len(patch_ids)} patch(es) in {wall:.1f} s "
+        f"with {jobs} process(es); "
+        + ("all as expected" if not diffs and not errors else "NOT as expected")
+    )

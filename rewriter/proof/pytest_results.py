@@ -1,0 +1,74 @@
+"""A pytest plugin that writes each test's result as JSON; verify loads it with -p.
+
+pytest runs in the proof environment, where deepstack-patch is not
+installed, so this file is copied next to the run and loaded as
+``-p deepstack_patch_results --deepstack-results=PATH``. It uses pytest's own
+reports (node id, outcome, duration, the crash message), so nothing is
+reconstructed from JUnit class names. Standard library and pytest only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: The name the copy of this file is loaded under.
+MODULE = "deepstack_patch_results"
+OPTION = "--deepstack-results"
+
+_results: dict[str, dict[str, Any]] = {}
+
+
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption(OPTION, default=None, help="write each test's result here")
+
+
+def _message(report: Any) -> str:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2])
+        return reason.removeprefix("Skipped: ")
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(crash.message)
+    return str(report.longrepr or "")
+
+
+def _outcome(report: Any, before: str) -> str:
+    """The test's outcome so far, given this phase's report."""
+    if report.when == "call":
+        return report.outcome  # passed, failed, skipped (xfail counts as skipped)
+    if report.failed:  # setup or teardown: an error, not a test failure
+        return "error" if before in ("", "passed") else before
+    if report.skipped:
+        return "skipped"
+    return before
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    result = _results.setdefault(
+        report.nodeid,
+        {"nodeid": report.nodeid, "outcome": "", "message": "", "seconds": 0.0},
+    )
+    result["seconds"] = round(result["seconds"] + report.duration, 3)
+    outcome = _outcome(report, result["outcome"])
+    if outcome != result["outcome"] and outcome != "passed":
+        result["message"] = _message(report)
+    result["outcome"] = outcome
+
+
+def pytest_collectreport(report: Any) -> None:
+    if report.failed:  # a module that does not import: its tests never ran
+        _results[report.nodeid] = {
+            "nodeid": report.nodeid,
+            "outcome": "error",
+            "message": _message(report),
+            "seconds": 0.0,
+        }
+
+
+def pytest_sessionfinish(session: Any) -> None:
+    path = session.config.getoption(OPTION)
+    if path:
+        done = [r for r in _results.values() if r["outcome"]]
+        Path(path).write_text(json.dumps(done))

@@ -1,0 +1,69 @@
+"""Test results from pytest's own reports (see ``pytest_results.py``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.proof import pytest_results
+
+
+@dataclass
+class TestCase:
+    """One test: pytest's node id, its outcome and why."""
+
+    __test__ = False  # not a pytest test class
+
+    nodeid: str
+    outcome: str  # passed, failed, error, skipped
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def file(self) -> str:
+        return self.nodeid.split("::", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.nodeid.rsplit("::", 1)[-1]
+
+    @property
+    def classname(self) -> str:
+        """JUnit's class name: ``tests.v1.test_x.TestY`` for ``...::TestY::test``."""
+        module = self.file.removesuffix(".py").replace("/", ".")
+        return ".".join([module, *self.nodeid.split("::")[1:-1]])
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "nodeid": self.nodeid,
+            "outcome": self.outcome,
+            "message": self.message,
+            "seconds": self.seconds,
+        }
+
+
+def plugin_args(results: Path) -> list[str]:
+    """pytest's arguments that load the plugin and have it write ``results``."""
+    return ["-p", pytest_results.MODULE, f"{pytest_results.OPTION}={results}"]
+
+
+def copy_plugin(folder: Path) -> Path:
+    """The plugin as an importable module in ``folder`` (to put on PYTHONPATH)."""
+    target = folder / f"{pytest_results.MODULE}.py"
+    shutil.copyfile(pytest_results.__file__, target)
+    return target
+
+
+def read_results(path: Path) -> list[TestCase]:
+    """The test cases the plugin wrote to ``path``."""
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DeepstackError(f"{path}: cannot read pytest's results: {exc}") from None
+    return [
+        TestCase(r["nodeid"], r["outcome"], r["message"], r["seconds"]) for r in rows
+    ]

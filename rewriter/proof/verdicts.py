@@ -1,0 +1,74 @@
+"""A patch's verdict: its state, its proofs, its tree tests, and what failed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.proof.proofs import ProofResult
+from deepstack_patch.proof.results import TestCase
+
+
+@dataclass
+class PatchVerdict:
+    patch: Patch
+    state: PatchState
+    reason: str
+    proof: ProofResult | None = None
+    pristine_state: PatchState | None = None
+    pristine_proof: ProofResult | None = None
+    tests: list[TestCase] = field(default_factory=list)
+
+    @property
+    def fail_to_pass(self) -> str:
+        """``proven``, ``fixed-upstream``, ``not-proven`` or ``""`` (not asked)."""
+        if self.pristine_state is None or self.state is PatchState.NOT_APPLICABLE:
+            return ""
+        after = self.proof is not None and self.proof.status == "passed"
+        before = self.pristine_proof.status if self.pristine_proof else ""
+        if self.pristine_state is PatchState.APPLIED and before == "passed" and after:
+            return "fixed-upstream"
+        if self.pristine_state is PatchState.NEEDED and before == "failed" and after:
+            return "proven"
+        return "not-proven"
+
+    @property
+    def problems(self) -> list[str]:
+        """Why this patch's checks did not pass; empty when they all did."""
+        if self.state is PatchState.NOT_APPLICABLE:
+            return []
+        found = []
+        if self.state is PatchState.DRIFTED:
+            found.append(f"drifted: {self.reason}")
+        elif self.state is PatchState.NEEDED:
+            found.append("not applied to this tree: run `deepstack-patch apply` first")
+        if self.proof is None or self.proof.status != "passed":
+            status = self.proof.status if self.proof else "not run"
+            found.append(f"proof {status}")
+        if self.fail_to_pass == "not-proven":
+            before = self.pristine_proof.status if self.pristine_proof else "not run"
+            found.append(f"fail-to-pass not shown (pristine proof {before})")
+        bad = [t for t in self.tests if t.outcome in ("failed", "error")]
+        if bad:
+            found.append(f"{len(bad)} tree test(s) failed")
+        return found
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "id": self.patch.id,
+            "title": self.patch.title,
+            "state": self.state.value,
+            "reason": self.reason,
+            "proof": self.proof.json() if self.proof else None,
+            "pristine_state": self.pristine_state.value
+            if self.pristine_state
+            else None,
+            "pristine_proof": self.pristine_proof.json()
+            if self.pristine_proof
+            else None,
+            "fail_to_pass": self.fail_to_pass or None,
+            "tree_tests": [t.nodeid for t in self.tests],
+            "ok": not self.problems,
+            "problems": self.problems,
+        }
