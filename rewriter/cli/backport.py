@@ -105,6 +105,7 @@ def backport(
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.engine.transaction import write_edits
     from deepstack_patch.fetch.releases import extract_release
+    from deepstack_patch.output.progress import note
     from deepstack_patch.output.report import dump_json, plan_json
     from deepstack_patch.patches import SERIES
     from deepstack_patch.vendor.quilt import build_date, plan_steps, write_series
@@ -119,8 +120,8 @@ def backport(
 
     archive = _download(release)
     tree_dir = out / f"vllm-{new_version}"
-    with console.status(f"extracting {archive.name}"):
-        tree = extract_release(archive, release, tree_dir)
+    note(f"extracting {archive.name} into {tree_dir}")
+    tree = extract_release(archive, release, tree_dir)
     if tree.version != release:
         raise DeepstackError(
             f"{archive.name}: its PKG-INFO says {tree.version}, not {release}",
@@ -136,14 +137,14 @@ def backport(
     versioned = version_edits(tree.root, release, new_version)
     write_edits(tree.root, versioned)
     replaced = {edit.relpath: edit.new for edit in [*plan.edits, *versioned]}
-    with console.status(f"writing vllm-{new_version}.tar.gz"):
-        sdist = repack_sdist(
-            archive,
-            replaced,
-            new_version,
-            out / f"vllm-{new_version}.tar.gz",
-            int(build_date().timestamp()),
-        )
+    note(f"repacking vllm-{new_version}.tar.gz")
+    sdist = repack_sdist(
+        archive,
+        replaced,
+        new_version,
+        out / f"vllm-{new_version}.tar.gz",
+        int(build_date().timestamp()),
+    )
     document = plan_json(
         plan,
         "backport",
@@ -177,18 +178,8 @@ def backport(
 
 
 def _download(release: str) -> Path:
-    from deepstack_patch.fetch.releases import download_release, find_release
-    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+    from deepstack_patch.fetch.releases import release_archive
+    from deepstack_patch.output.progress import note, progress
 
-    with Progress(
-        *Progress.get_default_columns(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=stderr_console(),
-        transient=True,
-    ) as progress:
-        task = progress.add_task(f"vllm-{release}.tar.gz", total=None)
-        return download_release(
-            find_release(release),
-            lambda done, total: progress.update(task, completed=done, total=total),
-        )
+    with progress(f"downloading vllm-{release}.tar.gz") as update:
+        return release_archive(release, update, note)

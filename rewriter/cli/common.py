@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import functools
+import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
-from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.errors import (
+    DeepstackError,
+    os_error_hint,
+    writable_folder_of,
+)
 from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.tree import VllmTree
@@ -20,14 +25,77 @@ EXIT_NEEDED = 1
 EXIT_ERROR = 2
 
 
+EXIT_INTERRUPTED = 130
+
+
 def stdout_console() -> Console:
-    # Logs and pipes get long lines rather than tables wrapped at 80 columns.
-    width = None if sys.stdout.isatty() else 200
-    return Console(highlight=False, soft_wrap=False, width=width)
+    """Rich text on a terminal; unwrapped, unpadded lines in a pipe or a log."""
+    from deepstack_patch.output.progress import console_for
+
+    return console_for(sys.stdout)
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    from deepstack_patch.output.progress import console_for
+
+    return console_for(sys.stderr)
+
+
+def interrupted() -> NoReturn:
+    """Ctrl-C: one line, and 130 (never 1, which means "needed" or "differs")."""
+    sys.stderr.write("interrupted\n")
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def invoked_command(words: Sequence[str]) -> str:
+    from deepstack_patch.cli import COMMANDS
+
+    return next((word for word in words if word in COMMANDS), "")
+
+
+def os_error(exc: OSError) -> DeepstackError:
+    """A file-system error no code path expected, with the folder to fix."""
+    path = Path(exc.filename) if exc.filename else Path.cwd()
+    return DeepstackError(
+        f"{exc.strerror or exc}: {path}",
+        os_error_hint(exc, writable_folder_of(path.parent)),
+        path=None,
+    )
+
+
+def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
+    """``error:`` and ``hint:`` on stderr (and JSON on stdout with --format json)."""
+    from rich.markup import escape
+
+    if _wants_json(words):
+        document = {
+            "schema": 1,
+            "command": invoked_command(words),
+            "error": {
+                "message": exc.message,
+                "path": exc.path,
+                "line": exc.line,
+                "hint": exc.hint,
+            },
+        }
+        click.echo(json.dumps(document, indent=2))
+    console = stderr_console()
+    console.print(f"[bold red]error:[/] {escape(exc.located)}")
+    if exc.hint:
+        # Escaped: hints quote things like 'deepstack-patch[verify]'.
+        console.print(f"[bold]hint:[/] {escape(exc.hint)}")
+    sys.exit(EXIT_ERROR)
+
+
+def _wants_json(words: Sequence[str]) -> bool:
+    pairs = zip(words, [*words[1:], ""], strict=True)
+    return "--format=json" in words or ("--format", "json") in pairs
+
+
+def warn(text: str) -> None:
+    from rich.markup import escape
+
+    stderr_console().print(f"[yellow]warning:[/] {escape(text)}")
 
 
 def tree_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,24 +143,21 @@ def open_tree(vllm_src: Path | None, release: str | None, out: Path | None) -> V
 
 
 def fetch_with_progress(version: str, out: Path) -> VllmTree:
+    """Fetch and extract a release into ``out``, serialised per ``out``.
+
+    The extraction lock is held until the command ends, so two runs into one
+    folder take turns: the second reuses the first's tree and sees its work.
+    """
+    from deepstack_patch.fetch.archives import extraction_lock, make_folder
     from deepstack_patch.fetch.releases import fetch_release
-    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+    from deepstack_patch.output.progress import note, progress
 
-    console = stderr_console()
-    with Progress(
-        *Progress.get_default_columns(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(f"vllm-{version}.tar.gz", total=None)
-
-        def advance(done: int, total: int | None) -> None:
-            progress.update(task, completed=done, total=total)
-
-        tree = fetch_release(version, out, advance)
-    console.print(f"vLLM {version} source at {tree.root}")
+    make_folder(out.absolute().parent, "the output folder's parent")
+    lock = extraction_lock(out, on_wait=note)
+    click.get_current_context().with_resource(lock)
+    with progress(f"downloading vllm-{version}.tar.gz") as update:
+        tree = fetch_release(version, out, update, note)
+    note(f"vLLM {version} source at {tree.root}")
     return tree
 
 

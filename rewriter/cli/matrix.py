@@ -163,30 +163,19 @@ def matrix(
 def _run_with_progress(
     releases: list[str], selected: list[str], jobs: int, verify: bool
 ) -> tuple[list[Any], float]:
+    from deepstack_patch.output.progress import progress
     from deepstack_patch.vendor.matrix import run_matrix
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
 
     started = time.monotonic()
-    with Progress(
-        TextColumn("matrix"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=stderr_console(),
-        transient=True,
-    ) as progress:
-        task = progress.add_task("", total=len(releases))
+    with progress("matrix", unit="items") as update:
+        finished = 0
+        update(0, len(releases))
 
         def done(result: Any) -> None:
+            nonlocal finished
+            finished += 1
             status = "error" if result.error else "ok"
-            progress.update(task, advance=1, description=f"{result.version} {status}")
+            update(finished, len(releases), f"{result.version} {status}")
 
         results = run_matrix(releases, selected, jobs, verify, done)
     return results, time.monotonic() - started

@@ -1,0 +1,149 @@
+"""Progress and consoles that suit where the output goes.
+
+On a terminal: rich's live progress bars and styled text. In a pipe or a log
+(CI): plain lines, never wrapped, never padded with trailing spaces, and
+progress as a line on stderr at most every few seconds, so a long step is
+never silent and a log is never flooded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import IO, Literal
+
+from rich.console import Console
+
+#: ``update(done, total, description)``: how far a step has come.
+Update = Callable[..., None]
+
+#: Seconds between two plain progress lines for one step.
+PLAIN_INTERVAL = 3.0
+
+
+class _TrimmedLines:
+    """A text stream that drops the trailing spaces rich pads table rows with."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self.stream.write(line.rstrip(" ") + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.stream.write(self.pending.rstrip(" "))
+            self.pending = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+
+def is_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def console_for(stream: IO[str]) -> Console:
+    """A console for ``stream``: rich on a terminal, plain long lines elsewhere."""
+    if is_terminal(stream):
+        return Console(file=stream, highlight=False, soft_wrap=False)
+    # Wide enough that no table column folds a path; soft_wrap keeps prose
+    # lines whole. Rich emits no colour codes to a non-terminal.
+    return Console(
+        file=_TrimmedLines(stream),  # type: ignore[arg-type]
+        highlight=False,
+        soft_wrap=True,
+        width=10_000,
+    )
+
+
+def note(text: str) -> None:
+    """One plain line on stderr (what a long step is doing)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def progress(label: str, unit: Literal["bytes", "items"] = "bytes") -> Iterator[Update]:
+    """Report a long step's progress; yields ``update(done, total, description)``.
+
+    On a terminal this is a transient rich bar on stderr. Otherwise it prints
+    ``label ... 45%`` (or ``label ... 2/4``) at most every few seconds and a
+    last line when the step ends.
+    """
+    if is_terminal(sys.stderr):
+        with _rich_progress(label, unit) as update:
+            yield update
+        return
+    state = {"last": 0.0, "line": ""}
+
+    def update(done: int, total: int | None = None, description: str = "") -> None:
+        line = f"{label} ... {_amount(done, total, unit)}"
+        if description:
+            line += f" ({description})"
+        state["line"] = line
+        now = time.monotonic()
+        if now - float(state["last"]) >= PLAIN_INTERVAL or (total and done >= total):
+            state["last"] = now
+            note(line)
+            state["line"] = ""
+
+    yield update
+    if state["line"]:
+        note(str(state["line"]))
+
+
+def _amount(done: int, total: int | None, unit: str) -> str:
+    if unit == "items":
+        return f"{done}/{total}" if total else str(done)
+    if total:
+        return f"{100 * done // total}%"
+    return f"{done / 1e6:.1f} MB"
+
+
+@contextlib.contextmanager
+def _rich_progress(label: str, unit: str) -> Iterator[Update]:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        [*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn()]
+        if unit == "bytes"
+        else [
+            TextColumn(label),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+        ]
+    )
+    console = Console(stderr=True, highlight=False)
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(label if unit == "bytes" else "", total=None)
+
+        def update(done: int, total: int | None = None, description: str = "") -> None:
+            fields = {"description": description} if unit == "items" else {}
+            bar.update(task, completed=done, total=total, **fields)
+
+        yield update
