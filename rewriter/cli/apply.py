@@ -12,11 +12,16 @@ from deepstack_patch.cli.common import (
     EXIT_NEEDED,
     EXIT_OK,
     format_option,
+    hard_linked,
+    mark_applied,
+    refuse_blocked,
     refuse_drifted,
     select_options,
     selected_drifted,
     stdout_console,
     tree_options,
+    warn,
+    warn_hard_links,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.tree import VllmTree
@@ -78,13 +83,18 @@ def apply(
     from deepstack_patch.patches import SERIES
 
     selected = select_patches(SERIES, only, skip)
-    if commit or allow_dirty:
-        if not commit or dry_run or check:
-            raise DeepstackError(
-                "--allow-dirty needs --commit, and --commit writes: it cannot go "
-                "with --dry-run or --check",
-                "drop --dry-run/--check, or add --commit to --allow-dirty",
-            )
+    if allow_dirty and not commit:
+        raise DeepstackError(
+            "--allow-dirty goes with --commit", "add --commit, or drop --allow-dirty"
+        )
+    if commit and (dry_run or check):
+        flag = "--dry-run" if dry_run else "--check"
+        raise DeepstackError(
+            f"--commit makes commits and {flag} writes nothing: they cannot go "
+            "together",
+            f"run with {flag} first to see what would change, then with --commit",
+        )
+    if commit:
         sys.exit(apply_with_commits(tree, selected, allow_dirty, output_format))
     console = stdout_console()
     writes = not (dry_run or check)
@@ -93,7 +103,14 @@ def apply(
         drifted = selected_drifted(plan)
         written: list[str] = []
         if writes and not drifted:
+            refuse_blocked(plan)
+            # Counted before the write: the new files have one name each.
+            links = hard_linked(tree.root, [edit.relpath for edit in plan.edits])
+            if output_format == "text":
+                warn_hard_links(links)
             written = write_edits(tree.root, plan.edits)
+            applied_now = [r.patch.id for r in plan.needed]
+            mark_applied(plan, applied_now)
 
     if check:
         code = EXIT_ERROR if drifted else EXIT_NEEDED if plan.needed else EXIT_OK
@@ -101,6 +118,9 @@ def apply(
         code = EXIT_ERROR if drifted else EXIT_OK
     if output_format == "json":
         extra: dict[str, Any] = {"dry_run": dry_run, "check": check, "written": written}
+        if written:
+            extra["applied"] = applied_now
+            extra["hard_links"] = links
         if dry_run:
             extra["diff"] = unified_diff(plan.edits)
         click.echo(dump_json(plan_json(plan, "apply", **extra)))
@@ -122,8 +142,8 @@ def apply(
         needed = ", ".join(r.patch.id for r in plan.needed)
         console.print(f"needed: {needed}" if needed else "nothing needed")
     elif written:
-        ids = ", ".join(r.patch.id for r in plan.needed)
-        console.print(f"[green]applied[/] {ids}; wrote {len(written)} file(s):")
+        ids = ", ".join(applied_now)
+        console.print(f"[green]applied now[/] {ids}; wrote {len(written)} file(s):")
         for relpath in written:
             console.print(f"  {relpath}")
     else:
@@ -157,9 +177,16 @@ def apply_with_commits(
         plan, steps = plan_steps(tree, SERIES, selected)
         if selected_drifted(plan):
             refuse_drifted(plan, output_format, "apply")
+        refuse_blocked(plan)
         touched = sorted({edit.relpath for step in steps for edit in step.edits})
         check_work_tree(repo, tree, touched, allow_dirty)
         commits = commit_steps(repo, tree, steps)
+        mark_applied(plan, [c.patch_id for c in commits])
+    if commits and repo.head.is_detached:
+        warn(
+            f"HEAD is detached: the commits are on no branch; keep them with "
+            f"git switch -c <branch> {commits[-1].sha[:12]}"
+        )
 
     if output_format == "json":
         document = plan_json(

@@ -180,6 +180,65 @@ format_option = click.option(
 )
 
 
+def mark_applied(plan: Plan, patch_ids: Sequence[str]) -> None:
+    """Show the state after a write: what this run applied is now applied.
+
+    Every rewrite was recognised as applied before it was written (the
+    engine insists), so no second plan is needed to know it.
+    """
+    import dataclasses
+
+    from deepstack_patch.engine.protocol import Location
+
+    for report in plan.reports:
+        if report.patch.id not in patch_ids:
+            continue
+        report.applied_now = True
+        report.locations = [
+            Location(
+                loc.path,
+                dataclasses.replace(loc.finding, state=PatchState.APPLIED, reason=""),
+            )
+            if loc.state is PatchState.NEEDED
+            else loc
+            for loc in report.locations
+        ]
+
+
+def refuse_blocked(plan: Plan) -> None:
+    """A selected patch waits for a required one that is left out: refuse."""
+    blocked = [r for r in plan.reports if r.selected and r.blocked_by]
+    if blocked:
+        first = blocked[0]
+        raise DeepstackError(
+            f"{first.patch.id} {first.blocked_reason.split('; ')[0]}; nothing "
+            "was written",
+            f"drop --skip {first.blocked_by[0]}, or also --skip {first.patch.id}",
+        )
+
+
+def hard_linked(root: Path, relpaths: Sequence[str]) -> dict[str, int]:
+    """Each file with other hard-linked names, and how many it has."""
+    found = {}
+    for relpath in relpaths:
+        try:
+            links = (root / relpath).stat().st_nlink
+        except OSError:
+            continue
+        if links > 1:
+            found[relpath] = links - 1
+    return found
+
+
+def warn_hard_links(links: dict[str, int]) -> None:
+    """A rewrite replaces a file: its other hard-linked names keep the old bytes."""
+    for relpath, others in links.items():
+        warn(
+            f"{relpath} has {others} other hard link(s); they keep the old "
+            "content (the rewrite replaces this name's file)"
+        )
+
+
 def selected_drifted(plan: Plan) -> list[Any]:
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
 

@@ -70,8 +70,16 @@ def select_patches(
                 f"unknown patch id {patch_id!r}",
                 f"choose from: {', '.join(sorted(known))} (see 'deepstack-patch list')",
             )
-    chosen = set(only) if only else set(known)
-    return chosen - set(skip)
+    chosen = (set(only) if only else set(known)) - set(skip)
+    if not chosen:
+        # A gate that checks nothing must not pass: an empty selection is a
+        # mistake in the command line, never "nothing to do".
+        raise DeepstackError(
+            "the selection is empty: --only and --skip leave no patch",
+            "drop a --skip, or choose with --only from: "
+            + ", ".join(patch.id for patch in series),
+        )
+    return chosen
 
 
 def plan_tree(
@@ -368,13 +376,43 @@ def _as_drifted(finding: Finding, reason: str) -> Finding:
 def _block_unmet_requirements(
     reports: dict[str, PatchReport], selected: set[str]
 ) -> None:
+    """A selected patch whose requirement is needed but left out waits for it.
+
+    It is reported ``needed`` (the tree lacks its fix) with the reason and
+    ``blocked_by``, never drifted: its target only looks unfamiliar because
+    the required fix, which it builds on, is not in the code.
+    """
     for report in reports.values():
-        if not report.selected or report.state is not PatchState.NEEDED:
+        if not report.selected or report.state not in (
+            PatchState.NEEDED,
+            PatchState.DRIFTED,
+        ):
             continue
-        for required in report.patch.requires:
-            other = reports.get(required)
-            if other and other.state is PatchState.NEEDED and not other.selected:
-                report.blocked_reason = (
-                    f"requires {required}, which this tree needs but which was "
-                    f"not selected; drop --skip {required} or add --only {required}"
-                )
+        missing = [
+            required
+            for required in report.patch.requires
+            if (other := reports.get(required))
+            and other.state is PatchState.NEEDED
+            and not other.selected
+        ]
+        if not missing:
+            continue
+        reason = ", ".join(
+            f"requires {required}, which is not selected" for required in missing
+        )
+        report.blocked_by = missing
+        report.blocked_reason = (
+            f"{reason}; drop --skip {missing[0]} or add --only {missing[0]}"
+        )
+        report.locations = [
+            Location(loc.path, _as_blocked(loc.finding, reason))
+            if loc.state is PatchState.DRIFTED
+            else loc
+            for loc in report.locations
+        ]
+
+
+def _as_blocked(finding: Finding, reason: str) -> Finding:
+    import dataclasses
+
+    return dataclasses.replace(finding, state=PatchState.NEEDED, reason=reason)

@@ -62,6 +62,8 @@ def patch_json(report: PatchReport) -> dict[str, Any]:
         "selected": report.selected,
         "state": report.state.value,
         "reason": report.reason,
+        "blocked_by": list(report.blocked_by),
+        "applied_now": report.applied_now,
         "parts": [
             {"name": part, "state": state.value, "reason": reason}
             for part in patch.parts
@@ -112,6 +114,12 @@ def metadata_json(patch: Patch) -> dict[str, Any]:
 
 
 def print_tree_header(console: Console, tree: VllmTree) -> None:
+    if tree.version_source == "unknown":
+        console.print(
+            f"vLLM tree at {tree.root} [dim](no version metadata: no PKG-INFO, "
+            "vllm/_version.py or git tag)[/]"
+        )
+        return
     console.print(
         f"vLLM [bold]{tree.version}[/] at {tree.root} "
         f"[dim](version from {tree.version_source})[/]"
@@ -129,6 +137,8 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         label = f"[{STATE_STYLE[state]}]{state.value}[/]"
         if not report.selected:
             label += " [dim](skipped)[/]"
+        elif report.applied_now:
+            label += " [green](applied now)[/]"
         table.add_row(
             patch.id, label, f"{patch.title} [dim](fixed in {patch.fixed_in})[/]"
         )
@@ -153,6 +163,6 @@ def print_plan_table(console: Console, plan: Plan) -> None:
                 table.add_row("", "", text)
             if not part_locations and part_reason:
                 table.add_row("", "", f"  [dim]{part_reason}[/]")
-        if report.blocked_reason:
-            table.add_row("", "", f"  [red]{report.blocked_reason}[/]")
+        if report.blocked_reason and not report.applied_now:
+            table.add_row("", "", f"  [yellow]{report.blocked_reason}[/]")
     console.print(table)
