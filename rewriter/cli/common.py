@@ -98,8 +98,14 @@ def warn(text: str) -> None:
     stderr_console().print(f"[yellow]warning:[/] {escape(text)}")
 
 
-def tree_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--vllm-src PATH`` or ``--release VERSION [--out DIR]``, opened as a tree."""
+def tree_options(
+    command: Callable[..., Any], *, read_only: bool = False
+) -> Callable[..., Any]:
+    """``--vllm-src PATH`` or ``--release VERSION [--out DIR]``, opened as a tree.
+
+    ``read_only`` commands (status) read a release from a cached partial
+    extraction unless ``--out`` (or an earlier extraction) says where.
+    """
 
     @click.option(
         "--vllm-src",
@@ -118,18 +124,33 @@ def tree_options(command: Callable[..., Any]) -> Callable[..., Any]:
         "--out",
         type=click.Path(path_type=Path, file_okay=False),
         help="With --release: where to extract (default ./vllm-VERSION). An "
-        "earlier extraction of the same release is reused.",
+        "earlier extraction of the same release is reused."
+        + (
+            " Without it, status reads only the patches' files, extracted once "
+            "into the cache."
+            if read_only
+            else ""
+        ),
     )
     @functools.wraps(command)
     def wrapper(
         vllm_src: Path | None, release: str | None, out: Path | None, **kwargs: Any
     ) -> Any:
-        return command(tree=open_tree(vllm_src, release, out), **kwargs)
+        return command(tree=open_tree(vllm_src, release, out, read_only), **kwargs)
 
     return wrapper
 
 
-def open_tree(vllm_src: Path | None, release: str | None, out: Path | None) -> VllmTree:
+def read_tree_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    return tree_options(command, read_only=True)
+
+
+def open_tree(
+    vllm_src: Path | None,
+    release: str | None,
+    out: Path | None,
+    read_only: bool = False,
+) -> VllmTree:
     if (vllm_src is None) == (release is None):
         raise DeepstackError(
             "give exactly one of --vllm-src PATH and --release VERSION",
@@ -139,7 +160,27 @@ def open_tree(vllm_src: Path | None, release: str | None, out: Path | None) -> V
         if out is not None:
             raise DeepstackError("--out goes with --release, not with --vllm-src")
         return VllmTree.open(vllm_src)
-    return fetch_with_progress(release, out or Path(f"vllm-{release}"))
+    default = Path(f"vllm-{release}")
+    if read_only and out is None and not default.exists():
+        return partial_release(release)
+    return fetch_with_progress(release, out or default)
+
+
+def partial_release(version: str) -> VllmTree:
+    """What status reads of a release, extracted once into the cache."""
+    from deepstack_patch.fetch.releases import release_archive
+    from deepstack_patch.output.progress import note, progress
+    from deepstack_patch.patches import SERIES
+    from deepstack_patch.vendor.matrix import status_tree
+
+    with progress(f"downloading vllm-{version}.tar.gz") as update:
+        archive = release_archive(version, update, note)
+    tree = status_tree(archive, version, [p for patch in SERIES for p in patch.paths])
+    note(
+        f"reading the patches' files of vLLM {version} from {tree.root} (a "
+        "partial extraction in the cache; --out DIR extracts the whole tree)"
+    )
+    return tree
 
 
 def fetch_with_progress(version: str, out: Path) -> VllmTree:

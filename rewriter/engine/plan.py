@@ -181,11 +181,23 @@ def _check_inside(tree: VllmTree, relpath: str, real_dirs: dict[str, str]) -> No
         path = os.path.realpath(path)
     root = str(tree.root)
     if path != root and not path.startswith(root + os.sep):
+        link = _first_link(tree.root, relpath)
         raise DeepstackError(
-            f"{relpath}: is a symlink to {path}, outside the tree {root}",
-            "replace the link with a copy of the file, or patch the tree it "
-            "points into",
+            f"{link}: is a symlink to {os.path.realpath(tree.root / link)}, "
+            f"outside the tree {root}",
+            "replace the link with a copy of what it points to, or patch the "
+            "tree it points into",
         )
+
+
+def _first_link(root: os.PathLike[str], relpath: str) -> str:
+    """The outermost part of ``relpath`` that is a symlink (a folder, or the file)."""
+    parts = relpath.split("/")
+    for depth in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:depth])
+        if os.path.islink(os.path.join(root, prefix)):
+            return prefix + ("/" if depth < len(parts) else "")
+    return relpath
 
 
 def rewrite_text(patch: Patch, text: str, relpath: str = "example.py") -> str:
