@@ -57,7 +57,7 @@ def export(
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.output.report import dump_json, plan_json
     from deepstack_patch.patches import SERIES
-    from deepstack_patch.vendor.quilt import plan_steps, write_series
+    from deepstack_patch.vendor.quilt import plan_steps, vllm_named, write_series
 
     tree = VllmTree.open(vllm_src)
     plan, steps = plan_steps(tree, SERIES, select_patches(SERIES, only, skip))
@@ -77,12 +77,12 @@ def export(
     console = stdout_console()
     if not names:
         console.print(
-            f"vLLM {tree.version}: nothing needed; wrote an empty series to "
+            f"{vllm_named(tree.version)}: nothing needed; wrote an empty series to "
             f"{series_dir / 'series'}"
         )
     else:
         console.print(
-            f"vLLM {tree.version}: wrote {len(names)} patch(es) to {series_dir}:"
+            f"{vllm_named(tree.version)}: wrote {len(names)} patch(es) to {series_dir}:"
         )
         for name in names:
             console.print(f"  {name}")

@@ -18,7 +18,13 @@ def list_command(output_format: str) -> None:
 
     if output_format == "json":
         click.echo(
-            dump_json({"schema": 1, "patches": [metadata_json(p) for p in SERIES]})
+            dump_json(
+                {
+                    "schema": 1,
+                    "command": "list",
+                    "patches": [metadata_json(p) for p in SERIES],
+                }
+            )
         )
         return
     console = stdout_console()

@@ -84,8 +84,9 @@ def matrix(
 ) -> None:
     """Check every patch on many releases against targets.toml, in parallel.
 
-    Each release is fetched (cached), extracted to a temporary folder and
-    checked in its own process. Prints a release x patch table; a cell that
+    Each release is fetched (the verified tarball in the cache is reused),
+    the files the patches read are extracted once into the cache, and each
+    release is checked in its own process. Prints a release x patch table; a cell that
     differs from targets.toml shows both states.
 
     \b
@@ -152,11 +153,13 @@ def matrix(
     failed_verify = [r for r in results if r.verify_code]
     code = EXIT_ERROR if errors else EXIT_NEEDED if diffs or failed_verify else EXIT_OK
     if output_format == "json":
-        click.echo(
-            json.dumps(matrix_json(results, diffs, str(targets_path), wall), indent=2)
-        )
+        document = matrix_json(results, diffs, str(targets_path), wall)
+        document["no_expectations"] = [
+            r.version for r in results if r.version not in targets.releases
+        ]
+        click.echo(json.dumps(document, indent=2))
         sys.exit(code)
-    _print_matrix(results, diffs, patch_ids, verify, wall, jobs)
+    _print_matrix(results, diffs, patch_ids, verify, wall, jobs, targets)
     sys.exit(code)
 
 
@@ -188,6 +191,7 @@ def _print_matrix(
     verify: bool,
     wall: float,
     jobs: int,
+    targets: Any,
 ) -> None:
     from deepstack_patch.output.report import STATE_STYLE
     from rich.table import Table
@@ -236,8 +240,16 @@ def _print_matrix(
             f"[bold red]{len(diffs)} state(s) differ from the targets[/] "
             "(shown as found ≠ expected)"
         )
+    unlisted = [r.version for r in results if r.version not in targets.releases]
+    if unlisted:
+        console.print(
+            f"no expectations for {', '.join(unlisted)}: targets.toml does not list "
+            "it, so only the states are shown"
+        )
+    verdict = "NOT as expected" if diffs or errors else "all as expected"
+    if len(unlisted) == len(results) and not errors:
+        verdict = "nothing to compare"
     console.print(
         f"{len(results)} release(s) x {len(patch_ids)} patch(es) in {wall:.1f} s "
-        f"with {jobs} process(es); "
-        + ("all as expected" if not diffs and not errors else "NOT as expected")
+        f"with {jobs} process(es); {verdict}"
     )

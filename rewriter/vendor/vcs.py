@@ -18,7 +18,7 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
-from deepstack_patch.vendor.quilt import PatchStep, upstream_reference
+from deepstack_patch.vendor.quilt import PatchStep, upstream_reference, vllm_named
 
 if TYPE_CHECKING:
     import git
@@ -140,7 +140,8 @@ def commit_message(patch: Patch, tree_version: str) -> str:
         f"{patch.title}\n"
         "\n"
         f"Backport of {patch.upstream_url}\n"
-        f"first released upstream in vLLM {patch.fixed_in}, to vLLM {tree_version}.\n"
+        f"first released upstream in vLLM {patch.fixed_in}, to "
+        f"{vllm_named(tree_version)}.\n"
         f"Rewritten structurally by deepstack-patch {__version__} ({patch.id}).\n"
         "\n"
         f"{patch.symptom}\n"
