@@ -55,7 +55,7 @@ def invoked_command(words: Sequence[str]) -> str:
 
 def os_error(exc: OSError) -> DeepstackError:
     """A file-system error no code path expected, with the folder to fix."""
-    path = Path(exc.filename) if exc.filename else Path.cwd()
+    path = Path(exc.filename).absolute() if exc.filename else Path.cwd()
     return DeepstackError(
         f"{exc.strerror or exc}: {path}",
         os_error_hint(exc, writable_folder_of(path.parent)),

@@ -45,7 +45,12 @@ def os_error_hint(exc: OSError, folder: Path) -> str:
     match exc.errno:
         case errno.ENOSPC | errno.EDQUOT:
             return f"the disk holding {folder} is full: free some space and run again"
-        case errno.EACCES | errno.EPERM | errno.EROFS:
+        case errno.EROFS:
+            return (
+                f"{folder} is on a read-only file system: choose another folder, "
+                "or remount it writable"
+            )
+        case errno.EACCES | errno.EPERM:
             return (
                 f"{folder} is not writable: chmod u+w {folder}, or choose "
                 "another folder"

@@ -119,7 +119,7 @@ def _guarded(action: Callable[[], T], archive: Path, out: Path) -> T:
     except OSError as exc:
         raise DeepstackError(
             f"extracting {archive.name} into {out} failed: {exc.strerror or exc}",
-            os_error_hint(exc, out.parent),
+            os_error_hint(exc, out.absolute().parent),
         ) from None
 
 
