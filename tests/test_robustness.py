@@ -130,6 +130,12 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def gather(children: set[int], pid: int) -> set[int]:
+    """Add ``pid``'s live descendants to ``children``; return them all."""
+    children.update(descendants(pid))
+    return children
+
+
 def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -199,29 +205,56 @@ def test_rewrite_keeps_owner_group_xattrs_and_names_hard_links(
 # -- 3. killed and interrupted runs -----------------------------------------------
 
 
-def _start_matrix(tmp_path: Path) -> subprocess.Popen[str]:
-    for version in ("0.20.0", "0.20.1", "0.20.2", "0.19.1"):
-        cached(version)
+@pytest.fixture
+def silent_index() -> Iterator[str]:
+    """An index that accepts connections and never answers: workers block."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/simple/"
+    finally:
+        listener.close()
+
+
+def _start_matrix(tmp_path: Path, index: str) -> subprocess.Popen[str]:
+    """A matrix whose two workers wait on the index (releases not cached)."""
     releases = tmp_path / "releases.txt"
-    releases.write_text("0.20.0\n0.20.1\n0.20.2\n0.19.1\n")
+    releases.write_text("0.0.98\n0.0.99\n")
+    env = {
+        **os.environ,
+        "DEEPSTACK_PATCH_CACHE": str(tmp_path / "cache"),
+        "PIP_INDEX_URL": index,
+        "PIP_DEFAULT_TIMEOUT": "300",
+    }
     return subprocess.Popen(
         command("matrix", "--releases", str(releases), "--jobs", "2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
         start_new_session=True,
     )
 
 
+def _workers(matrix: subprocess.Popen[str], children: set[int]) -> None:
+    """Wait until the pool's processes exist and are waiting on the index."""
+    # Two workers and the resource tracker.
+    assert wait_for(lambda: len(gather(children, matrix.pid)) >= 3, 60), children
+    time.sleep(2)
+    gather(children, matrix.pid)
+
+
 @pytest.mark.release
-def test_killed_matrix_leaves_no_process_behind(tmp_path: Path) -> None:
-    matrix = _start_matrix(tmp_path)
+def test_killed_matrix_leaves_no_process_behind(
+    tmp_path: Path, silent_index: str
+) -> None:
+    matrix = _start_matrix(tmp_path, silent_index)
     children: set[int] = set()
     try:
-        # The workers and the resource tracker: at least two children.
-        assert wait_for(
-            lambda: len(children.update(descendants(matrix.pid)) or children) >= 2, 60
-        )
+        _workers(matrix, children)
         os.kill(matrix.pid, signal.SIGKILL)
         matrix.wait(timeout=30)
         assert wait_for(lambda: not any(alive(pid) for pid in children), 10), [
@@ -236,13 +269,11 @@ def test_killed_matrix_leaves_no_process_behind(tmp_path: Path) -> None:
 
 
 @pytest.mark.release
-def test_ctrl_c_on_matrix_exits_130(tmp_path: Path) -> None:
-    matrix = _start_matrix(tmp_path)
+def test_ctrl_c_on_matrix_exits_130(tmp_path: Path, silent_index: str) -> None:
+    matrix = _start_matrix(tmp_path, silent_index)
     children: set[int] = set()
     try:
-        assert wait_for(
-            lambda: len(children.update(descendants(matrix.pid)) or children) >= 2, 60
-        )
+        _workers(matrix, children)
         os.killpg(matrix.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
         _stdout, stderr = matrix.communicate(timeout=60)
         assert matrix.returncode == 130, stderr

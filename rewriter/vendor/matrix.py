@@ -177,11 +177,20 @@ def run_matrix(
             pool.submit(check_release, version, list(selected), verify): version
             for version in releases
         }
-        for future in as_completed(futures):
-            result = future.result()
-            results[result.version] = result
-            if on_done:
-                on_done(result)
+        try:
+            for future in as_completed(futures):
+                result = future.result()
+                results[result.version] = result
+                if on_done:
+                    on_done(result)
+        except KeyboardInterrupt:
+            # The workers ignore Ctrl-C (the parent reports it once); stop
+            # them now rather than letting the pool wait for their releases.
+            workers = list((getattr(pool, "_processes", None) or {}).values())
+            for process in workers:
+                process.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return [results[version] for version in releases]
 
 
