@@ -23,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
+from deepstack_patch.cli import main
 
 VERSION = "0.0.7"
 FILENAME = f"vllm-{VERSION}.tar.gz"
@@ -98,7 +100,11 @@ class LocalIndex:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class QuietServer(ThreadingHTTPServer):
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass  # a client that timed out and hung up is the point
+
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         scheme = "http"
         if tls:
@@ -141,16 +147,22 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return cert, key
 
 
-def clean_env(tmp_path: Path, pip_conf: str | None = None) -> dict[str, str]:
-    """The environment of a user whose pip settings are only ``pip_conf``."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("PIP_") and not key.lower().endswith("_proxy")
+def clean_env(tmp_path: Path, pip_conf: str | None = None) -> dict[str, str | None]:
+    """The environment of a user whose pip settings are only ``pip_conf``.
+
+    As overrides of this process's environment (None removes a variable):
+    the command runs in process, through click's test runner.
+    """
+    env: dict[str, str | None] = {
+        key: None
+        for key in os.environ
+        if key.startswith("PIP_") or key.lower().endswith("_proxy")
     }
     env["HOME"] = str(tmp_path / "home")
     env["DEEPSTACK_PATCH_CACHE"] = str(tmp_path / "cache")
     env["XDG_CONFIG_DIRS"] = str(tmp_path / "no-site-config")
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "home" / ".config")
+    env["VIRTUAL_ENV"] = None
     env["PIP_CONFIG_FILE"] = os.devnull
     if pip_conf is not None:
         path = tmp_path / "pip.conf"
@@ -159,27 +171,21 @@ def clean_env(tmp_path: Path, pip_conf: str | None = None) -> dict[str, str]:
     return env
 
 
-def status(
-    tmp_path: Path, env: dict[str, str], version: str = VERSION
-) -> subprocess.CompletedProcess[str]:
+def status(tmp_path: Path, env: dict[str, str | None]) -> Result:
     out = tmp_path / f"tree-{len(list(tmp_path.glob('tree-*')))}"
-    return subprocess.run(
-        [sys.executable, "-m", "deepstack_patch", "status", "--release", version]
-        + ["--out", str(out), "--format", "json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    args = ["status", "--release", VERSION, "--out", str(out), "--format", "json"]
+    return CliRunner().invoke(main, args, env=env)
 
 
-def fetched(result: subprocess.CompletedProcess[str]) -> None:
-    assert result.returncode == 0, result.stderr
-    assert f'"version": "{VERSION}"' in result.stdout, result.stdout
+def fetched(result: Result) -> None:
+    assert result.exit_code == 0, result.output
+    assert f'"version": "{VERSION}"' in result.stdout, result.output
+    # Not a terminal: the download reports plain progress lines on stderr.
+    assert f"downloading {FILENAME} ... 100%" in result.stderr, result.stderr
 
 
-def refused(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode == 2, result.stdout + result.stderr
+def refused(result: Result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
     text = " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
     for fragment in fragments:
@@ -220,7 +226,7 @@ def test_credentials_in_the_index_url_and_in_netrc(tmp_path: Path) -> None:
         env = clean_env(tmp_path, f"[global]\nindex-url = {with_user}\n")
         result = status(tmp_path, env)
         fetched(result)
-        assert "s3cret" not in result.stdout + result.stderr  # never echoed
+        assert "s3cret" not in result.output  # never echoed
         # The same index, the credentials in netrc instead (requests reads it).
         shutil.rmtree(tmp_path / "cache")
         netrc = tmp_path / "netrc"

@@ -182,6 +182,13 @@ def index_session(settings: PipSettings) -> requests.Session:
 
     trusted = {host.rpartition(":")[0] or host for host in settings.trusted_hosts}
     trusted |= set(settings.trusted_hosts)
+    if trusted:
+        # The user chose not to verify these hosts (pip says nothing either).
+        import warnings
+
+        from urllib3.exceptions import InsecureRequestWarning
+
+        warnings.filterwarnings("ignore", category=InsecureRequestWarning)
     session = PipLikeSession()
     if settings.cert:
         session.verify = settings.cert
