@@ -459,6 +459,22 @@ def test_errors_are_json_with_format_json(tmp_path: Path) -> None:
     assert str(missing) in document["error"]["message"] and document["error"]["hint"]
 
 
+@pytest.mark.release
+def test_json_error_names_the_file_and_line(
+    partial_copy: Callable[[str], Path],
+) -> None:
+    tree = partial_copy("0.20.2")
+    target = tree / GRANITE
+    lines = target.read_text().splitlines(keepends=True)
+    lines[9] = "def broken(:\n"
+    target.write_text("".join(lines))
+    result = cli("status", "--vllm-src", str(tree), "--format", "json")
+    refused(result, f"error: {GRANITE}:10: syntax error")
+    error = json.loads(result.stdout)["error"]
+    assert (error["path"], error["line"]) == (GRANITE, 10)
+    assert error["message"].startswith("syntax error")
+
+
 def _private_cache(tmp_path: Path, content: bytes) -> dict[str, str]:
     """A cache holding ``content`` as the verified 0.20.2 tarball; no index."""
     import hashlib

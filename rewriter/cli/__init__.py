@@ -65,6 +65,10 @@ class DeepstackGroup(click.Group):
         except click.exceptions.Abort:
             interrupted()
         except click.ClickException as exc:
+            no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())
+            if isinstance(exc, no_args):  # bare `deepstack-patch`: the help
+                exc.show()
+                sys.exit(exc.exit_code)
             command = invoked_command(words)
             report_error(
                 DeepstackError(

@@ -88,7 +88,7 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
 
 
 def _wants_json(words: Sequence[str]) -> bool:
-    pairs = zip(words, [*words[1:], ""], strict=True)
+    pairs = zip(words, words[1:])  # noqa: B905 - one shorter by design
     return "--format=json" in words or ("--format", "json") in pairs
 
 
