@@ -20,8 +20,10 @@ from deepstack_patch.cli.common import (
     invoked_command,
     os_error,
     report_error,
+    wants_json,
 )
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.output import progress
 
 # Command name -> "module:function" under deepstack_patch.cli. Only the invoked
 # command's module (and what it needs) is imported, so `deepstack-patch list`
@@ -59,6 +61,7 @@ class DeepstackGroup(click.Group):
         # Not list(): importing the `list` command module shadows the builtin here.
         words = [*(sys.argv[1:] if args is None else args)]
         self.words = words  # for invoke's error report (--format json)
+        progress.quiet = wants_json(words)
         kwargs["standalone_mode"] = False
         try:
             code = super().main(words, *pargs, **kwargs)

@@ -85,7 +85,7 @@ def apply(
     selected = select_patches(SERIES, only, skip)
     if allow_dirty and not commit:
         raise DeepstackError(
-            "--allow-dirty goes with --commit", "add --commit, or drop --allow-dirty"
+            "--allow-dirty needs --commit", "add --commit, or drop --allow-dirty"
         )
     if commit and (dry_run or check):
         flag = "--dry-run" if dry_run else "--check"

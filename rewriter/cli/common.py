@@ -67,7 +67,7 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
     """``error:`` and ``hint:`` on stderr (and JSON on stdout with --format json)."""
     from rich.markup import escape
 
-    if _wants_json(words):
+    if wants_json(words):
         document = {
             "schema": 1,
             "command": invoked_command(words),
@@ -87,7 +87,7 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
     sys.exit(EXIT_ERROR)
 
 
-def _wants_json(words: Sequence[str]) -> bool:
+def wants_json(words: Sequence[str]) -> bool:
     pairs = zip(words, words[1:])  # noqa: B905 - one shorter by design
     return "--format=json" in words or ("--format", "json") in pairs
 

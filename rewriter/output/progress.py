@@ -22,6 +22,10 @@ Update = Callable[..., None]
 #: Seconds between two plain progress lines for one step.
 PLAIN_INTERVAL = 3.0
 
+#: Set for ``--format json``: a machine reads the output, and a document
+#: followed by chatter (``2>&1 | jq``) is worse than silence; errors still print.
+quiet = False
+
 
 class _TrimmedLines:
     """A text stream that drops the trailing spaces rich pads table rows with."""
@@ -73,6 +77,8 @@ def console_for(stream: IO[str]) -> Console:
 
 def note(text: str) -> None:
     """One plain line on stderr (what a long step is doing)."""
+    if quiet:
+        return
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
 
@@ -85,6 +91,9 @@ def progress(label: str, unit: Literal["bytes", "items"] = "bytes") -> Iterator[
     ``label ... 45%`` (or ``label ... 2/4``) at most every few seconds and a
     last line when the step ends.
     """
+    if quiet:
+        yield lambda *args, **kwargs: None
+        return
     if is_terminal(sys.stderr):
         with _rich_progress(label, unit) as update:
             yield update
