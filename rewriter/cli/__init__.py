@@ -8,13 +8,22 @@ Exit codes are a contract (README.md, "Exit codes"):
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
 import click
 from deepstack_patch import __version__
-from deepstack_patch.cli.common import EXIT_ERROR, stderr_console
+from deepstack_patch.cli.common import (
+    EXIT_ERROR,
+    interrupted,
+    invoked_command,
+    os_error,
+    report_error,
+    wants_json,
+)
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.output import progress
 
 # Command name -> "module:function" under deepstack_patch.cli. Only the invoked
 # command's module (and what it needs) is imported, so `deepstack-patch list`
@@ -33,11 +42,15 @@ COMMANDS = {
 
 
 class DeepstackGroup(click.Group):
-    """Loads commands lazily; turns a :class:`DeepstackError` into ``error: ...``
-    and exit code 2."""
+    """Loads commands lazily; every way out of a command is a documented exit.
+
+    A :class:`DeepstackError`, a file-system error and a click usage error
+    become ``error:`` + ``hint:`` (JSON on stdout with ``--format json``) and
+    exit 2; Ctrl-C prints ``interrupted`` and exits 130.
+    """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMANDS)
+        return [*COMMANDS]
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
@@ -46,22 +59,49 @@ class DeepstackGroup(click.Group):
         module = importlib.import_module(f"deepstack_patch.cli.{module_name}")
         return getattr(module, attribute)
 
+    def main(self, args: Any = None, *pargs: Any, **kwargs: Any) -> Any:
+        # Not list(): importing the `list` command module shadows the builtin here.
+        words = [*(sys.argv[1:] if args is None else args)]
+        self.words = words  # for invoke's error report (--format json)
+        progress.quiet = wants_json(words)
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(words, *pargs, **kwargs)
+        except click.exceptions.Abort:
+            interrupted()
+        except click.ClickException as exc:
+            no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())
+            if isinstance(exc, no_args):  # bare `deepstack-patch`: the help
+                exc.show()
+                sys.exit(exc.exit_code)
+            command = invoked_command(words)
+            report_error(
+                DeepstackError(
+                    exc.format_message(),
+                    f"run 'deepstack-patch {command} --help'"
+                    if command
+                    else "run 'deepstack-patch --help'",
+                ),
+                words,
+            )
+        except BrokenPipeError:
+            # The reader went away (`| head`): nothing more to say to it.
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+            sys.exit(EXIT_ERROR)
+        sys.exit(code if isinstance(code, int) else 0)
+
     def invoke(self, ctx: click.Context) -> Any:
+        words = getattr(self, "words", [])
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            interrupted()
         except DeepstackError as exc:
-            from rich.markup import escape
-
-            console = stderr_console()
-            console.print(
-                f"[bold red]error:[/] {escape(exc.message)}",
-                markup=True,
-                highlight=False,
-            )
-            if exc.hint:
-                # Escaped: hints quote things like 'deepstack-patch[verify]'.
-                console.print(f"[bold]hint:[/] {escape(exc.hint)}")
-            sys.exit(EXIT_ERROR)
+            report_error(exc, words)
+        except OSError as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
+            report_error(os_error(exc), words)
 
 
 @click.group(

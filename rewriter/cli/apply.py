@@ -15,6 +15,8 @@ from deepstack_patch.cli.common import (
     select_options,
     stdout_console,
     tree_options,
+    warn,
+    warn_hard_links,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import Patch
@@ -70,13 +72,18 @@ def apply(
 
     series = load_series()
     selected = select_patches(series, only, skip)
-    if commit or allow_dirty:
-        if not commit or dry_run or check:
-            raise DeepstackError(
-                "--allow-dirty needs --commit, and --commit writes: it cannot go "
-                "with --dry-run or --check",
-                "drop --dry-run/--check, or add --commit to --allow-dirty",
-            )
+    if allow_dirty and not commit:
+        raise DeepstackError(
+            "--allow-dirty needs --commit", "add --commit, or drop --allow-dirty"
+        )
+    if commit and (dry_run or check):
+        flag = "--dry-run" if dry_run else "--check"
+        raise DeepstackError(
+            f"--commit makes commits and {flag} writes nothing: they cannot go "
+            "together",
+            f"run with {flag} first to see what would change, then with --commit",
+        )
+    if commit:
         sys.exit(apply_with_commits(tree, series, selected, allow_dirty, output_format))
     mode = CHECK if check else DRY_RUN if dry_run else WRITE
     result = apply_tree(tree, series, selected, mode)
@@ -100,6 +107,9 @@ def _apply_json(result: Any, dry_run: bool, check: bool) -> str:
         "check": check,
         "written": result.written,
     }
+    if result.written:
+        extra["applied"] = result.applied_now
+        extra["hard_links"] = result.hard_links
     if dry_run:
         extra["diff"] = unified_diff(result.plan.edits)
     return dump_json(plan_json(result.plan, "apply", **extra))
@@ -109,6 +119,7 @@ def _print_apply(result: Any) -> None:
     from deepstack_patch.output.tables import print_plan_table, print_tree_header
 
     plan = result.plan
+    warn_hard_links(result.hard_links)
     console = stdout_console()
     print_tree_header(console, plan.tree)
     print_plan_table(console, plan)
@@ -123,8 +134,10 @@ def _print_apply(result: Any) -> None:
         needed = ", ".join(r.patch.id for r in plan.needed)
         console.print(f"needed: {needed}" if needed else "nothing needed")
     elif result.written:
-        ids = ", ".join(r.patch.id for r in plan.needed)
-        console.print(f"[green]applied[/] {ids}; wrote {len(result.written)} file(s):")
+        ids = ", ".join(result.applied_now)
+        console.print(
+            f"[green]applied now[/] {ids}; wrote {len(result.written)} file(s):"
+        )
         for relpath in result.written:
             console.print(f"  {relpath}")
     else:
@@ -148,6 +161,11 @@ def apply_with_commits(
     result = commit_series(tree, series, selected, allow_dirty)
     if result.drifted:
         return refuse_drifted(result.plan, output_format, "apply")
+    if result.detached:
+        warn(
+            "HEAD is detached: the commits are on no branch; keep them with "
+            f"git switch -c <branch> {result.commits[-1].sha[:12]}"
+        )
     if output_format == "json":
         document = plan_json(
             result.plan,

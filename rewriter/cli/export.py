@@ -56,7 +56,7 @@ def export(
     """
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.output.documents import dump_json, plan_json
-    from deepstack_patch.vendor.quilt import export_series
+    from deepstack_patch.vendor.quilt import export_series, vllm_named
 
     tree = VllmTree.open(vllm_src)
     series = load_series()
@@ -77,12 +77,12 @@ def export(
     console = stdout_console()
     if not names:
         console.print(
-            f"vLLM {tree.version}: nothing needed; wrote an empty series to "
+            f"{vllm_named(tree.version)}: nothing needed; wrote an empty series to "
             f"{series_dir / 'series'}"
         )
     else:
         console.print(
-            f"vLLM {tree.version}: wrote {len(names)} patch(es) to {series_dir}:"
+            f"{vllm_named(tree.version)}: wrote {len(names)} patch(es) to {series_dir}:"
         )
         for name in names:
             console.print(f"  {name}")

@@ -80,8 +80,9 @@ def matrix(
 ) -> None:
     """Check every patch on many releases against targets.toml, in parallel.
 
-    Each release is fetched (cached), extracted to a temporary folder and
-    checked in its own process. Prints a release x patch table; a cell that
+    Each release is fetched (the verified tarball in the cache is reused),
+    the files the patches read are extracted once into the cache, and each
+    release is checked in its own process. Prints a release x patch table; a cell that
     differs from targets.toml shows both states.
 
     \b
@@ -111,6 +112,9 @@ def matrix(
         document = matrix_json(
             result.results, result.differences, str(targets_path), result.wall_seconds
         )
+        document["no_expectations"] = [
+            r.version for r in result.results if r.version not in targets.releases
+        ]
         click.echo(dump_json(document))
     else:
         from deepstack_patch.output.tables import print_matrix
@@ -123,6 +127,7 @@ def matrix(
             verify,
             result.wall_seconds,
             jobs,
+            targets,
         )
     sys.exit(result.exit_code)
 
@@ -155,10 +160,15 @@ def _check_with_progress(
     from deepstack_patch.output.progress import progress
     from deepstack_patch.vendor.matrix import check_matrix
 
-    with progress("matrix", total=len(releases), transfer=False) as task:
+    with progress("matrix", unit="items") as update:
+        finished = 0
+        update(0, len(releases))
 
         def done(result: Any) -> None:
-            task.step(f"{result.version} {'error' if result.error else 'ok'}")
+            nonlocal finished
+            finished += 1
+            status = "error" if result.error else "ok"
+            update(finished, len(releases), f"{result.version} {status}")
 
         return check_matrix(
             releases, series, selected, targets, jobs=jobs, verify=verify, on_done=done

@@ -10,16 +10,16 @@ from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
     load_series,
+    read_tree_options,
     select_options,
     selected_drifted,
     stdout_console,
-    tree_options,
 )
 from deepstack_patch.engine.tree import VllmTree
 
 
 @click.command()
-@tree_options
+@read_tree_options
 @select_options
 @format_option
 def status(

@@ -130,5 +130,5 @@ def _download(release: str, platform: str | None) -> Path:
     from deepstack_patch.output.progress import progress
 
     found = find_wheel(release, platform)
-    with progress(found.filename) as task:
-        return download_wheel(found, task.transferred)
+    with progress(found.filename) as update:
+        return download_wheel(found, update)

@@ -7,11 +7,14 @@ command only chooses the mode and prints the result.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import Plan, plan_tree
-from deepstack_patch.engine.protocol import Patch, PatchReport, PatchState
+from deepstack_patch.engine.protocol import Location, Patch, PatchReport, PatchState
 from deepstack_patch.engine.transaction import tree_lock, write_edits
 from deepstack_patch.engine.tree import VllmTree
 
@@ -27,6 +30,10 @@ class ApplyResult:
     mode: str
     #: Relative paths written (empty unless the mode writes and nothing drifted).
     written: list[str] = field(default_factory=list)
+    #: Ids this run applied, in series order.
+    applied_now: list[str] = field(default_factory=list)
+    #: Written files with other hard-linked names: how many other names each has.
+    hard_links: dict[str, int] = field(default_factory=dict)
 
     @property
     def drifted(self) -> list[PatchReport]:
@@ -57,5 +64,56 @@ def apply_tree(
         plan = plan_tree(tree, series, selected, rewrite=mode != CHECK)
         result = ApplyResult(plan, mode)
         if writes and not result.drifted:
+            refuse_blocked(plan)
+            # Counted before the write: the new files have one name each.
+            result.hard_links = hard_linked(tree.root, [e.relpath for e in plan.edits])
             result.written = write_edits(tree.root, plan.edits)
+            result.applied_now = [r.patch.id for r in plan.needed]
+            mark_applied(plan, result.applied_now)
     return result
+
+
+def refuse_blocked(plan: Plan) -> None:
+    """A selected patch waits for a required one that is left out: refuse."""
+    blocked = [r for r in plan.reports if r.selected and r.blocked_by]
+    if blocked:
+        first = blocked[0]
+        raise DeepstackError(
+            f"{first.patch.id} {first.blocked_reason.split('; ')[0]}; nothing "
+            "was written",
+            f"drop --skip {first.blocked_by[0]}, or also --skip {first.patch.id}",
+        )
+
+
+def mark_applied(plan: Plan, patch_ids: Sequence[str]) -> None:
+    """Show the state after a write: what this run applied is now applied.
+
+    Every rewrite was recognised as applied before it was written (the
+    engine insists), so no second plan is needed to know it.
+    """
+    for report in plan.reports:
+        if report.patch.id not in patch_ids:
+            continue
+        report.applied_now = True
+        report.locations = [
+            Location(
+                loc.path,
+                dataclasses.replace(loc.finding, state=PatchState.APPLIED, reason=""),
+            )
+            if loc.state is PatchState.NEEDED
+            else loc
+            for loc in report.locations
+        ]
+
+
+def hard_linked(root: Path, relpaths: Sequence[str]) -> dict[str, int]:
+    """Each file with other hard-linked names, and how many it has."""
+    found = {}
+    for relpath in relpaths:
+        try:
+            links = (root / relpath).stat().st_nlink
+        except OSError:
+            continue
+        if links > 1:
+            found[relpath] = links - 1
+    return found

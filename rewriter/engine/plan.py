@@ -66,8 +66,16 @@ def select_patches(
                 f"unknown patch id {patch_id!r}",
                 f"choose from: {', '.join(sorted(known))} (see 'deepstack-patch list')",
             )
-    chosen = set(only) if only else set(known)
-    return chosen - set(skip)
+    chosen = (set(only) if only else set(known)) - set(skip)
+    if not chosen:
+        # A gate that checks nothing must not pass: an empty selection is a
+        # mistake in the command line, never "nothing to do".
+        raise DeepstackError(
+            "the selection is empty: --only and --skip leave no patch",
+            "drop a --skip, or choose with --only from: "
+            + ", ".join(patch.id for patch in series),
+        )
+    return chosen
 
 
 def plan_tree(
@@ -169,11 +177,23 @@ def _check_inside(tree: VllmTree, relpath: str, real_dirs: dict[str, str]) -> No
         path = os.path.realpath(path)
     root = str(tree.root)
     if path != root and not path.startswith(root + os.sep):
+        link = _first_link(tree.root, relpath)
         raise DeepstackError(
-            f"{relpath}: is a symlink to {path}, outside the tree {root}",
-            "replace the link with a copy of the file, or patch the tree it "
-            "points into",
+            f"{link}: is a symlink to {os.path.realpath(tree.root / link)}, "
+            f"outside the tree {root}",
+            "replace the link with a copy of what it points to, or patch the "
+            "tree it points into",
         )
+
+
+def _first_link(root: os.PathLike[str], relpath: str) -> str:
+    """The outermost part of ``relpath`` that is a symlink (a folder, or the file)."""
+    parts = relpath.split("/")
+    for depth in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:depth])
+        if os.path.islink(os.path.join(root, prefix)):
+            return prefix + ("/" if depth < len(parts) else "")
+    return relpath
 
 
 def rewrite_text(patch: Patch, text: str, relpath: str = "example.py") -> str:
@@ -364,13 +384,43 @@ def _as_drifted(finding: Finding, reason: str) -> Finding:
 def _block_unmet_requirements(
     reports: dict[str, PatchReport], selected: set[str]
 ) -> None:
+    """A selected patch whose requirement is needed but left out waits for it.
+
+    It is reported ``needed`` (the tree lacks its fix) with the reason and
+    ``blocked_by``, never drifted: its target only looks unfamiliar because
+    the required fix, which it builds on, is not in the code.
+    """
     for report in reports.values():
-        if not report.selected or report.state is not PatchState.NEEDED:
+        if not report.selected or report.state not in (
+            PatchState.NEEDED,
+            PatchState.DRIFTED,
+        ):
             continue
-        for required in report.patch.requires:
-            other = reports.get(required)
-            if other and other.state is PatchState.NEEDED and not other.selected:
-                report.blocked_reason = (
-                    f"requires {required}, which this tree needs but which was "
-                    f"not selected; drop --skip {required} or add --only {required}"
-                )
+        missing = [
+            required
+            for required in report.patch.requires
+            if (other := reports.get(required))
+            and other.state is PatchState.NEEDED
+            and not other.selected
+        ]
+        if not missing:
+            continue
+        reason = ", ".join(
+            f"requires {required}, which is not selected" for required in missing
+        )
+        report.blocked_by = missing
+        report.blocked_reason = (
+            f"{reason}; drop --skip {missing[0]} or add --only {missing[0]}"
+        )
+        report.locations = [
+            Location(loc.path, _as_blocked(loc.finding, reason))
+            if loc.state is PatchState.DRIFTED
+            else loc
+            for loc in report.locations
+        ]
+
+
+def _as_blocked(finding: Finding, reason: str) -> Finding:
+    import dataclasses
+
+    return dataclasses.replace(finding, state=PatchState.NEEDED, reason=reason)

@@ -196,6 +196,10 @@ class PatchReport:
     locations: list[Location] = field(default_factory=list)
     #: Set when the engine itself decides the state (a requirement skipped).
     blocked_reason: str = ""
+    #: The required patches this one waits for (needed, but not selected).
+    blocked_by: list[str] = field(default_factory=list)
+    #: Applied by this run (set after the write; the state is then applied).
+    applied_now: bool = False
 
     def part_state(self, part: str) -> tuple[PatchState, str]:
         found = [loc for loc in self.locations if loc.finding.part == part]
@@ -209,13 +213,15 @@ class PatchReport:
 
     @property
     def state(self) -> PatchState:
+        if self.applied_now:
+            return PatchState.APPLIED
         if self.blocked_reason:
-            return PatchState.DRIFTED
+            return PatchState.NEEDED
         return combine_states([self.part_state(part)[0] for part in self.patch.parts])
 
     @property
     def reason(self) -> str:
-        if self.blocked_reason:
+        if self.blocked_reason and not self.applied_now:
             return self.blocked_reason
         state = self.state
         reasons = []

@@ -34,8 +34,9 @@ class SourceFile:
             encoding, _ = tokenize.detect_encoding(io.BytesIO(self.raw).readline)
         except SyntaxError as exc:
             raise DeepstackError(
-                f"{self.relpath}: cannot tell the file's encoding: {exc}",
+                f"cannot tell the file's encoding: {exc}",
                 "fix or remove the coding declaration at the top of the file",
+                path=self.relpath,
             ) from None
         return encoding
 
@@ -48,10 +49,12 @@ class SourceFile:
             except UnicodeDecodeError as exc:
                 line = self.raw[: exc.start].count(b"\n") + 1
                 raise DeepstackError(
-                    f"{self.relpath}:{line}: bytes that are not valid {encoding} "
+                    f"bytes that are not valid {encoding} "
                     f"({exc.reason} at byte {exc.start})",
                     "restore the file from the release, or declare its encoding "
                     "with a '# -*- coding: ... -*-' line",
+                    path=self.relpath,
+                    line=line,
                 ) from None
         return self._text
 
@@ -62,9 +65,11 @@ class SourceFile:
                 self._ast = ast.parse(self.text, filename=self.relpath)
             except SyntaxError as exc:
                 raise DeepstackError(
-                    f"{self.relpath}:{exc.lineno}: syntax error: {exc.msg}",
+                    f"syntax error: {exc.msg}",
                     "the file does not parse as Python; restore it from the "
                     "release before patching",
+                    path=self.relpath,
+                    line=exc.lineno,
                 ) from None
         return self._ast
 
@@ -77,8 +82,10 @@ class SourceFile:
                 self._cst = libcst.parse_module(self.raw)
             except libcst.ParserSyntaxError as exc:
                 raise DeepstackError(
-                    f"{self.relpath}:{exc.raw_line}: cannot parse: {exc.message}",
+                    f"cannot parse: {exc.message}",
                     "restore the file from the release before patching",
+                    path=self.relpath,
+                    line=exc.raw_line,
                 ) from None
         return self._cst
 

@@ -93,11 +93,12 @@ def _checked_target(root: Path, edit: FileEdit) -> Path:
             f"{edit.relpath}: changed on disk while the plan was computed",
             "another program is editing the tree; run again when it is done",
         )
-    if not _writable(target) or not _writable(target.parent):
-        raise DeepstackError(
-            f"{edit.relpath}: is read-only (or its folder is)",
-            f"make it writable (chmod u+w {target}) or patch a copy of the tree",
-        )
+    for path, what in ((target.parent, "its folder"), (target, "the file")):
+        if not _writable(path):
+            raise DeepstackError(
+                f"{edit.relpath}: {what} is read-only ({path})",
+                f"make it writable (chmod u+w {path}) or patch a copy of the tree",
+            )
     _remove_stale_stages(target)
     return target
 
@@ -129,8 +130,14 @@ def _remove_stale_stages(target: Path) -> None:
 
 
 def _stage(target: Path, content: bytes) -> Path:
-    """Write ``content`` to a temporary file beside ``target``, same mode."""
-    mode = stat.S_IMODE(target.stat().st_mode)
+    """Write ``content`` to a temporary file beside ``target``, same metadata.
+
+    The rename replaces the file, so everything that belongs to the file
+    and not to its bytes is copied onto the new one first: the mode, the
+    owner and group (a root run must not leave root-owned files in a user's
+    checkout) and the extended attributes (ACLs, labels, user.* tags).
+    """
+    status = target.stat()
     fd, name = tempfile.mkstemp(
         prefix=f".{target.name}.", suffix=_STAGE_SUFFIX, dir=target.parent
     )
@@ -139,11 +146,37 @@ def _stage(target: Path, content: bytes) -> Path:
             handle.write(content)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(name, mode)
+        _copy_owner(status, name)
+        _copy_xattrs(target, name)
+        os.chmod(name, stat.S_IMODE(status.st_mode))
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
     return Path(name)
+
+
+def _copy_owner(status: os.stat_result, name: str) -> None:
+    if not hasattr(os, "chown"):
+        return
+    uid = status.st_uid if os.geteuid() == 0 else -1
+    # Without root only the group can change (to one of the user's groups).
+    with contextlib.suppress(PermissionError):
+        os.chown(name, uid, status.st_gid)
+
+
+def _copy_xattrs(target: Path, name: str) -> None:
+    """Copy every extended attribute the file system lets us read and set."""
+    if not hasattr(os, "listxattr"):
+        return
+    try:
+        keys = os.listxattr(target)
+    except OSError:  # the file system has no xattr support
+        return
+    for key in keys:
+        # Some attributes are the kernel's to set (security.*, without the
+        # capability): keeping the rest beats refusing the whole write.
+        with contextlib.suppress(OSError):
+            os.setxattr(name, key, os.getxattr(target, key))
 
 
 @contextlib.contextmanager

@@ -36,6 +36,8 @@ def patch_json(report: PatchReport) -> dict[str, Any]:
         "selected": report.selected,
         "state": report.state.value,
         "reason": report.reason,
+        "blocked_by": list(report.blocked_by),
+        "applied_now": report.applied_now,
         "parts": [
             {"name": part, "state": state.value, "reason": reason}
             for part in patch.parts
@@ -103,7 +105,11 @@ def follow_ups_json(patch: Patch) -> list[dict[str, str]]:
 
 def list_json(series: Sequence[Patch]) -> dict[str, Any]:
     """``list --format json``: the series in order, with metadata."""
-    return {"schema": SCHEMA_VERSION, "patches": [metadata_json(p) for p in series]}
+    return {
+        "schema": SCHEMA_VERSION,
+        "command": "list",
+        "patches": [metadata_json(p) for p in series],
+    }
 
 
 def verify_json(report: Any) -> dict[str, Any]:

@@ -1,43 +1,131 @@
-"""One progress display for everything that takes more than a second.
+"""Progress and consoles that suit where the output goes.
 
-Downloads show bytes and speed; batches of work (the release matrix) show a
-bar with done/total and the last item. Both draw on stderr and vanish when
-done, so stdout stays clean for pipes and JSON.
+On a terminal: rich's live progress bars and styled text. In a pipe or a log
+(CI): plain lines, never wrapped, never padded with trailing spaces, and
+progress as a line on stderr at most every few seconds, so a long step is
+never silent and a log is never flooded.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import IO, Literal
+
+from rich.console import Console
+
+#: ``update(done, total, description)``: how far a step has come.
+Update = Callable[..., None]
+
+#: Seconds between two plain progress lines for one step.
+PLAIN_INTERVAL = 3.0
+
+#: Set for ``--format json``: a machine reads the output, and a document
+#: followed by chatter (``2>&1 | jq``) is worse than silence; errors still print.
+quiet = False
 
 
-class ProgressTask:
-    """The handle a ``with progress(...)`` block reports through."""
+class _TrimmedLines:
+    """A text stream that drops the trailing spaces rich pads table rows with."""
 
-    def __init__(self, display: Any, task: Any) -> None:
-        self._display = display
-        self._task = task
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.pending = ""
 
-    def transferred(self, done: int, total: int | None) -> None:
-        """Bytes so far of ``total`` (None: unknown)."""
-        self._display.update(self._task, completed=done, total=total)
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self.stream.write(line.rstrip(" ") + "\n")
+        return len(text)
 
-    def step(self, description: str) -> None:
-        """One item done; ``description`` says which, and how it went."""
-        self._display.update(self._task, advance=1, description=description)
+    def flush(self) -> None:
+        if self.pending:
+            self.stream.write(self.pending.rstrip(" "))
+            self.pending = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+
+def is_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def console_for(stream: IO[str]) -> Console:
+    """A console for ``stream``: rich on a terminal, plain long lines elsewhere."""
+    if is_terminal(stream):
+        return Console(file=stream, highlight=False, soft_wrap=False)
+    # Wide enough that no table column folds a path; soft_wrap keeps prose
+    # lines whole. Rich emits no colour codes to a non-terminal.
+    return Console(
+        file=_TrimmedLines(stream),  # type: ignore[arg-type]
+        highlight=False,
+        soft_wrap=True,
+        width=10_000,
+    )
+
+
+def note(text: str) -> None:
+    """One plain line on stderr (what a long step is doing)."""
+    if quiet:
+        return
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 @contextlib.contextmanager
-def progress(
-    label: str, *, total: int | None = None, transfer: bool = True
-) -> Iterator[ProgressTask]:
-    """A transient progress display on stderr.
+def progress(label: str, unit: Literal["bytes", "items"] = "bytes") -> Iterator[Update]:
+    """Report a long step's progress; yields ``update(done, total, description)``.
 
-    ``transfer``: a download named ``label`` (bytes, speed); otherwise a bar
-    of ``total`` items headed ``label``.
+    On a terminal this is a transient rich bar on stderr. Otherwise it prints
+    ``label ... 45%`` (or ``label ... 2/4``) at most every few seconds and a
+    last line when the step ends.
     """
-    from rich.console import Console
+    if quiet:
+        yield lambda *args, **kwargs: None
+        return
+    if is_terminal(sys.stderr):
+        with _rich_progress(label, unit) as update:
+            yield update
+        return
+    state = {"last": 0.0, "line": ""}
+
+    def update(done: int, total: int | None = None, description: str = "") -> None:
+        line = f"{label} ... {_amount(done, total, unit)}"
+        if description:
+            line += f" ({description})"
+        state["line"] = line
+        now = time.monotonic()
+        if now - float(state["last"]) >= PLAIN_INTERVAL or (total and done >= total):
+            state["last"] = now
+            note(line)
+            state["line"] = ""
+
+    yield update
+    if state["line"]:
+        note(str(state["line"]))
+
+
+def _amount(done: int, total: int | None, unit: str) -> str:
+    if unit == "items":
+        return f"{done}/{total}" if total else str(done)
+    if total:
+        return f"{100 * done // total}%"
+    return f"{done / 1e6:.1f} MB"
+
+
+@contextlib.contextmanager
+def _rich_progress(label: str, unit: str) -> Iterator[Update]:
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -48,14 +136,23 @@ def progress(
         TransferSpeedColumn,
     )
 
-    if transfer:
-        columns = (*Progress.get_default_columns(), DownloadColumn())
-        columns += (TransferSpeedColumn(),)
-        description = label
-    else:
-        columns = (TextColumn(label), BarColumn(), MofNCompleteColumn())
-        columns += (TimeElapsedColumn(), TextColumn("{task.description}"))
-        description = ""
+    columns = (
+        [*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn()]
+        if unit == "bytes"
+        else [
+            TextColumn(label),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+        ]
+    )
     console = Console(stderr=True, highlight=False)
-    with Progress(*columns, console=console, transient=True) as display:
-        yield ProgressTask(display, display.add_task(description, total=total))
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(label if unit == "bytes" else "", total=None)
+
+        def update(done: int, total: int | None = None, description: str = "") -> None:
+            fields = {"description": description} if unit == "items" else {}
+            bar.update(task, completed=done, total=total, **fields)
+
+        yield update

@@ -22,6 +22,12 @@ STATE_STYLE = {
 
 
 def print_tree_header(console: Console, tree: VllmTree) -> None:
+    if tree.version_source == "unknown":
+        console.print(
+            f"vLLM tree at {tree.root} [dim](no version metadata: no PKG-INFO, "
+            "vllm/_version.py or git tag)[/]"
+        )
+        return
     console.print(
         f"vLLM [bold]{tree.version}[/] at {tree.root} "
         f"[dim](version from {tree.version_source})[/]"
@@ -41,6 +47,8 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         label = f"[{STATE_STYLE[state]}]{state.value}[/]"
         if not report.selected:
             label += " [dim](skipped)[/]"
+        elif report.applied_now:
+            label += " [green](applied now)[/]"
         table.add_row(
             patch.id, label, f"{patch.title} [dim](fixed in {patch.fixed_in})[/]"
         )
@@ -65,8 +73,8 @@ def print_plan_table(console: Console, plan: Plan) -> None:
                 table.add_row("", "", text)
             if not part_locations and part_reason:
                 table.add_row("", "", f"  [dim]{part_reason}[/]")
-        if report.blocked_reason:
-            table.add_row("", "", f"  [red]{report.blocked_reason}[/]")
+        if report.blocked_reason and not report.applied_now:
+            table.add_row("", "", f"  [yellow]{report.blocked_reason}[/]")
     console.print(table)
 
 
@@ -186,6 +194,7 @@ def print_matrix(
     verify: bool,
     wall: float,
     jobs: int,
+    targets: Any,
 ) -> None:
     """``matrix``: a release x patch table; cells that differ show both states."""
     from rich.table import Table
@@ -233,8 +242,16 @@ def print_matrix(
             f"[bold red]{len(diffs)} state(s) differ from the targets[/] "
             "(shown as found ≠ expected)"
         )
+    unlisted = [r.version for r in results if r.version not in targets.releases]
+    if unlisted:
+        console.print(
+            f"no expectations for {', '.join(unlisted)}: targets.toml does not list "
+            "it, so only the states are shown"
+        )
+    verdict = "NOT as expected" if diffs or errors else "all as expected"
+    if len(unlisted) == len(results) and not errors:
+        verdict = "nothing to compare"
     console.print(
         f"{len(results)} release(s) x {len(patch_ids)} patch(es) in {wall:.1f} s "
-        f"with {jobs} process(es); "
-        + ("all as expected" if not diffs and not errors else "NOT as expected")
+        f"with {jobs} process(es); {verdict}"
     )

@@ -145,8 +145,8 @@ def pristine_tree(
 
     # A cache folder only verify writes: it is never patched.
     out = cache_dir() / "pristine" / f"vllm-{tree.version}"
-    with download_progress(f"vllm-{tree.version}.tar.gz") as task:
-        pristine = fetch_release(tree.version, out, task.transferred)
+    with download_progress(f"vllm-{tree.version}.tar.gz") as update:
+        pristine = fetch_release(tree.version, out, update)
     progress(f"vLLM {tree.version} source at {pristine.root}")
     return pristine
 

@@ -80,23 +80,22 @@ def backport_release(
     from deepstack_patch.engine.transaction import write_edits
     from deepstack_patch.fetch.releases import extract_release
     from deepstack_patch.output.documents import dump_json, plan_json
+    from deepstack_patch.output.progress import note
     from deepstack_patch.vendor.provenance import (
         backport_document_paths,
         write_backport_provenance,
     )
     from deepstack_patch.vendor.quilt import build_date, plan_steps, write_series
     from deepstack_patch.vendor.sdist import local_version, repack_sdist, version_edits
-    from rich.console import Console
 
     started = time.monotonic()
     started_on = dt.datetime.now(dt.timezone.utc)
     new_version = local_version(release, label)
     prepare_out(out)
-    console = Console(stderr=True, highlight=False)
     archive = download(release)
     tree_dir = out / f"vllm-{new_version}"
-    with console.status(f"extracting {archive.name}"):
-        tree = extract_release(archive, release, tree_dir)
+    note(f"extracting {archive.name} into {tree_dir}")
+    tree = extract_release(archive, release, tree_dir)
     if tree.version != release:
         raise DeepstackError(
             f"{archive.name}: its PKG-INFO says {tree.version}, not {release}",
@@ -112,14 +111,14 @@ def backport_release(
     versioned = version_edits(tree.root, release, new_version)
     write_edits(tree.root, versioned)
     replaced = {edit.relpath: edit.new for edit in [*plan.edits, *versioned]}
-    with console.status(f"writing vllm-{new_version}.tar.gz"):
-        sdist = repack_sdist(
-            archive,
-            replaced,
-            new_version,
-            out / f"vllm-{new_version}.tar.gz",
-            int(build_date().timestamp()),
-        )
+    note(f"repacking vllm-{new_version}.tar.gz")
+    sdist = repack_sdist(
+        archive,
+        replaced,
+        new_version,
+        out / f"vllm-{new_version}.tar.gz",
+        int(build_date().timestamp()),
+    )
     document = plan_json(
         plan,
         "backport",
@@ -144,9 +143,9 @@ def backport_release(
 
 
 def download(release: str) -> Path:
-    """The verified sdist of ``release``, with a download progress display."""
-    from deepstack_patch.fetch.releases import download_release, find_release
-    from deepstack_patch.output.progress import progress
+    """The verified sdist of ``release``: the cached one, else from the index."""
+    from deepstack_patch.fetch.releases import release_archive
+    from deepstack_patch.output.progress import note, progress
 
-    with progress(f"vllm-{release}.tar.gz") as task:
-        return download_release(find_release(release), task.transferred)
+    with progress(f"downloading vllm-{release}.tar.gz") as update:
+        return release_archive(release, update, note)

@@ -9,8 +9,10 @@ The same matrix as a CI pipeline is ``pipelines.py``.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -135,7 +137,7 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
     import hashlib
 
     from deepstack_patch.engine.cache import cache_dir
-    from filelock import FileLock
+    from deepstack_patch.fetch.archives import extract_release
 
     stat = archive.stat()
     key = hashlib.sha256(
@@ -143,46 +145,18 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
             [archive.name, str(stat.st_size), str(stat.st_mtime_ns), *patterns]
         ).encode()
     ).hexdigest()[:16]
-    root = cache_dir() / "status-trees" / f"vllm-{version}-{key}"
-    complete = root / ".complete"
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root) + ".lock", timeout=600):
-        if not complete.is_file():
-            shutil.rmtree(root, ignore_errors=True)
-            root.mkdir()
-            extract_matching(archive, root / f"vllm-{version}", patterns)
-            complete.touch()
-    return VllmTree.open(root / f"vllm-{version}")
-
-
-def extract_matching(archive: Path, out: Path, patterns: Sequence[str]) -> VllmTree:
-    """Extract only the members status reads: the patches' files and metadata.
-
-    A full vLLM sdist holds thousands of files (tests, kernels, docs); the
-    plan reads a few hundred, so this is several times faster than a full
-    extraction and gives the same states.
-    """
-    import tarfile
-
+    root = cache_dir() / "partial-trees" / f"vllm-{version}-{key}"
+    # Only what status reads: the patches' files and the version metadata
+    # (thousands of tests, kernels and docs are left in the archive).
     wanted = [_glob_regex(p) for p in patterns]
-    with tarfile.open(archive, "r:gz") as tar:
-        members = []
-        for member in tar:
-            relpath = member.name.partition("/")[2]
-            if not member.isfile():
-                continue
-            if relpath in _ALWAYS_EXTRACTED or any(w.match(relpath) for w in wanted):
-                members.append(member)
-        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(out.parent / ".staging", members=members, **kwargs)
-    tops = {m.name.partition("/")[0] for m in members}
-    if len(tops) != 1:
-        raise DeepstackError(
-            f"{archive.name}: expected one top-level folder, found {len(tops)}",
-            "the file is not a vLLM source release",
-        )
-    (out.parent / ".staging" / tops.pop()).rename(out)
-    return VllmTree.open(out)
+    return extract_release(
+        archive,
+        version,
+        root,
+        lambda relpath: (
+            relpath in _ALWAYS_EXTRACTED or any(w.match(relpath) for w in wanted)
+        ),
+    )
 
 
 def run_matrix(
@@ -202,19 +176,52 @@ def run_matrix(
     # spawn, not fork: the parent runs a progress-bar thread, and forking a
     # threaded process can deadlock the child.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        max_workers=jobs,
+        mp_context=context,
+        initializer=die_with_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
         futures = {
             pool.submit(
                 check_release, version, list(series), list(selected), verify
             ): version
             for version in releases
         }
-        for future in as_completed(futures):
-            result = future.result()
-            results[result.version] = result
-            if on_done:
-                on_done(result)
+        try:
+            for future in as_completed(futures):
+                result = future.result()
+                results[result.version] = result
+                if on_done:
+                    on_done(result)
+        except KeyboardInterrupt:
+            # The workers ignore Ctrl-C (the parent reports it once); stop
+            # them now rather than letting the pool wait for their releases.
+            workers = list((getattr(pool, "_processes", None) or {}).values())
+            for process in workers:
+                process.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return [results[version] for version in releases]
+
+
+def die_with_parent(parent: int) -> None:
+    """Worker initializer: end this worker when the matrix process ends.
+
+    A killed parent (SIGKILL, OOM) cannot stop its pool; without this the
+    workers, and the resource tracker waiting for them, live on and hold
+    the caller's output pipe open. Ctrl-C is the parent's to handle.
+    """
+    import ctypes
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,13 @@ def _diffstat(edits: Sequence[FileEdit], diff: str) -> str:
     return "\n".join(rows)
 
 
+def vllm_named(tree_version: str) -> str:
+    """``vLLM 0.20.2``; a tree without version metadata is named as such."""
+    if tree_version == "unknown":
+        return "an unversioned vLLM tree"
+    return f"vLLM {tree_version}"
+
+
 def format_patch(
     step: PatchStep, number: int, total: int, tree_version: str, date: dt.datetime
 ) -> bytes:
@@ -160,7 +167,7 @@ def format_patch(
     prefix = f"[PATCH {number}/{total}]" if total > 1 else "[PATCH]"
     description = (
         f"{patch.title}\n\n{patch.symptom}\n\n"
-        f"Backported to vLLM {tree_version} by deepstack-patch {__version__}, "
+        f"Backported to {vllm_named(tree_version)} by deepstack-patch {__version__}, "
         f"which rewrites the code structurally (patch {patch.id}). "
         f"{patch.also_changes}"
     )
@@ -237,7 +244,7 @@ def write_series(
         )
         names.append(name)
     series_file.write_text(
-        f"{SERIES_MARKER} for vLLM {tree_version} "
+        f"{SERIES_MARKER} for {vllm_named(tree_version)} "
         f"(deepstack-patch {__version__}); apply with quilt push -a, "
         "or each file in order with patch -p1 / git apply / git am\n"
         + "".join(f"{name}\n" for name in names)

@@ -32,13 +32,15 @@ def local_version(release: str, label: str) -> str:
 
     joined = f"{release}{'.' if '+' in release else '+'}{label}"
     try:
-        Version(joined)
+        version = Version(joined)
     except InvalidVersion:
         raise DeepstackError(
             f"--local-version {label!r}: {joined!r} is not a valid PEP 440 version",
             "use letters, digits and dots, e.g. deepstack.1",
         ) from None
-    return joined
+    # PEP 440's normal form (DeepStack_2 -> deepstack.2): what pip, wheel
+    # names and the index will call the release.
+    return str(version)
 
 
 def version_edits(root: Path, release: str, new_version: str) -> list[FileEdit]:

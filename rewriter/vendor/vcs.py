@@ -14,12 +14,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deepstack_patch import __version__
+from deepstack_patch.engine.apply import mark_applied, refuse_blocked
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.transaction import tree_lock, write_edits
 from deepstack_patch.engine.tree import VllmTree
-from deepstack_patch.vendor.quilt import PatchStep, plan_steps, upstream_reference
+from deepstack_patch.vendor.quilt import (
+    PatchStep,
+    plan_steps,
+    upstream_reference,
+    vllm_named,
+)
 
 if TYPE_CHECKING:
     import git
@@ -39,6 +45,8 @@ class CommitResult:
     plan: Plan
     touched: list[str] = field(default_factory=list)
     commits: list[CommitRecord] = field(default_factory=list)
+    #: HEAD was detached: the commits are on no branch.
+    detached: bool = False
 
     @property
     def drifted(self) -> bool:
@@ -61,9 +69,12 @@ def commit_series(
         result = CommitResult(plan)
         if result.drifted:
             return result
+        refuse_blocked(plan)
         result.touched = sorted({e.relpath for step in steps for e in step.edits})
         check_work_tree(repo, tree, result.touched, allow_dirty)
         result.commits = commit_steps(repo, tree, steps)
+        mark_applied(plan, [c.patch_id for c in result.commits])
+    result.detached = bool(result.commits) and repo.head.is_detached
     return result
 
 
@@ -87,11 +98,28 @@ def open_repository(tree: VllmTree) -> git.Repo:
     if repo.bare or repo.working_tree_dir is None:
         raise DeepstackError(f"--commit: {repo.git_dir} is a bare repository")
     if not repo.head.is_valid():
+        _refuse_unsafe_repository(repo)
         raise DeepstackError(
             f"--commit: the repository at {repo.working_tree_dir} has no commit yet",
             "commit the vLLM tree first, so the patches are commits on top of it",
         )
     return repo
+
+
+def _refuse_unsafe_repository(repo: git.Repo) -> None:
+    """git's "dubious ownership" refusal looks like an empty repository."""
+    import git
+
+    try:
+        repo.git.rev_parse("--git-dir")
+    except git.GitCommandError as exc:
+        if "dubious ownership" in str(exc.stderr):
+            top = repo.working_tree_dir
+            raise DeepstackError(
+                f"--commit: git refuses the repository at {top}: it is owned by "
+                "another user (git's 'dubious ownership' check)",
+                f"if you trust it: git config --global --add safe.directory {top}",
+            ) from None
 
 
 def repo_path(repo: git.Repo, tree: VllmTree, relpath: str) -> str:
@@ -159,7 +187,8 @@ def commit_message(patch: Patch, tree_version: str) -> str:
         f"{patch.title}\n"
         "\n"
         f"Backport of {patch.upstream_url}\n"
-        f"first released upstream in vLLM {patch.fixed_in}, to vLLM {tree_version}.\n"
+        f"first released upstream in vLLM {patch.fixed_in}, to "
+        f"{vllm_named(tree_version)}.\n"
         f"Rewritten structurally by deepstack-patch {__version__} ({patch.id}).\n"
         "\n"
         f"{patch.symptom}\n"
@@ -172,13 +201,18 @@ def commit_message(patch: Patch, tree_version: str) -> str:
 def commit_steps(
     repo: git.Repo, tree: VllmTree, steps: Sequence[PatchStep]
 ) -> list[CommitRecord]:
-    """Write and commit each step in order: one commit per patch.
+    """Write and commit each step in order: one commit per patch, all or none.
 
-    If a commit fails, that step's files get their old bytes back and the
-    error names the commits already made.
+    If a commit fails (a hook, an identity, a full disk), the commits this
+    run made are undone: README promises all the commits or nothing, and a
+    half-applied series is what a vendor pipeline must never ship. The
+    branch is reset to where it was (the undone commits stay in the reflog)
+    and the touched files get their old content in the index and the work
+    tree; other staged changes (--allow-dirty) are left as they were.
     """
     import git
 
+    start = repo.head.commit.hexsha
     records: list[CommitRecord] = []
     for step in steps:
         written = write_edits(tree.root, step.edits)
@@ -201,20 +235,44 @@ def commit_steps(
                 tree.root,
                 [type(e)(e.relpath, e.new, e.old, e.patch_ids) for e in step.edits],
             )
-            made = ", ".join(f"{r.patch_id} {r.sha[:12]}" for r in records) or "none"
-            stderr = str(exc.stderr).strip().strip("'").strip()
-            hint = "fix the cause and run again: applied patches are not redone"
-            if "tell me who you are" in stderr or "user.email" in stderr:
-                hint = (
-                    "set an identity: git config user.name 'Name' && "
-                    "git config user.email you@example.com"
-                )
-            raise DeepstackError(
-                f"git commit for {step.patch.id} failed: {stderr}; its files were "
-                f"restored; commits made before it: {made}",
-                hint,
-            ) from None
+            undone = _undo_commits(repo, tree, start, records)
+            raise _commit_failed(step.patch.id, exc, undone) from None
         records.append(
             CommitRecord(step.patch.id, repo.head.commit.hexsha, list(written))
         )
     return records
+
+
+def _undo_commits(
+    repo: git.Repo, tree: VllmTree, start: str, records: Sequence[CommitRecord]
+) -> str:
+    """Reset to ``start`` and restore the files the ``records`` committed."""
+    if not records:
+        return ""
+    paths = sorted(
+        {repo_path(repo, tree, path) for record in records for path in record.files}
+    )
+    repo.git.reset("--soft", start)
+    repo.git.restore("--source", start, "--staged", "--worktree", "--", *paths)
+    made = ", ".join(f"{r.patch_id} {r.sha[:12]}" for r in records)
+    return f"; undid this run's commits ({made}): the branch is back at {start[:12]}"
+
+
+def _commit_failed(patch_id: str, exc: git.GitCommandError, undone: str) -> Exception:
+    stderr = str(exc.stderr).strip().strip("'").strip()
+    hint = "fix the cause and run again"
+    if "tell me who you are" in stderr or "user.email" in stderr:
+        hint = (
+            "set an identity: git config user.name 'Name' && "
+            "git config user.email you@example.com"
+        )
+    elif "hook" in stderr or not stderr:
+        hint = (
+            "a git hook (e.g. prepare-commit-msg) refused the commit: fix it "
+            "and run again"
+        )
+    return DeepstackError(
+        f"git commit for {patch_id} failed: {stderr or exc}; its files were "
+        f"restored{undone}; nothing was committed",
+        hint,
+    )

@@ -1,0 +1,176 @@
+"""Release archives: the one tar extractor (whole releases and partial ones).
+
+An extraction is staged in a hidden folder beside its destination and moved
+into place only when complete, under a per-destination file lock, so two
+runs into one folder never mix their files and a reader never sees half a
+tree. A killed run leaves its staging folder; the next run into the same
+destination (holding the lock, so it cannot be a live run's) removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import shutil
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from deepstack_patch.engine.errors import (
+    DeepstackError,
+    os_error_hint,
+    writable_folder_of,
+)
+from deepstack_patch.engine.tree import VllmTree, detect_version
+
+#: Chooses members by their path inside the release's top folder.
+MemberFilter = Callable[[str], bool]
+
+_STAGING = ".deepstack-extract."
+
+T = TypeVar("T")
+
+
+def extract_release(
+    archive: Path, version: str, out: Path, wanted: MemberFilter | None = None
+) -> VllmTree:
+    """Extract ``archive`` into ``out`` (without its top folder) and open it.
+
+    ``wanted`` limits the extraction to the regular files it accepts. An
+    ``out`` that already holds an extraction of the same release is reused as
+    it is (it may be patched already: states are read from the code). Any
+    other non-empty ``out`` is refused.
+    """
+    make_folder(out.parent, "the output folder's parent")
+    with extraction_lock(out):
+        _remove_stale_staging(out)
+        if _reusable(out, version):
+            return VllmTree.open(out)
+        prefix = f".{out.name}{_STAGING}"
+        folder = out.parent
+        staging = Path(
+            _guarded(lambda: tempfile.mkdtemp(prefix=prefix, dir=folder), archive, out)
+        )
+        try:
+            extracted = _extract_into(archive, staging, wanted, out)
+            _guarded(lambda: _move_into_place(extracted, out), archive, out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return VllmTree.open(out)
+
+
+def _reusable(out: Path, version: str) -> bool:
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return False
+    existing = out / "vllm" / "__init__.py"
+    if out.is_dir() and existing.is_file() and detect_version(out)[0] == version:
+        return True
+    raise DeepstackError(
+        f"{out} exists and is not an extraction of vLLM {version}",
+        "choose another folder with --out, or remove this one",
+    )
+
+
+def _extract_into(
+    archive: Path, staging: Path, wanted: MemberFilter | None, out: Path
+) -> Path:
+    def extract() -> Path:
+        with tarfile.open(archive, "r:gz") as tar:
+            members = [
+                m
+                for m in tar.getmembers()
+                if wanted is None or (m.isfile() and wanted(m.name.partition("/")[2]))
+            ]
+            tops = {m.name.partition("/")[0] for m in members}
+            if len(tops) != 1:
+                raise DeepstackError(
+                    f"{archive.name}: expected one top-level folder, found {len(tops)}",
+                    f"the file is not a vLLM source release; delete {archive} so "
+                    "it is downloaded again",
+                )
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(staging, members=members, **kwargs)
+        return staging / tops.pop()
+
+    return _guarded(extract, archive, out)
+
+
+def _move_into_place(extracted: Path, out: Path) -> None:
+    if out.exists():  # an empty folder the user chose: fill it
+        for child in extracted.iterdir():
+            child.rename(out / child.name)
+    else:
+        extracted.rename(out)
+
+
+def _guarded(action: Callable[[], T], archive: Path, out: Path) -> T:
+    """Run one extraction step; turn its failure into an error with the right hint."""
+    try:
+        return action()
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise DeepstackError(
+            f"extracting {archive} failed: the archive is corrupt ({exc})",
+            f"delete the cached tarball {archive} so it is downloaded again",
+        ) from None
+    except OSError as exc:
+        raise DeepstackError(
+            f"extracting {archive.name} into {out} failed: {exc.strerror or exc}",
+            os_error_hint(exc, out.absolute().parent),
+        ) from None
+
+
+def make_folder(folder: Path, what: str) -> None:
+    """``mkdir -p`` with an error that names the folder that cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DeepstackError(
+            f"cannot create {what} {folder}: {exc.strerror or exc}",
+            os_error_hint(exc, writable_folder_of(folder)),
+        ) from None
+
+
+@contextlib.contextmanager
+def extraction_lock(
+    out: Path, on_wait: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Serialise the runs that extract into (and work on) one destination.
+
+    The lock file lives in the cache, not beside ``out``; it is re-entrant
+    within a process, so a command may hold it around its whole run.
+    """
+    from deepstack_patch.fetch.cache import cache_dir
+    from filelock import FileLock, Timeout
+
+    locks = cache_dir() / "locks"
+    locks.mkdir(exist_ok=True)
+    key = hashlib.sha256(str(out.absolute()).encode()).hexdigest()[:16]
+    lock = FileLock(str(locks / f"extract-{key}.lock"), is_singleton=True)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if on_wait:
+            on_wait(f"waiting for another deepstack-patch run using {out}")
+        lock.acquire(timeout=1800)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _remove_stale_staging(out: Path) -> None:
+    """Remove the staging folders killed runs into ``out`` left behind.
+
+    Called under :func:`extraction_lock`, so no live run into ``out`` is
+    staging; the name must match exactly (mkdtemp's suffix has no dot), so
+    another destination's staging folder is never taken for ours.
+    """
+    pattern = re.compile(re.escape(f".{out.name}{_STAGING}") + r"[A-Za-z0-9_]+\Z")
+    with contextlib.suppress(OSError):
+        for candidate in out.parent.iterdir():
+            if pattern.match(candidate.name) and candidate.is_dir():
+                shutil.rmtree(candidate, ignore_errors=True)
