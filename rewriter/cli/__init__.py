@@ -27,6 +27,7 @@ COMMANDS = {
     "backport": "backport:backport",
     "matrix": "matrix:matrix",
     "verify": "verify:verify",
+    "revert": "revert:revert",
 }
 
 

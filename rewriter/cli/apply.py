@@ -66,8 +66,9 @@ def apply(
     Exit codes: 0 applied, or nothing to do; 1 with --check: patches needed;
     2 drifted targets or an error, nothing written.
     """
+    from deepstack_patch.engine.inplace import write_plan_edits
     from deepstack_patch.engine.plan import plan_tree, select_patches
-    from deepstack_patch.engine.transaction import tree_lock, write_edits
+    from deepstack_patch.engine.transaction import tree_lock
     from deepstack_patch.output.report import (
         dump_json,
         plan_json,
@@ -93,7 +94,8 @@ def apply(
         drifted = selected_drifted(plan)
         written: list[str] = []
         if writes and not drifted:
-            written = write_edits(tree.root, plan.edits)
+            series = [patch.id for patch in SERIES]
+            written = write_plan_edits(tree, plan.edits, selected, series)
 
     if check:
         code = EXIT_ERROR if drifted else EXIT_NEEDED if plan.needed else EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,11 @@ def stderr_console() -> Console:
 
 
 def tree_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--vllm-src PATH`` or ``--release VERSION [--out DIR]``, opened as a tree."""
+    """``--vllm-src PATH``, ``--release VERSION [--out DIR]`` or
+    ``--installed [--python PY]``, opened as a tree."""
+    # A command with its own --python (verify: the interpreter to run in)
+    # shares it: with --installed it is also the one whose vLLM is used.
+    own_python = "python" in inspect.signature(command).parameters
 
     @click.option(
         "--vllm-src",
@@ -52,26 +57,111 @@ def tree_options(command: Callable[..., Any]) -> Callable[..., Any]:
         help="With --release: where to extract (default ./vllm-VERSION). An "
         "earlier extraction of the same release is reused.",
     )
+    @installed_options(python=not own_python)
     @functools.wraps(command)
     def wrapper(
-        vllm_src: Path | None, release: str | None, out: Path | None, **kwargs: Any
+        vllm_src: Path | None,
+        release: str | None,
+        out: Path | None,
+        installed: bool,
+        **kwargs: Any,
     ) -> Any:
-        return command(tree=open_tree(vllm_src, release, out), **kwargs)
+        python = kwargs.get("python") if own_python else kwargs.pop("python")
+        if python is not None and not installed and not own_python:
+            raise DeepstackError(
+                "--python goes with --installed", "add --installed, or drop --python"
+            )
+        tree = open_tree(vllm_src, release, out, installed, python)
+        return command(tree=tree, **kwargs)
 
     return wrapper
 
 
-def open_tree(vllm_src: Path | None, release: str | None, out: Path | None) -> VllmTree:
-    if (vllm_src is None) == (release is None):
+def installed_options(
+    python: bool = True,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--installed [--python PY]`` (``python=False``: the command has its own)."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        if python:
+            command = click.option(
+                "--python",
+                type=click.Path(path_type=Path, dir_okay=False),
+                help="With --installed: the interpreter that runs vLLM (default: "
+                "the one running deepstack-patch).",
+            )(command)
+        return click.option(
+            "--installed",
+            is_flag=True,
+            help="Work on the vLLM an interpreter imports, in its site-packages: "
+            "RECORD, bytecode and a change record follow every rewrite.",
+        )(command)
+
+    return decorate
+
+
+def open_tree(
+    vllm_src: Path | None,
+    release: str | None,
+    out: Path | None,
+    installed: bool = False,
+    python: Path | None = None,
+) -> VllmTree:
+    if [vllm_src is not None, release is not None, installed].count(True) != 1:
         raise DeepstackError(
-            "give exactly one of --vllm-src PATH and --release VERSION",
-            "e.g. --vllm-src . in a vLLM checkout, or --release 0.20.2",
+            "give exactly one of --vllm-src PATH, --release VERSION and --installed",
+            "e.g. --vllm-src . in a vLLM checkout, --release 0.20.2, or "
+            "--installed for the vLLM this Python imports",
         )
+    if out is not None and release is None:
+        raise DeepstackError("--out goes with --release, not with --vllm-src")
+    if installed:
+        return open_installed_tree(python)
     if vllm_src is not None:
-        if out is not None:
-            raise DeepstackError("--out goes with --release, not with --vllm-src")
-        return VllmTree.open(vllm_src)
+        return open_source_folder(vllm_src)
     return fetch_with_progress(release, out or Path(f"vllm-{release}"))
+
+
+def open_installed_tree(python: Path | None) -> VllmTree:
+    """The vLLM ``python`` imports; an editable install is its checkout."""
+    from deepstack_patch.engine.installed import find_installed, open_installed
+
+    found = find_installed(python)
+    # One unwrapped line on stderr: a log keeps the paths whole.
+    if found.editable:
+        click.echo(
+            f"vllm {found.version} is an editable install of {found.source_root}: "
+            "working on that checkout as a source tree",
+            err=True,
+        )
+    else:
+        click.echo(
+            f"vLLM {found.version} installed in {found.site_packages} "
+            f"(python {found.python})",
+            err=True,
+        )
+    return open_installed(found)
+
+
+def open_source_folder(vllm_src: Path) -> VllmTree:
+    """A source tree, or a site-packages folder (a vllm-*.dist-info beside vllm/)."""
+    from deepstack_patch.engine.installed import (
+        dist_info_beside,
+        installed_in_folder,
+        open_installed,
+    )
+
+    tree = VllmTree.open(vllm_src)
+    dist_info = dist_info_beside(tree.root)
+    if dist_info is None:
+        return tree
+    found = installed_in_folder(tree.root, dist_info)
+    click.echo(
+        f"vLLM {found.version} installed in {found.site_packages} ({dist_info.name}): "
+        "working on it as an installed distribution",
+        err=True,
+    )
+    return open_installed(found)
 
 
 def fetch_with_progress(version: str, out: Path) -> VllmTree:

@@ -13,18 +13,13 @@ from deepstack_patch.cli.common import (
     select_options,
     selected_drifted,
     stdout_console,
+    tree_options,
 )
 from deepstack_patch.engine.tree import VllmTree
 
 
 @click.command()
-@click.option(
-    "--vllm-src",
-    "vllm_src",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Root of the vLLM source tree to export the series for (not modified).",
-)
+@tree_options
 @click.option(
     "--series",
     "series_dir",
@@ -35,7 +30,7 @@ from deepstack_patch.engine.tree import VllmTree
 @select_options
 @format_option
 def export(
-    vllm_src: Path,
+    tree: VllmTree,
     series_dir: Path,
     only: tuple[str, ...],
     skip: tuple[str, ...],
@@ -59,7 +54,6 @@ def export(
     from deepstack_patch.patches import SERIES
     from deepstack_patch.vendor.quilt import plan_steps, write_series
 
-    tree = VllmTree.open(vllm_src)
     plan, steps = plan_steps(tree, SERIES, select_patches(SERIES, only, skip))
     if selected_drifted(plan):
         refuse_drifted(plan, output_format, "export")
