@@ -65,6 +65,7 @@ def write_edits(
     try:
         for edit, target in zip(edits, targets, strict=True):
             staged.append((edit, target, _stage(target, edit.new)))
+        _keep_owners(staged)
         _set_mtimes(staged, mtimes or {})
         _stage_extras(root, extra, extra_targets, extra_staged)
     except BaseException as exc:
@@ -269,6 +270,19 @@ def _make_dirs(folder: Path) -> list[Path]:
     for path in reversed(missing):
         path.mkdir()
     return missing
+
+
+def _keep_owners(staged: Sequence[tuple[FileEdit, Path, Path]]) -> None:
+    """Give each staged file its target's owner and group (only root can).
+
+    An install in a container image belongs to whoever built it; a rewrite
+    by root must not hand its files to root.
+    """
+    if os.geteuid() != 0:
+        return
+    for _, target, temp in staged:
+        info = target.stat()
+        os.chown(temp, info.st_uid, info.st_gid)
 
 
 def _set_mtimes(
