@@ -437,3 +437,43 @@ def test_an_editable_install_is_its_checkout(tmp_path, monkeypatch) -> None:
     assert found.version == "1.0.dev0"
     result = run("status", "--installed", "--format", "json")
     assert "is an editable install of" in " ".join(result.output.split())
+
+
+KILLED_RUN = r"""
+import os, sys
+from pathlib import Path
+from deepstack_patch.engine import transaction
+from deepstack_patch.engine.inplace import apply_in_place
+from deepstack_patch.engine.installed import installed_in_folder
+from deepstack_patch.engine.plan import FileEdit
+
+site = Path(sys.argv[1])
+def die(target):
+    if target == site / "vllm" / "tiny.py":
+        os._exit(9)  # killed: no rollback, no cleanup
+transaction._before_replace = die
+installed = installed_in_folder(site, site / "vllm-9.9.9.dist-info")
+edit = FileEdit("vllm/tiny.py", sys.argv[2].encode(), sys.argv[3].encode(), ["x"])
+apply_in_place(installed, [edit], [])
+"""
+
+
+def test_a_rerun_completes_a_killed_apply_and_revert_still_works(tmp_path) -> None:
+    site = fake_install(tmp_path)
+    before = snapshot(site)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_RUN, str(site)]
+        + [OLD_SOURCE.decode(), NEW_SOURCE.decode()]
+    )
+    assert killed.returncode == 9
+    # The record and the originals landed before any module was replaced.
+    assert (site / "vllm-9.9.9.dist-info" / RECORD_NAME).is_file()
+    assert (site / MODULE).read_bytes() == OLD_SOURCE
+
+    installed = installed_in_folder(site, site / "vllm-9.9.9.dist-info")
+    apply_in_place(installed, [FileEdit(MODULE, OLD_SOURCE, NEW_SOURCE, ["x"])], [])
+    checked, wrong = record_mismatches(site)
+    assert checked >= 4 and wrong == []
+    assert [p for p in site.rglob("*.deepstack-tmp")] == []
+    revert_in_place(installed)
+    assert snapshot(site) == before

@@ -94,8 +94,7 @@ def apply(
         drifted = selected_drifted(plan)
         written: list[str] = []
         if writes and not drifted:
-            series = [patch.id for patch in SERIES]
-            written = write_plan_edits(tree, plan.edits, selected, series)
+            written = write_plan_edits(tree, plan)
 
     if check:
         code = EXIT_ERROR if drifted else EXIT_NEEDED if plan.needed else EXIT_OK

@@ -32,7 +32,7 @@ from deepstack_patch.engine.installed import (
     InstalledTree,
     InstalledVllm,
 )
-from deepstack_patch.engine.plan import FileEdit
+from deepstack_patch.engine.plan import FileEdit, Plan
 from deepstack_patch.engine.record import (
     dump_change_record,
     load_change_record,
@@ -41,6 +41,7 @@ from deepstack_patch.engine.record import (
     updated_record,
 )
 from deepstack_patch.engine.transaction import ExtraChange, write_edits
+from deepstack_patch.engine.tree import VllmTree
 
 
 @dataclass
@@ -55,14 +56,13 @@ class Changes:
         return write_edits(root, self.edits, self.extra, self.mtimes)
 
 
-def write_plan_edits(
-    tree: Any, edits: Sequence[FileEdit], selected: set[str], series: Sequence[str]
-) -> list[str]:
+def write_plan_edits(tree: VllmTree, plan: Plan) -> list[str]:
     """Write a plan's edits to ``tree``: in place for an install, else plainly."""
     if isinstance(tree, InstalledTree) and tree.installed is not None:
-        skipped = [patch_id for patch_id in series if patch_id not in selected]
-        return apply_in_place(tree.installed, edits, skipped)
-    return write_edits(tree.root, edits)
+        # Deselected on purpose (--skip, --only): doctor does not warn of them.
+        skipped = [r.patch.id for r in plan.reports if not r.selected]
+        return apply_in_place(tree.installed, plan.edits, skipped)
+    return write_edits(tree.root, plan.edits)
 
 
 def _rel(installed: InstalledVllm, path: Path) -> str:
@@ -92,9 +92,8 @@ def apply_in_place(
     changes = Changes(edits=list(edits))
     new_files: dict[str, bytes | None] = {}
     if document is None:
-        _refuse_leftovers(installed)
         document = _new_record(installed, record_rel)
-        _keep_original(changes, new_files, dist, record_rel, record_raw)
+        _keep_original(changes, new_files, root, dist, record_rel, record_raw)
     earlier = {entry["path"]: entry for entry in document["files"]}
     stamp = int(time.time())
     for edit in edits:
@@ -104,7 +103,7 @@ def apply_in_place(
         if entry is None:
             entry = _file_entry(root, edit)
             document["files"].append(entry)
-            _keep_original(changes, new_files, dist, edit.relpath, edit.old)
+            _keep_original(changes, new_files, root, dist, edit.relpath, edit.old)
         entry["sha256_after"] = sha256_hex(edit.new)
     jobs = _bytecode_jobs(root, edits, stamp)
     results = rebuild_bytecode(installed.python, jobs)
@@ -119,44 +118,44 @@ def apply_in_place(
         # worth keeping: revert removes it.
         if job.pyc not in recorded and job.module not in earlier:
             document["bytecode"].append(_bytecode_entry(root, job.pyc, result))
-            _keep_original(changes, new_files, dist, job.pyc, job.old)
+            _keep_original(changes, new_files, root, dist, job.pyc, job.old)
     document["applied"] = sorted(
         set(document["applied"]) | {pid for edit in edits for pid in edit.patch_ids}
     )
     document["skipped"] = sorted(skipped)
     document["date"] = _now()
     document["tool_version"] = __version__
-    _write_record_json(changes, new_files, root, dist, document)
+    content = dump_change_record(document)
+    _put(changes, root, f"{dist}/{RECORD_NAME}", content, like=record_rel)
+    new_files[f"{dist}/{RECORD_NAME}"] = content
+    _list_earlier_files(installed, document, new_files)
     new_record = updated_record(record_raw, new_files, record_rel)
     changes.edits.append(FileEdit(record_rel, record_raw, new_record))
     return changes.write(root)
 
 
-def _refuse_leftovers(installed: InstalledVllm) -> None:
-    leftovers = installed.dist_info / ORIGINALS_DIR.partition("/")[0]
-    if leftovers.exists():
-        raise DeepstackError(
-            f"{leftovers}: original files are kept there, but the change record "
-            f"{RECORD_NAME} is missing; nothing was written",
-            "reinstall vllm (pip install --force-reinstall --no-deps vllm==VERSION) "
-            "to start from the release's own files",
-        )
+def _put(changes: Changes, root: Path, relpath: str, content: bytes, like: str) -> None:
+    """Create ``relpath``, or replace what an interrupted run left there."""
+    path = root / relpath
+    if not path.exists():
+        changes.extra.append(ExtraChange(relpath, content, like=like))
+    elif (old := path.read_bytes()) != content:
+        changes.edits.append(FileEdit(relpath, old, content))
 
 
-def _write_record_json(
-    changes: Changes,
-    new_files: dict[str, bytes | None],
-    root: Path,
-    dist: str,
-    document: dict[str, Any],
+def _list_earlier_files(
+    installed: InstalledVllm, document: dict[str, Any], new_files: dict[str, Any]
 ) -> None:
-    content = dump_change_record(document)
-    relpath = f"{dist}/{RECORD_NAME}"
-    if (root / relpath).exists():
-        changes.edits.append(FileEdit(relpath, (root / relpath).read_bytes(), content))
-    else:
-        changes.extra.append(ExtraChange(relpath, content, like=f"{dist}/RECORD"))
-    new_files[relpath] = content
+    """RECORD rows for what earlier runs wrote, in case one was interrupted."""
+    root = installed.site_packages
+    for entry in document["files"]:
+        if entry["path"] not in new_files:
+            new_files[entry["path"]] = (root / entry["path"]).read_bytes()
+    kept = installed.dist_info / ORIGINALS_DIR
+    for path in kept.rglob("*") if kept.is_dir() else []:
+        relpath = _rel(installed, path)
+        if path.is_file() and relpath not in new_files:
+            new_files[relpath] = path.read_bytes()
 
 
 def _new_record(installed: InstalledVllm, record_rel: str) -> dict[str, Any]:
@@ -193,13 +192,14 @@ def _file_entry(root: Path, edit: FileEdit) -> dict[str, Any]:
 def _keep_original(
     changes: Changes,
     new_files: dict[str, bytes | None],
+    root: Path,
     dist: str,
     relpath: str,
     content: bytes,
 ) -> None:
     """Keep ``content`` under the dist-info folder, with the file's permissions."""
     kept = f"{dist}/{_original(relpath)}"
-    changes.extra.append(ExtraChange(kept, content, like=relpath))
+    _put(changes, root, kept, content, like=relpath)
     new_files[kept] = content
 
 
@@ -258,10 +258,13 @@ def revert_in_place(installed: InstalledVllm) -> RevertResult:
         return RevertResult(installed, [], [], [], nothing=True)
     dist = _rel(installed, dist_info)
     changes = Changes()
+    # A file already back to its original bytes is what an interrupted run
+    # (or revert) left: nothing to give back there, but nothing lost either.
+    current = {e["path"]: _sha256_or_none(root / e["path"]) for e in document["files"]}
     changed_since = [
         entry["path"]
         for entry in document["files"]
-        if _sha256_or_none(root / entry["path"]) != entry["sha256_after"]
+        if current[entry["path"]] not in (entry["sha256_after"], entry["sha256_before"])
     ]
     if changed_since:
         raise DeepstackError(
@@ -272,6 +275,8 @@ def revert_in_place(installed: InstalledVllm) -> RevertResult:
             "vllm==VERSION) to return to the release's files",
         )
     for entry in document["files"]:
+        if current[entry["path"]] == entry["sha256_before"]:
+            continue
         original = _read_original(dist_info, entry, entry["sha256_before"])
         path = entry["path"]
         changes.edits.append(FileEdit(path, (root / path).read_bytes(), original))
@@ -280,7 +285,8 @@ def revert_in_place(installed: InstalledVllm) -> RevertResult:
     record = document["record"]
     record_now = (root / record["path"]).read_bytes()
     record_then = _read_original(dist_info, record, None)
-    changes.edits.append(FileEdit(record["path"], record_now, record_then))
+    if record_now != record_then:
+        changes.edits.append(FileEdit(record["path"], record_now, record_then))
     restored = _give_back_bytecode(root, dist_info, document, changes)
     changes.extra.append(ExtraChange(f"{dist}/{RECORD_NAME}", None))
     kept = dist_info / ORIGINALS_DIR

@@ -83,18 +83,17 @@ def write_edits(
 
     replaced: list[tuple[FileEdit, Path]] = []
     try:
+        # New files first, removals last: a run killed midway leaves at worst
+        # an extra file, never a change without its record (inplace.py).
+        _commit_extras(extra_staged, creations=True)
         for edit, target, temp in staged:
             if _before_replace is not None:
                 _before_replace(target)
             os.replace(temp, target)
             replaced.append((edit, target))
-        _commit_extras(extra_staged)
+        _commit_extras(extra_staged, creations=False)
     except BaseException as exc:
-        failed = (
-            edit.relpath
-            if len(replaced) < len(staged)
-            else next(i.change.relpath for i in extra_staged if not i.committed)
-        )
+        failed = _failed_step(staged, replaced, extra_staged)
         _undo_extras(extra_staged)
         done = {target for _, target in replaced}
         for _, target, temp in staged:
@@ -110,7 +109,7 @@ def write_edits(
             ) from None
         raise
     _finish_extras(extra_staged)
-    created = [item.change.relpath for item in extra_staged if item.change.new]
+    created = [i.change.relpath for i in extra_staged if i.change.new is not None]
     return [edit.relpath for edit, _ in replaced] + created
 
 
@@ -293,8 +292,25 @@ def _set_mtimes(
             os.utime(temp, ns=(mtimes[edit.relpath], mtimes[edit.relpath]))
 
 
-def _commit_extras(staged: Sequence[_StagedExtra]) -> None:
+def _failed_step(
+    staged: Sequence[tuple[FileEdit, Path, Path]],
+    replaced: Sequence[tuple[FileEdit, Path]],
+    extra: Sequence[_StagedExtra],
+) -> str:
+    """The path whose commit failed (creations, then edits, then removals)."""
+    pending = [i for i in extra if not i.committed]
+    created = [i.change.relpath for i in pending if i.change.new is not None]
+    if created:
+        return created[0]
+    if len(replaced) < len(staged):
+        return staged[len(replaced)][0].relpath
+    return pending[0].change.relpath if pending else "(unknown)"
+
+
+def _commit_extras(staged: Sequence[_StagedExtra], creations: bool) -> None:
     for item in staged:
+        if (item.change.new is not None) != creations:
+            continue
         if _before_replace is not None:
             _before_replace(item.target)
         if item.change.new is None:
