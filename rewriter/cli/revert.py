@@ -44,6 +44,12 @@ def revert(
     from deepstack_patch.engine.transaction import tree_lock
     from deepstack_patch.output.report import dump_json
 
+    if installed == (vllm_src is not None):
+        raise DeepstackError(
+            "give exactly one of --installed [--python PY] and --vllm-src "
+            "SITE-PACKAGES",
+            "e.g. deepstack-patch revert --installed --python /opt/venv/bin/python",
+        )
     if python is not None and not installed:
         raise DeepstackError(
             "--python goes with --installed", "add --installed, or drop --python"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ print("DEEPSTACK-FIND " + json.dumps(answer))
 
 def find_installed(python: Path | None = None) -> InstalledVllm:
     """The vLLM ``python`` imports (default: this interpreter)."""
-    python = Path(python) if python is not None else Path(sys.executable)
+    python = _interpreter(python)
     answer = _ask(python)
     origin, dist_info = answer.get("origin"), answer.get("dist_info")
     if origin is None and dist_info is None:
@@ -113,6 +114,16 @@ def find_installed(python: Path | None = None) -> InstalledVllm:
     )
 
 
+def _interpreter(python: Path | None) -> Path:
+    """``python`` as a path: a bare name (``python3.11``) is looked up on PATH."""
+    if python is None:
+        return Path(sys.executable)
+    if not python.exists() and len(python.parts) == 1:
+        found = shutil.which(str(python))
+        return Path(found) if found else python
+    return python.absolute()
+
+
 def _ask(python: Path) -> dict[str, object]:
     hint = "pass a Python interpreter, e.g. --python /opt/venv/bin/python"
     try:
@@ -122,8 +133,13 @@ def _ask(python: Path) -> dict[str, object]:
             text=True,
             timeout=120,
         )
+    except FileNotFoundError:
+        raise DeepstackError(f"--python {python}: no such file", hint) from None
     except (OSError, subprocess.SubprocessError) as exc:
-        raise DeepstackError(f"--python {python}: cannot run it: {exc}", hint) from None
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise DeepstackError(
+            f"--python {python}: cannot run it: {reason}", hint
+        ) from None
     for line in done.stdout.splitlines():
         if line.startswith("DEEPSTACK-FIND "):
             try:
