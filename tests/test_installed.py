@@ -168,6 +168,26 @@ def test_revert_gives_back_every_file_byte_for_byte(venv) -> None:
 
 
 @release
+def test_applies_accumulate_in_one_record_and_revert_undoes_both(venv) -> None:
+    python, site = venv
+    before = snapshot(site)
+    first = apply_installed(python, "--skip", "vllm#43617")
+    assert first.exit_code == 0, first.output
+    document = json.loads((dist_info(site) / RECORD_NAME).read_bytes())
+    assert document["skipped"] == ["vllm#43617"]
+    assert "vllm#43617" not in document["applied"]
+    assert apply_installed(python).exit_code == 0  # rewrites qwen3_vl.py again
+    document = json.loads((dist_info(site) / RECORD_NAME).read_bytes())
+    assert "vllm#43617" in document["applied"] and document["skipped"] == []
+    paths = [entry["path"] for entry in document["files"]]
+    assert len(paths) == len(set(paths)) and QWEN3_VL in paths
+    checked, wrong = record_mismatches(site)
+    assert checked > 0 and wrong == []
+    assert run("revert", "--installed", "--python", str(python)).exit_code == 0
+    assert snapshot(site) == before
+
+
+@release
 def test_pip_uninstall_after_apply_leaves_no_file(venv) -> None:
     python, site = venv
     assert apply_installed(python).exit_code == 0
@@ -182,6 +202,7 @@ def test_pip_uninstall_after_apply_leaves_no_file(venv) -> None:
 @release
 def test_a_site_packages_folder_is_an_installed_target(venv, tmp_path) -> None:
     python, site = venv
+    before = snapshot(site)
     status = run("status", "--vllm-src", str(site), "--format", "json")
     assert status.exit_code == 0, status.output
     assert "working on it as an installed distribution" in status.output
@@ -196,6 +217,9 @@ def test_a_site_packages_folder_is_an_installed_target(venv, tmp_path) -> None:
     checked, wrong = record_mismatches(site)
     assert checked > 0 and wrong == []
     assert (dist_info(site) / RECORD_NAME).is_file()
+    reverted = run("revert", "--vllm-src", str(site))
+    assert reverted.exit_code == 0, reverted.output
+    assert snapshot(site) == before
 
 
 # --- faults: clear error, exit 2, nothing changed ---------------------------
