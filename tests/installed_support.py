@@ -203,3 +203,23 @@ def plant_unchecked_bytecode(python: Path, site: Path, modules: list[str]) -> No
     subprocess.run(
         [str(python), "-I", "-c", PLANT_UNCHECKED, json.dumps(paths)], check=True
     )
+
+
+def other_python() -> Path | None:
+    """A CPython of another minor version than this one, if the machine has one."""
+    import glob
+    import shutil
+
+    mine = f"{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [shutil.which(f"python3.{minor}") for minor in range(10, 15)]
+    pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates += sorted(glob.glob(f"{pyenv}/versions/3.1[0-9]*/bin/python3"))
+    for candidate in filter(None, candidates):
+        done = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode == 0 and done.stdout.strip() not in ("", mine):
+            return Path(candidate)
+    return None

@@ -40,6 +40,7 @@ from installed_support import (
     link_copy_venv,
     make_venv,
     official_wheel,
+    other_python,
     own_copy,
     plant_unchecked_bytecode,
     record_mismatches,
@@ -185,6 +186,30 @@ def test_applies_accumulate_in_one_record_and_revert_undoes_both(venv) -> None:
     assert checked > 0 and wrong == []
     assert run("revert", "--installed", "--python", str(python)).exit_code == 0
     assert snapshot(site) == before
+
+
+@release
+def test_bytecode_is_built_by_the_target_interpreter(tmp_path) -> None:
+    """A vLLM in another Python: its bytecode is rebuilt by that Python, and
+    bytecode of this one (a foreign tag) is removed, never left stale."""
+    base = other_python()
+    if base is None:
+        pytest.skip("no CPython of another minor version on this machine")
+    venv_root = tmp_path / "other"
+    subprocess.run([str(base), "-m", "venv", str(venv_root)], check=True)
+    python = venv_root / "bin" / "python"
+    install_wheel(python, official_wheel())
+    site = site_packages(python)
+    # This interpreter's bytecode beside the other one's (a foreign tag).
+    py_compile.compile(str(site / QWEN3_VL), doraise=True)
+    assert apply_installed(python).exit_code == 0
+    document = json.loads((dist_info(site) / RECORD_NAME).read_bytes())
+    removed = [b["path"] for b in document["bytecode"] if b["action"] == "removed"]
+    assert len(removed) == 1 and sys.implementation.cache_tag in removed[0]
+    assert not (site / removed[0]).exists()
+    report = bytecode_report(python, site, changed_modules(site))
+    assert len(report) == len(document["files"])
+    assert all(r["fresh"] and r["same_code"] for r in report), report
 
 
 @release

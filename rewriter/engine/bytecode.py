@@ -92,11 +92,14 @@ for job in jobs:
                        optimize=int(opt.group(1)) if opt else 0)
     except SyntaxError as exc:
         out.append({"new": None, "why": f"does not compile here: {exc}"}); continue
-    if flags & 1:
-        data = bx._code_to_hash_pyc(code, importlib.util.source_hash(source),
-                                    bool(flags & 2))
-    else:
-        data = bx._code_to_timestamp_pyc(code, job["mtime"], len(source))
+    try:
+        if flags & 1:
+            data = bx._code_to_hash_pyc(code, importlib.util.source_hash(source),
+                                        bool(flags & 2))
+        else:
+            data = bx._code_to_timestamp_pyc(code, job["mtime"], len(source))
+    except AttributeError:  # a Python whose importlib has other helpers
+        out.append({"new": None, "why": "cannot build bytecode here"}); continue
     out.append({"new": base64.b64encode(bytes(data)).decode(), "why": ""})
 print("DEEPSTACK-PYC " + json.dumps(out))
 """
