@@ -500,7 +500,7 @@ from deepstack_patch.engine.plan import FileEdit
 
 site = Path(sys.argv[1])
 def die(target):
-    if target == site / "vllm" / "tiny.py":
+    if target.relative_to(site).as_posix() == sys.argv[4]:
         os._exit(9)  # killed: no rollback, no cleanup
 transaction._before_replace = die
 installed = installed_in_folder(site, site / "vllm-9.9.9.dist-info")
@@ -509,17 +509,24 @@ apply_in_place(installed, [edit], [])
 """
 
 
-def test_a_rerun_completes_a_killed_apply_and_revert_still_works(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "killed_at",
+    [MODULE, f"vllm-9.9.9.dist-info/{RECORD_NAME}"],
+    ids=["module", "record"],
+)
+def test_a_rerun_completes_a_killed_apply_and_revert_still_works(
+    tmp_path, killed_at
+) -> None:
     site = fake_install(tmp_path)
     before = snapshot(site)
     killed = subprocess.run(
         [sys.executable, "-c", KILLED_RUN, str(site)]
-        + [OLD_SOURCE.decode(), NEW_SOURCE.decode()]
+        + [OLD_SOURCE.decode(), NEW_SOURCE.decode(), killed_at]
     )
     assert killed.returncode == 9
-    # The record and the originals landed before any module was replaced.
-    assert (site / "vllm-9.9.9.dist-info" / RECORD_NAME).is_file()
+    # New files land before any module is replaced: the module is untouched.
     assert (site / MODULE).read_bytes() == OLD_SOURCE
+    assert list(site.rglob("*.deepstack-tmp")) != []
 
     installed = installed_in_folder(site, site / "vllm-9.9.9.dist-info")
     apply_in_place(installed, [FileEdit(MODULE, OLD_SOURCE, NEW_SOURCE, ["x"])], [])

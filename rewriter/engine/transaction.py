@@ -221,6 +221,8 @@ def _checked_extra(root: Path, change: ExtraChange) -> Path:
             f"{change.relpath}: its folder {folder} is read-only",
             f"make it writable (chmod u+w {folder}) or work on a copy",
         )
+    if folder == target.parent:
+        _remove_stale_stages(target)
     return target
 
 
