@@ -15,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,10 +76,15 @@ def pristine_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def venv(pristine_venv: Path, tmp_path: Path) -> tuple[Path, Path]:
+def venv(pristine_venv: Path, tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """A hard-link copy of the pristine venv: (its python, its site-packages)."""
     python = link_copy_venv(pristine_venv, tmp_path / "venv")
-    return python, site_packages(python)
+    yield python, site_packages(python)
+    # Thousands of links per copy: gone now rather than in a later session's
+    # clean-up of old temporary folders.
+    for folder, _, _ in os.walk(tmp_path):
+        os.chmod(folder, 0o755)
+    shutil.rmtree(tmp_path / "venv", ignore_errors=True)
 
 
 def apply_installed(python: Path, *extra: str) -> Result:
