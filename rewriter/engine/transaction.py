@@ -7,6 +7,12 @@ place, one ``os.replace`` each: a reader, or a process killed midway, sees
 each file either entirely old or entirely new. If a rename fails, the files
 already replaced get their old bytes back. A rerun finishes an interrupted
 run, because states are read from the code.
+
+An installed vLLM also needs files created and removed in the same
+transaction (its change record, original bytes, bytecode that cannot be
+rebuilt): :class:`ExtraChange`. New files land first and removals last, so a
+run killed midway leaves at worst an extra file, never a change without its
+record; a failure undoes them with the edits.
 """
 
 from __future__ import annotations
