@@ -331,7 +331,9 @@ def test_write_sbom_for_a_wheel_reads_the_series_it_was_given(tmp_path: Path) ->
     wheel = tmp_path / "dist" / "vllm-0.20.2+deepstack.1-cp38-abi3-linux_x86_64.whl"
     wheel.parent.mkdir()
     wheel.write_bytes(b"wheel bytes")
-    items = read_applied(series, ["vllm#40917"], ["0001-a.patch"], wheel.parent)
+    items = read_applied(
+        series, [patch_by_id("vllm#40917")], ["0001-a.patch"], wheel.parent
+    )
     assert items[0].path == "../patches/0001-a.patch"
     path = write_sbom(
         wheel.parent / SBOM_NAME,

@@ -38,6 +38,7 @@ COMMANDS = {
     "verify": "verify:verify",
     "wheel": "wheel:wheel",
     "doctor": "doctor:doctor",
+    "revert": "revert:revert",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -105,7 +106,11 @@ def tree_options(
 
     ``read_only`` commands (status) read a release from a cached partial
     extraction unless ``--out`` (or an earlier extraction) says where.
+    ``--installed [--python PY]`` is the vLLM an interpreter imports.
     """
+    # A command with its own --python (verify: the interpreter to run in)
+    # shares it: with --installed it is also the one whose vLLM is used.
+    own_python = "python" in inspect.signature(command).parameters
 
     @click.option(
         "--vllm-src",
@@ -132,11 +137,22 @@ def tree_options(
             else ""
         ),
     )
+    @installed_options(python=not own_python)
     @functools.wraps(command)
     def wrapper(
-        vllm_src: Path | None, release: str | None, out: Path | None, **kwargs: Any
+        vllm_src: Path | None,
+        release: str | None,
+        out: Path | None,
+        installed: bool,
+        **kwargs: Any,
     ) -> Any:
-        return command(tree=open_tree(vllm_src, release, out, read_only), **kwargs)
+        python = kwargs.get("python") if own_python else kwargs.pop("python")
+        if python is not None and not installed and not own_python:
+            raise DeepstackError(
+                "--python goes with --installed", "add --installed, or drop --python"
+            )
+        tree = open_tree(vllm_src, release, out, read_only, installed, python)
+        return command(tree=tree, **kwargs)
 
     return wrapper
 
@@ -145,21 +161,49 @@ def read_tree_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return tree_options(command, read_only=True)
 
 
+def installed_options(
+    python: bool = True,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--installed [--python PY]`` (``python=False``: the command has its own)."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        if python:
+            command = click.option(
+                "--python",
+                type=click.Path(path_type=Path, dir_okay=False),
+                help="With --installed: the interpreter that runs vLLM (default: "
+                "the one running deepstack-patch).",
+            )(command)
+        return click.option(
+            "--installed",
+            is_flag=True,
+            help="Work on the vLLM an interpreter imports, in its site-packages: "
+            "RECORD, bytecode and a change record follow every rewrite.",
+        )(command)
+
+    return decorate
+
+
 def open_tree(
     vllm_src: Path | None,
     release: str | None,
     out: Path | None,
     read_only: bool = False,
+    installed: bool = False,
+    python: Path | None = None,
 ) -> VllmTree:
-    if (vllm_src is None) == (release is None):
+    if [vllm_src is not None, release is not None, installed].count(True) != 1:
         raise DeepstackError(
-            "give exactly one of --vllm-src PATH and --release VERSION",
-            "e.g. --vllm-src . in a vLLM checkout, or --release 0.20.2",
+            "give exactly one of --vllm-src PATH, --release VERSION and --installed",
+            "e.g. --vllm-src . in a vLLM checkout, --release 0.20.2, or "
+            "--installed for the vLLM this Python imports",
         )
+    if out is not None and release is None:
+        raise DeepstackError("--out goes with --release, not with --vllm-src")
+    if installed:
+        return open_installed_tree(python)
     if vllm_src is not None:
-        if out is not None:
-            raise DeepstackError("--out goes with --release, not with --vllm-src")
-        return VllmTree.open(vllm_src)
+        return open_source_folder(vllm_src)
     default = Path(f"vllm-{release}")
     if read_only and out is None and not default.exists():
         return partial_release(release)
@@ -170,17 +214,59 @@ def partial_release(version: str) -> VllmTree:
     """What status reads of a release, extracted once into the cache."""
     from deepstack_patch.fetch.releases import release_archive
     from deepstack_patch.output.progress import note, progress
-    from deepstack_patch.patches import SERIES
     from deepstack_patch.vendor.matrix import status_tree
 
     with progress(f"downloading vllm-{version}.tar.gz") as update:
         archive = release_archive(version, update, note)
-    tree = status_tree(archive, version, [p for patch in SERIES for p in patch.paths])
+    patterns = [p for patch in load_series() for p in patch.paths]
+    tree = status_tree(archive, version, patterns)
     note(
         f"reading the patches' files of vLLM {version} from {tree.root} (a "
         "partial extraction in the cache; --out DIR extracts the whole tree)"
     )
     return tree
+
+
+def open_installed_tree(python: Path | None) -> VllmTree:
+    """The vLLM ``python`` imports; an editable install is its checkout."""
+    from deepstack_patch.engine.installed import find_installed, open_installed
+
+    found = find_installed(python)
+    # One unwrapped line on stderr: a log keeps the paths whole.
+    if found.editable:
+        click.echo(
+            f"vllm {found.version} is an editable install of {found.source_root}: "
+            "working on that checkout as a source tree",
+            err=True,
+        )
+    else:
+        click.echo(
+            f"vLLM {found.version} installed in {found.site_packages} "
+            f"(python {found.python})",
+            err=True,
+        )
+    return open_installed(found)
+
+
+def open_source_folder(vllm_src: Path) -> VllmTree:
+    """A source tree, or a site-packages folder (a vllm-*.dist-info beside vllm/)."""
+    from deepstack_patch.engine.installed import (
+        dist_info_beside,
+        installed_in_folder,
+        open_installed,
+    )
+
+    tree = VllmTree.open(vllm_src)
+    dist_info = dist_info_beside(tree.root)
+    if dist_info is None:
+        return tree
+    found = installed_in_folder(tree.root, dist_info)
+    click.echo(
+        f"vLLM {found.version} installed in {found.site_packages} ({dist_info.name}): "
+        "working on it as an installed distribution",
+        err=True,
+    )
+    return open_installed(found)
 
 
 def fetch_with_progress(version: str, out: Path) -> VllmTree:

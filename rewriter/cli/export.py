@@ -13,18 +13,13 @@ from deepstack_patch.cli.common import (
     refuse_drifted,
     select_options,
     stdout_console,
+    tree_options,
 )
 from deepstack_patch.engine.tree import VllmTree
 
 
 @click.command()
-@click.option(
-    "--vllm-src",
-    "vllm_src",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Root of the vLLM source tree to export the series for (not modified).",
-)
+@tree_options
 @click.option(
     "--series",
     "series_dir",
@@ -35,7 +30,7 @@ from deepstack_patch.engine.tree import VllmTree
 @select_options
 @format_option
 def export(
-    vllm_src: Path,
+    tree: VllmTree,
     series_dir: Path,
     only: tuple[str, ...],
     skip: tuple[str, ...],
@@ -58,7 +53,6 @@ def export(
     from deepstack_patch.output.documents import dump_json, plan_json
     from deepstack_patch.vendor.quilt import export_series, vllm_named
 
-    tree = VllmTree.open(vllm_src)
     series = load_series()
     result = export_series(tree, series, select_patches(series, only, skip), series_dir)
     if result.drifted:

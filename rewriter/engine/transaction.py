@@ -7,6 +7,12 @@ place, one ``os.replace`` each: a reader, or a process killed midway, sees
 each file either entirely old or entirely new. If a rename fails, the files
 already replaced get their old bytes back. A rerun finishes an interrupted
 run, because states are read from the code.
+
+An installed vLLM also needs files created and removed in the same
+transaction (its change record, original bytes, bytecode that cannot be
+rebuilt): :class:`ExtraChange`. New files land first and removals last, so a
+run killed midway leaves at worst an extra file, never a change without its
+record; a failure undoes them with the edits.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import hashlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
@@ -28,21 +35,52 @@ _before_replace = None
 _STAGE_SUFFIX = ".deepstack-tmp"
 
 
-def write_edits(root: Path, edits: Sequence[FileEdit]) -> list[str]:
-    """Write every edit or none; return the relative paths written."""
+@dataclass(frozen=True)
+class ExtraChange:
+    """A file the transaction creates or removes, beside the edits.
+
+    ``new`` None removes the file (its bytes come back if the transaction
+    fails). A created file takes its permission bits from ``mode``, else from
+    the file ``like`` (a relative path), and, for root, that file's owner.
+    """
+
+    relpath: str
+    new: bytes | None
+    like: str | None = None
+    mode: int | None = None
+
+
+def write_edits(
+    root: Path,
+    edits: Sequence[FileEdit],
+    extra: Sequence[ExtraChange] = (),
+    mtimes: Mapping[str, int] | None = None,
+) -> list[str]:
+    """Write every edit and extra change or none; return the paths written.
+
+    ``mtimes`` gives some edited files a modification time (nanoseconds),
+    set before the rename: bytecode that records its source's mtime is
+    compiled for exactly that time.
+    """
     # Every target is checked before anything is staged, so a refusal leaves
     # no temporary file behind and stale ones are cleared before new ones exist.
     targets = [_checked_target(root, edit) for edit in edits]
+    extra_targets = [_checked_extra(root, change) for change in extra]
     staged: list[tuple[FileEdit, Path, Path]] = []
+    extra_staged: list[_StagedExtra] = []
     try:
         for edit, target in zip(edits, targets, strict=True):
             staged.append((edit, target, _stage(target, edit.new)))
+        _set_mtimes(staged, mtimes or {})
+        _stage_extras(root, extra, extra_targets, extra_staged)
     except BaseException as exc:
         for _, _, temp in staged:
             temp.unlink(missing_ok=True)
+        _discard_extras(extra_staged)
         if isinstance(exc, OSError):
+            failed = extra_staged[-1].change.relpath if extra_staged else edit.relpath
             raise DeepstackError(
-                f"{edit.relpath}: cannot stage the new content: {exc.strerror}; "
+                f"{failed}: cannot stage the new content: {exc.strerror}; "
                 "nothing was written",
                 "check the file system (space, permissions) and run again",
             ) from None
@@ -50,13 +88,18 @@ def write_edits(root: Path, edits: Sequence[FileEdit]) -> list[str]:
 
     replaced: list[tuple[FileEdit, Path]] = []
     try:
+        # New files first, removals last: a run killed midway leaves at worst
+        # an extra file, never a change without its record (inplace.py).
+        _commit_extras(extra_staged, creations=True)
         for edit, target, temp in staged:
             if _before_replace is not None:
                 _before_replace(target)
             os.replace(temp, target)
             replaced.append((edit, target))
+        _commit_extras(extra_staged, creations=False)
     except BaseException as exc:
-        failed = edit.relpath
+        failed = _failed_step(staged, replaced, extra_staged)
+        _undo_extras(extra_staged)
         done = {target for _, target in replaced}
         for _, target, temp in staged:
             if target not in done:
@@ -70,7 +113,9 @@ def write_edits(root: Path, edits: Sequence[FileEdit]) -> list[str]:
                 "check the file system (space, permissions) and run again",
             ) from None
         raise
-    return [edit.relpath for edit, _ in replaced]
+    _finish_extras(extra_staged)
+    created = [i.change.relpath for i in extra_staged if i.change.new is not None]
+    return [edit.relpath for edit, _ in replaced] + created
 
 
 def _checked_target(root: Path, edit: FileEdit) -> Path:
@@ -177,6 +222,169 @@ def _copy_xattrs(target: Path, name: str) -> None:
         # capability): keeping the rest beats refusing the whole write.
         with contextlib.suppress(OSError):
             os.setxattr(name, key, os.getxattr(target, key))
+
+
+@dataclass
+class _StagedExtra:
+    change: ExtraChange
+    target: Path
+    #: The new content beside the target (creation), or the removed file's
+    #: bytes moved aside (removal) once committed.
+    temp: Path | None = None
+    made_dirs: list[Path] | None = None
+    committed: bool = False
+
+
+def _checked_extra(root: Path, change: ExtraChange) -> Path:
+    target = root / change.relpath
+    if not target.parent.resolve().is_relative_to(root.resolve()):
+        raise DeepstackError(
+            f"{change.relpath}: lies outside {root} (through a symlink)",
+            "replace the link with a real folder before patching",
+        )
+    exists = target.exists() or target.is_symlink()
+    if change.new is not None and exists:
+        raise DeepstackError(
+            f"{change.relpath}: exists, but this run meant to create it",
+            "another program is changing the install; run again when it is done",
+        )
+    if change.new is None and not exists:
+        raise DeepstackError(
+            f"{change.relpath}: vanished while the run was planned",
+            "another program is changing the install; run again when it is done",
+        )
+    folder = _existing_ancestor(target.parent)
+    if not _writable(folder):
+        raise DeepstackError(
+            f"{change.relpath}: its folder {folder} is read-only",
+            f"make it writable (chmod u+w {folder}) or work on a copy",
+        )
+    if folder == target.parent:
+        _remove_stale_stages(target)
+    return target
+
+
+def _existing_ancestor(folder: Path) -> Path:
+    while not folder.exists():
+        folder = folder.parent
+    return folder
+
+
+def _stage_extras(
+    root: Path,
+    extra: Sequence[ExtraChange],
+    targets: Sequence[Path],
+    staged: list[_StagedExtra],
+) -> None:
+    for change, target in zip(extra, targets, strict=True):
+        item = _StagedExtra(change, target)
+        staged.append(item)
+        if change.new is None:
+            continue
+        item.made_dirs = _make_dirs(target.parent)
+        fd, name = tempfile.mkstemp(
+            prefix=f".{target.name}.", suffix=_STAGE_SUFFIX, dir=target.parent
+        )
+        item.temp = Path(name)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(change.new)
+            handle.flush()
+            os.fsync(handle.fileno())
+        like = root / change.like if change.like else None
+        mode = change.mode
+        if mode is None:
+            mode = stat.S_IMODE(like.stat().st_mode) if like else 0o644
+        os.chmod(name, mode)
+        if like is not None and os.geteuid() == 0:
+            info = like.stat()
+            os.chown(name, info.st_uid, info.st_gid)
+
+
+def _make_dirs(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return those made, deepest first."""
+    missing: list[Path] = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        path.mkdir()
+    return missing
+
+
+def _set_mtimes(
+    staged: Sequence[tuple[FileEdit, Path, Path]], mtimes: Mapping[str, int]
+) -> None:
+    for edit, _, temp in staged:
+        if edit.relpath in mtimes:
+            os.utime(temp, ns=(mtimes[edit.relpath], mtimes[edit.relpath]))
+
+
+def _failed_step(
+    staged: Sequence[tuple[FileEdit, Path, Path]],
+    replaced: Sequence[tuple[FileEdit, Path]],
+    extra: Sequence[_StagedExtra],
+) -> str:
+    """The path whose commit failed (creations, then edits, then removals)."""
+    pending = [i for i in extra if not i.committed]
+    created = [i.change.relpath for i in pending if i.change.new is not None]
+    if created:
+        return created[0]
+    if len(replaced) < len(staged):
+        return staged[len(replaced)][0].relpath
+    return pending[0].change.relpath if pending else "(unknown)"
+
+
+def _commit_extras(staged: Sequence[_StagedExtra], creations: bool) -> None:
+    for item in staged:
+        if (item.change.new is not None) != creations:
+            continue
+        if _before_replace is not None:
+            _before_replace(item.target)
+        if item.change.new is None:
+            fd, name = tempfile.mkstemp(
+                prefix=f".{item.target.name}.",
+                suffix=_STAGE_SUFFIX,
+                dir=item.target.parent,
+            )
+            os.close(fd)
+            item.temp = Path(name)
+            os.replace(item.target, item.temp)
+        else:
+            assert item.temp is not None
+            os.replace(item.temp, item.target)
+        item.committed = True
+
+
+def _undo_extras(staged: Sequence[_StagedExtra]) -> None:
+    for item in reversed(staged):
+        if not item.committed:
+            continue
+        with contextlib.suppress(OSError):
+            if item.change.new is None and item.temp is not None:
+                os.replace(item.temp, item.target)
+            else:
+                item.target.unlink()
+            item.committed = False
+    _discard_extras(staged)
+
+
+def _discard_extras(staged: Sequence[_StagedExtra]) -> None:
+    """Remove what staging made: temporary files, then the folders made."""
+    for item in staged:
+        # A removed file whose rollback failed keeps its only copy in temp.
+        if item.temp is not None and not item.committed:
+            item.temp.unlink(missing_ok=True)
+    for item in reversed(staged):
+        for folder in item.made_dirs or []:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _finish_extras(staged: Sequence[_StagedExtra]) -> None:
+    """Drop the removed files' bytes kept aside for a rollback."""
+    for item in staged:
+        if item.change.new is None and item.temp is not None:
+            item.temp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -138,7 +138,7 @@ def backport_release(
         seconds=round(time.monotonic() - started, 2),
     )
     (out / REPORT_NAME).write_text(dump_json(document) + "\n")
-    write_backport_provenance(out, document, archive, started_on)
+    write_backport_provenance(out, document, archive, started_on, series)
     return BackportResult(plan, document)
 
 

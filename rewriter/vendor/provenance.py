@@ -78,20 +78,18 @@ class AppliedPatch:
 
 
 def read_applied(
-    series_dir: Path, patch_ids: Sequence[str], names: Sequence[str], base: Path
+    series_dir: Path, patches: Sequence[Patch], names: Sequence[str], base: Path
 ) -> list[AppliedPatch]:
-    """The applied patches of a series ``write_series`` wrote: ``patch_ids`` and
-    the file ``names`` it returned, in order; paths are relative to ``base``
+    """The applied patches of a series ``write_series`` wrote: the ``patches``
+    and the file ``names`` it returned, in order; paths are relative to ``base``
     (the folder the SBOM is written to)."""
-    from deepstack_patch.patches import patch_by_id
-
     return [
         AppliedPatch(
-            patch_by_id(patch_id),
+            patch,
             os.path.relpath(series_dir / name, base).replace(os.sep, "/"),
             (series_dir / name).read_bytes(),
         )
-        for patch_id, name in zip(patch_ids, names, strict=True)
+        for patch, name in zip(patches, names, strict=True)
     ]
 
 
@@ -377,6 +375,7 @@ def write_backport_provenance(
     report: dict[str, Any],
     archive: Path,
     started_on: dt.datetime,
+    series: Sequence[Patch],
 ) -> tuple[Path, Path]:
     """Write the SBOM and the statement of a finished backport into ``out``.
 
@@ -388,7 +387,9 @@ def write_backport_provenance(
     outputs = report["outputs"]
     series_dir = Path(outputs["series"])
     names = list(outputs["series_files"])
-    applied = read_applied(series_dir, report["applied"], names, out.resolve())
+    by_id = {patch.id: patch for patch in series}
+    patches = [by_id[patch_id] for patch_id in report["applied"]]
+    applied = read_applied(series_dir, patches, names, out.resolve())
     upstream = UpstreamArtefact(archive.name, sha256_file(archive), "sdist")
     tarball = Path(outputs["sdist"])
     sbom = write_sbom(
