@@ -200,6 +200,7 @@ class Granite4VisionDeepstackSlice(Patch):
     title = "Granite4Vision: slice deepstack buffers to the step's tokens"
     upstream_url = "https://github.com/vllm-project/vllm/pull/40917"
     fixed_in = "0.21.0"
+    # The module docstring (the class has none) is the one source of both.
     symptom = section(__doc__, "Symptom")
     also_changes = section(__doc__, "Fix safety")
     paths = ("vllm/model_executor/models/*.py",)

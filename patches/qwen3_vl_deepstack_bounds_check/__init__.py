@@ -42,7 +42,6 @@ from .._deepstack_buffer import (
     deepstack_classes,
     has_counter,
     is_bounds_check,
-    statement_ast,
     token_parameter,
 )
 
@@ -173,6 +172,7 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
     title = "Qwen3-VL deepstack: drop the bounds checks that reject padded steps"
     upstream_url = "https://github.com/vllm-project/vllm/pull/40932"
     fixed_in = "0.20.2"
+    # The module docstring (the class has none) is the one source of both.
     symptom = section(__doc__, "Symptom")
     also_changes = section(__doc__, "Fix safety")
     paths = MODEL_PATHS
@@ -199,18 +199,26 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
         self, qualname: str, cls: ast.ClassDef, methods: dict[str, FunctionNode]
     ) -> Finding:
         targets = [methods[name] for name in (GET, CLEAR) if name in methods]
-        # What the rewrite needs: each method's token parameter, by name.
-        parameters = {f"{qualname}.{m.name}": token_parameter(m) for m in targets}
+        # What the rewrite needs: in each method, which of its `if` statements
+        # (counted in source order) are the checks.
+        checks_at = {
+            f"{qualname}.{m.name}": tuple(
+                index
+                for index, statement in enumerate(if_statements(m))
+                if is_bounds_check(statement, token_parameter(m))
+            )
+            for m in targets
+        }
 
         def result(state: PatchState, reason: str = "") -> Finding:
-            fixed = tuple(parameters) if state is not PatchState.NOT_APPLICABLE else ()
+            fixed = tuple(checks_at) if state is not PatchState.NOT_APPLICABLE else ()
             return finding(
                 state,
                 f"{qualname}.{GET}",
                 [methods[GET], *(m for m in targets if m is not methods[GET])],
                 reason,
                 rewrites=fixed,
-                details={"parameters": parameters},
+                details={"checks": checks_at},
             )
 
         checks = 0
@@ -244,22 +252,22 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
     def rewrite(
         self, module: libcst.Module, needed: Sequence[Finding]
     ) -> libcst.Module:
-        parameters = {
-            method: parameter
+        checks_at = {
+            method: checks
             for found in needed
-            for method, parameter in found.details["parameters"].items()
+            for method, checks in found.details["checks"].items()
         }
-        removed: list[str] = []
+        removed: list[int] = []
         result = rewrite_definitions(
             module,
             {
-                method: _bounds_check_dropper(parameter, module, removed)
-                for method, parameter in parameters.items()
+                method: _bounds_check_dropper(checks, removed)
+                for method, checks in checks_at.items()
             },
         )
         if not removed:
             raise LookupError(
-                f"no bounds check found in {', '.join(sorted(parameters))}"
+                f"no bounds check found in {', '.join(sorted(checks_at))}"
             )
         return result
 
@@ -269,15 +277,35 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
         prove_padded_steps(tree)
 
 
+def if_statements(function: FunctionNode) -> list[ast.If]:
+    """The ``if`` statements of ``function`` in source order (``elif`` too), not
+    those of functions nested in it: the order LibCST visits them in."""
+    found: list[ast.If] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if isinstance(child, ast.If):
+                found.append(child)
+            visit(child)
+
+    visit(function)
+    return found
+
+
 def _bounds_check_dropper(
-    parameter: str | None, module: libcst.Module, removed: list[str]
+    checks: Sequence[int], removed: list[int]
 ) -> Callable[[Any], Any]:
-    """A rewriter of one method: its bounds checks on ``parameter`` go."""
+    """A rewriter of one method: its ``if`` statements at ``checks`` (source
+    order, as :func:`if_statements` counts them) go."""
     import libcst
 
     class DropBoundsChecks(libcst.CSTTransformer):
         def __init__(self) -> None:
             self.depth = 0
+            self.ifs = 0
+            self.dropped: list[libcst.If] = []
 
         def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
             # The method itself, not functions nested in it.
@@ -290,16 +318,18 @@ def _bounds_check_dropper(
             self.depth -= 1
             return updated
 
+        def visit_If(self, node: libcst.If) -> None:
+            if self.ifs in checks:
+                self.dropped.append(node)
+            self.ifs += 1
+
         def leave_IndentedBlock(
             self, original: libcst.IndentedBlock, updated: libcst.IndentedBlock
         ) -> libcst.IndentedBlock:
             body = []
-            for statement in updated.body:
-                # The recogniser's own predicate, on this statement's ast.
-                if isinstance(statement, libcst.If) and is_bounds_check(
-                    statement_ast(statement, module), parameter
-                ):
-                    removed.append(str(parameter))
+            for old, statement in zip(original.body, updated.body, strict=True):
+                if any(old is check for check in self.dropped):
+                    removed.append(1)
                     continue
                 body.append(statement)
             return updated.with_changes(body=body)

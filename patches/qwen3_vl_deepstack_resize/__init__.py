@@ -280,6 +280,7 @@ class Qwen3VLDeepstackResize(Patch):
     title = "Qwen3-VL deepstack: always return buffers, growing them on demand"
     upstream_url = "https://github.com/vllm-project/vllm/pull/43617"
     fixed_in = "0.23.0"
+    # The module docstring (the class has none) is the one source of both.
     symptom = section(__doc__, "Symptom")
     also_changes = section(__doc__, "Fix safety")
     requires = ("vllm#40932",)

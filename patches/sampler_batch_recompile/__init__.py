@@ -212,6 +212,7 @@ class SamplerBatchRecompile(Patch):
     title = "Sampler: no recompile of batched_count_greater_than when batch size grows"
     upstream_url = "https://github.com/vllm-project/vllm/pull/38933"
     fixed_in = "0.20.0"
+    # The module docstring (the class has none) is the one source of both.
     symptom = section(__doc__, "Symptom")
     also_changes = section(__doc__, "Fix safety")
     paths = ("vllm/v1/sample/**/*.py",)
