@@ -33,6 +33,7 @@ either function changes.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -292,17 +293,11 @@ class SamplerBatchRecompile(Patch):
     def rewrite(
         self, module: libcst.Module, needed: Sequence[Finding]
     ) -> libcst.Module:
-        rewriters = {}
-        for found in needed:
-            if found.part == compiled.PART:
-                decorator = found.details["decorator"]
-                parameters = found.details["parameters"]
-                rewriters[found.symbol] = lambda function, d=decorator, p=parameters: (
-                    compiled.fix_compiled(function, d, p)
-                )
-            else:
-                rewriters[found.symbol] = callers.mark_before_calls
-        return rewrite_definitions(module, rewriters)
+        rewrites = {compiled.PART: compiled.rewrite, callers.PART: callers.rewrite}
+        return rewrite_definitions(
+            module,
+            {f.symbol: functools.partial(rewrites[f.part], found=f) for f in needed},
+        )
 
     def prove(self, tree: Path) -> None:
         from .proof import prove_single_compile

@@ -142,8 +142,12 @@ def recognise(qualname: str, function: FunctionNode) -> Finding:
 # --- rewriting --------------------------------------------------------------
 
 
-def mark_before_calls(function: libcst.FunctionDef) -> libcst.FunctionDef:
-    """Insert the two ``mark_unbacked`` calls before each unmarked call."""
+def rewrite(function: libcst.FunctionDef, found: Finding) -> libcst.FunctionDef:
+    """Insert the two ``mark_unbacked`` calls before each unmarked call.
+
+    The calls are found again by a LibCST matcher: recognition decided that
+    every call is needed or marked; the rewrite marks those not yet marked.
+    """
     import libcst
     import libcst.matchers as m
 

@@ -176,13 +176,12 @@ def _has_checks(function: FunctionNode) -> bool:
 # --- rewriting --------------------------------------------------------------
 
 
-def fix_compiled(
-    function: libcst.FunctionDef, decorator: int, parameters: tuple[str, str]
-) -> libcst.FunctionDef:
-    """Drop ``dynamic=True`` from the torch.compile decorator at index
-    ``decorator``; add the two checks on ``parameters`` (as recognised)."""
+def rewrite(function: libcst.FunctionDef, found: Finding) -> libcst.FunctionDef:
+    """Drop ``dynamic=True`` from the torch.compile decorator recognise found;
+    add the two checks on the parameter names it found."""
     import libcst
 
+    decorator = found.details["decorator"]
     decorators = list(function.decorators)
     call = decorators[decorator].decorator
     assert isinstance(call, libcst.Call)
@@ -195,7 +194,7 @@ def fix_compiled(
         decorator=call.with_changes(args=kept)
     )
 
-    x, values = parameters
+    x, values = found.details["parameters"]
     checks = [
         libcst.parse_statement(check.format(x=x, values=values) + "\n")
         for check in CHECKS
