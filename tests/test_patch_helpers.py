@@ -79,3 +79,24 @@ def test_every_patch_prose_comes_from_its_docstring() -> None:
         assert patch.also_changes == section(doc, "Fix safety"), patch.id
         compared += 1
     assert compared == len(SERIES) > 0
+
+
+def test_every_patch_package_is_installed() -> None:
+    """A patch package missing from pyproject's `packages` works in a checkout
+    (editable install) and is absent from the wheel."""
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    folders = {
+        "deepstack_patch.patches." + init.parent.name
+        for init in (root / "patches").glob("*/__init__.py")
+    }
+    assert folders, "no patch package found"
+    assert folders <= listed, f"not in pyproject.toml: {sorted(folders - listed)}"
