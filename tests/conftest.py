@@ -11,13 +11,12 @@ files (write to a temporary file, then rename), never writes into them.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from deepstack_patch.engine.targets import Targets, load_targets
+from deepstack_patch.engine.targets import Targets
 from deepstack_patch.fetch.releases import (
     download_release,
     extract_release,
@@ -25,7 +24,7 @@ from deepstack_patch.fetch.releases import (
 )
 from deepstack_patch.proof import envs
 
-TARGETS = load_targets()
+from tests.support import TARGETS, link_copy
 
 
 @pytest.fixture(scope="session")
@@ -47,12 +46,6 @@ def release_tree(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pa
         return trees[version]
 
     return get
-
-
-def link_copy(source: Path, destination: Path) -> Path:
-    """A copy of a tree whose files are hard links to the source's files."""
-    shutil.copytree(source, destination, copy_function=os.link, symlinks=True)
-    return destination
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 The ``release`` tests use the official vLLM 0.20.2 wheel from the package
 index, installed with ``pip install --no-deps`` into a throwaway venv (see
-``installed_support``). The unmarked tests build a tiny fake install in
+``tests.support.installed``). The unmarked tests build a tiny fake install in
 ``tmp_path`` and need no download.
 """
 
@@ -32,7 +32,8 @@ from deepstack_patch.engine.installed import (
 )
 from deepstack_patch.engine.plan import FileEdit
 from deepstack_patch.engine.record import record_hash, updated_record
-from installed_support import (
+
+from tests.support.installed import (
     GRANITE,
     QWEN3_VL,
     bytecode_report,

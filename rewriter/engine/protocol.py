@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import ast
 import enum
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # LibCST is imported only when something is rewritten.
     import libcst
@@ -62,6 +63,12 @@ class Finding:
     names the functions the fixed code consists of, so that tests can compare
     them with upstream's. ``reason`` says why a location is not needed: what
     was expected where it drifted, why the patch does not apply.
+
+    ``details`` carries what recognition found to :meth:`Patch.rewrite`
+    (statement indices, local names, which variant of the code), so that the
+    rewrite does not recognise again. It is read-only. Never put line numbers
+    or AST nodes in it: the engine may hand ``rewrite`` a skeleton of the file
+    whose lines differ; indices inside a function's body and names do not.
     """
 
     state: PatchState
@@ -71,6 +78,16 @@ class Finding:
     reason: str = ""
     part: str = ""
     rewrites: tuple[str, ...] = ()
+    # Left out of the hash (a mapping is unhashable), kept in equality.
+    details: Mapping[str, Any] = field(
+        default_factory=lambda: types.MappingProxyType({}), hash=False
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.details, types.MappingProxyType):
+            # A frozen dataclass: set the read-only view of a private copy.
+            read_only = types.MappingProxyType(dict(self.details))
+            object.__setattr__(self, "details", read_only)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ on LibCST (lossless). Both address a function by its qualified name
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
+import functools
+import textwrap
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.protocol import Finding, PatchState
@@ -56,28 +58,61 @@ def span(node: ast.AST) -> tuple[int, int]:
     return first, node.end_lineno or node.lineno
 
 
+@functools.lru_cache(maxsize=512)
+def _template_dump(code: str, expression: bool) -> str:
+    if expression:
+        return ast.dump(ast.parse(code.strip(), mode="eval").body)
+    body = ast.parse(textwrap.dedent(code)).body
+    if len(body) != 1:
+        raise ValueError(f"a statement template must hold one statement: {code!r}")
+    return ast.dump(body[0])
+
+
+def matches_code(node: ast.AST, template: str, **names: str) -> bool:
+    """``node`` is the code ``template`` with ``{name}`` placeholders filled in.
+
+    Layout, comments and line numbers do not count, so a vendor's formatting
+    still matches. An expression node is compared with the template parsed as
+    an expression, a statement with its one statement (literal braces in the
+    template are doubled, as for ``str.format``)::
+
+        matches_code(test.comparators[0], "self.{buffers}[0].size(0)", buffers=name)
+    """
+    code = template.format(**names) if names else template
+    expression = isinstance(node, ast.expr)
+    return ast.dump(node) == _template_dump(code, expression)
+
+
 def finding(
     state: PatchState,
     symbol: str,
-    node: ast.AST,
+    nodes: ast.AST | Sequence[ast.AST],
     reason: str = "",
     *,
     part: str = "",
     rewrites: tuple[str, ...] | None = None,
+    details: Mapping[str, Any] | None = None,
 ) -> Finding:
-    """A finding for ``node``: its line, and its whole span as editable.
+    """A finding at ``nodes``: the first node's line, and as the editable span
+    the union of their spans (e.g. the methods of a class that one rewrite
+    changes together).
 
     ``rewrites`` defaults to the symbol itself; pass ``()`` where the fixed
-    code can never equal upstream's.
+    code can never equal upstream's. ``details`` is what ``rewrite`` needs
+    from recognition (see :class:`Finding`).
     """
+    if isinstance(nodes, ast.AST):
+        nodes = [nodes]
+    spans = [span(node) for node in nodes]
     return Finding(
         state=state,
         symbol=symbol,
-        line=node.lineno,
-        span=span(node),
+        line=nodes[0].lineno,
+        span=(min(first for first, _ in spans), max(last for _, last in spans)),
         reason=reason,
         part=part,
         rewrites=(symbol,) if rewrites is None else rewrites,
+        details=details or {},
     )
 
 

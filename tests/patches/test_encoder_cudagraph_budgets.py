@@ -1,4 +1,4 @@
-"""What the generic harnesses do not check for vllm#38933 and vllm#38040.
+"""What the generic harnesses do not check for vllm#38040.
 
 - vllm#38040 ports the fix, not its neighbours: on 0.20.x and 0.21.0 each
   rewritten function equals 0.22.0's once 0.22.0's unrelated changes in it
@@ -6,11 +6,11 @@
   the generic upstream comparison cannot see that, because those functions'
   findings name no upstream function (they can never equal 0.22.0's).
 - On 0.19.x the rewrite uses that release's own names.
-- The proofs fail on the pristine release and pass on the patched one: the
-  rewritten vllm#38040 code on 0.20.x and 0.21.0 runs its own configuration
-  paths on the CPU and enforces max_batch_size <= min(token budgets). These
-  need torch: they run in the managed proof environment that
-  `deepstack-patch verify` builds (the ``proof_env`` fixture in conftest.py).
+- The proof fails on the pristine release and passes on the patched one: the
+  rewritten code on 0.20.x and 0.21.0 runs its own configuration paths on the
+  CPU and enforces max_batch_size <= min(token budgets). This needs torch: it
+  runs in the managed proof environment that `deepstack-patch verify` builds
+  (the ``proof_env`` fixture in conftest.py).
 """
 
 from __future__ import annotations
@@ -20,23 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import link_copy
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.syntax import iter_functions
-from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import patch_by_id
 
-SAMPLER = "vllm#38933"
+from tests.support import apply_one as _apply
+from tests.support import run_proof as _prove
+
 BUDGETS = "vllm#38040"
-
-
-def _apply(patch_id: str, source: Path, destination: Path) -> Path:
-    root = link_copy(source, destination)
-    tree = VllmTree.open(root)
-    write_edits(root, plan_tree(tree, [patch_by_id(patch_id)]).edits)
-    return root
 
 
 def _functions(path: Path) -> dict[str, ast.AST]:
@@ -130,51 +123,30 @@ def test_budgets_on_019_use_that_release_names(
 # --- proofs ---------------------------------------------------------------
 
 
-def _prove(env: object, tree: Path, patch_id: str) -> tuple[str, str]:
-    from deepstack_patch.proof.proofs import run_proofs
-
-    result = run_proofs(env, tree, [patch_id])[patch_id]
-    return result.status, result.message
-
-
+@pytest.mark.verify
 @pytest.mark.release
-@pytest.mark.parametrize(
-    ("patch_id", "version"),
-    [
-        (BUDGETS, "0.20.0"),
-        (BUDGETS, "0.20.1"),
-        (BUDGETS, "0.20.2"),
-        (BUDGETS, "0.21.0"),
-        (BUDGETS, "0.19.1"),
-        (SAMPLER, "0.19.1"),
-        (SAMPLER, "0.17.0"),
-    ],
-)
+@pytest.mark.parametrize("version", ["0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.19.1"])
 def test_proof_fails_before_and_passes_after(
-    patch_id: str,
     version: str,
     proof_env: object,
     release_tree: Callable[[str], Path],
     tmp_path: Path,
 ) -> None:
     pristine = release_tree(version)
-    status, message = _prove(proof_env, pristine, patch_id)
+    status, message = _prove(proof_env, pristine, BUDGETS)
     assert status == "failed", (
         f"the proof does not fail on pristine {version}: {message}"
     )
-    assert f"{patch_id} not in effect" in message
-    if patch_id == BUDGETS:
-        # The invariant on every configuration path, the config check, ceil, pruning.
-        for words in (
-            "automatic budgets and batch size",
-            "user budgets [64] with batch size 256",
-            "CompilationConfig accepted",
-            "floor division",
-            "pruning on",
-        ):
-            assert words in message
-    else:
-        assert "compiled 2 times" in message
-    patched = _apply(patch_id, pristine, tmp_path / version)
-    status, message = _prove(proof_env, patched, patch_id)
+    assert f"{BUDGETS} not in effect" in message
+    # The invariant on every configuration path, the config check, ceil, pruning.
+    for words in (
+        "automatic budgets and batch size",
+        "user budgets [64] with batch size 256",
+        "CompilationConfig accepted",
+        "floor division",
+        "pruning on",
+    ):
+        assert words in message
+    patched = _apply(BUDGETS, pristine, tmp_path / version)
+    status, message = _prove(proof_env, patched, BUDGETS)
     assert status == "passed", f"the proof fails on patched {version}: {message}"

@@ -1,19 +1,25 @@
 """vllm#40917: Granite4Vision hands the compiled model full-size deepstack buffers.
 
-Symptom: decode with Granite4Vision runs about 5x slower than it should.
-``forward`` builds the ``IntermediateTensors`` it passes to the language model
-from the persistent buffers ``self._ds_buffers[lvl]``, which hold
+Symptom: Granite4Vision decode about 5x slower: Inductor compiles for the full
+max_num_batched_tokens deepstack buffer on every step
+
+Why: ``forward`` builds the ``IntermediateTensors`` it passes to the language
+model from the persistent buffers ``self._ds_buffers[lvl]``, which hold
 ``max_num_batched_tokens`` rows. Inductor specialises on that size and
 generates kernels for the whole buffer on every step, however few tokens
 there are. The fix slices each buffer to the rows of this step,
 ``n = inputs_embeds.size(0)``.
 
-Fix safety: one statement, ``n = inputs_embeds.size(0)``, is added before the
-``IntermediateTensors`` is built, and each ``self._ds_buffers[lvl]`` in it
-becomes ``self._ds_buffers[lvl][:n]``. A later ``n = ...`` in upstream's
-``forward`` (the buffer clearing) assigns ``n`` again before reading it, so it
-is unaffected. If ``n`` is read before that point the code is reported
-drifted, since the new assignment could change its meaning.
+Fix safety: Adds ``n = inputs_embeds.size(0)`` before the IntermediateTensors
+is built; nothing else in forward changes.
+
+Each ``self._ds_buffers[lvl]`` in the build becomes
+``self._ds_buffers[lvl][:n]``. A later ``n = ...`` in upstream's ``forward``
+(the buffer clearing) assigns ``n`` again before reading it, so it is
+unaffected. If ``n`` is read before that point the code is reported drifted,
+since the new assignment could change its meaning. A ``forward`` that already
+slices what it built to the step's rows (``ds = ds[:n]``, or
+``IntermediateTensors(...)[:n]``) is fixed: it is never sliced twice.
 """
 
 from __future__ import annotations
@@ -23,22 +29,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from deepstack_patch.engine.prose import section
 from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
 from deepstack_patch.engine.syntax import (
     called_name,
     finding,
     is_self_attribute,
     iter_functions,
+    matches_code,
     parameter_names,
     rewrite_definitions,
 )
-from deepstack_patch.proof.proving import (
-    function_from_tree,
-    import_from_tree,
-    proof_targets,
-)
 
-from ._follow_ups import FOLLOW_UPS
+from .._follow_ups import FOLLOW_UPS
 
 if TYPE_CHECKING:
     import libcst
@@ -173,19 +176,35 @@ class Model:
 """
 
 
+# A vendor slices what it built (IntermediateTensors slices every tensor it
+# holds): fixed already, and slicing the buffers as well would slice twice.
+SLICED_AFTER_BUILDING = """
+class Granite4VisionForConditionalGeneration(nn.Module):
+    def forward(self, input_ids, positions, inputs_embeds=None, **kwargs):
+        if inputs_embeds is not None and self._ds_layer_indices:
+            ds: IntermediateTensors | None = IntermediateTensors(
+                {
+                    f"ds_{llm_layer}": self._ds_buffers[lvl]
+                    for lvl, llm_layer in enumerate(self._ds_layer_indices)
+                }
+            )
+            n = inputs_embeds.size(0)
+            ds = ds[:n]  # vendor: only this step's rows reach the compiled model
+        else:
+            ds = None
+        return self.language_model.model(input_ids, positions,
+                                         deepstack_input_embeds=ds)
+"""
+
+
 class Granite4VisionDeepstackSlice(Patch):
     id = "vllm#40917"
     title = "Granite4Vision: slice deepstack buffers to the step's tokens"
     upstream_url = "https://github.com/vllm-project/vllm/pull/40917"
     fixed_in = "0.21.0"
-    symptom = (
-        "Granite4Vision decode about 5x slower: Inductor compiles for the "
-        "full max_num_batched_tokens deepstack buffer on every step"
-    )
-    also_changes = (
-        "Adds `n = inputs_embeds.size(0)` before the IntermediateTensors is "
-        "built; nothing else in forward changes."
-    )
+    # The module docstring (the class has none) is the one source of both.
+    symptom = section(__doc__, "Symptom")
+    also_changes = section(__doc__, "Fix safety")
     paths = ("vllm/model_executor/models/*.py",)
     markers = (b"_ds_buffers",)
     follow_ups = FOLLOW_UPS["vllm#40917"]
@@ -199,6 +218,11 @@ class Granite4VisionDeepstackSlice(Patch):
             "vendor layout and comments", VENDOR_LAYOUT_BEFORE, VENDOR_LAYOUT_AFTER
         ),
         Example("already sliced (upstream 0.21.0)", AFTER, state=PatchState.APPLIED),
+        Example(
+            "sliced after building (vendor)",
+            SLICED_AFTER_BUILDING,
+            state=PatchState.APPLIED,
+        ),
         Example("sliced by another bound", SLICED_OTHERWISE, state=PatchState.DRIFTED),
         Example(
             "n read before the fix's assignment", N_IN_USE, state=PatchState.DRIFTED
@@ -237,6 +261,9 @@ class Granite4VisionDeepstackSlice(Patch):
             s for call in builds for arg in call.args for s in _buffer_subscripts(arg)
         ]
         if all(_is_whole_buffer(s) for s in subscripts):
+            if _sliced_after_building(function, builds):
+                # Fixed another way: slicing the buffers too would slice twice.
+                return finding(PatchState.APPLIED, qualname, function, rewrites=())
             first_build = min(call.lineno for call in builds)
             if not _name_free_at(function, "n", first_build):
                 return finding(
@@ -257,105 +284,15 @@ class Granite4VisionDeepstackSlice(Patch):
         return rewrite_definitions(module, {f.symbol: _slice_buffers for f in needed})
 
     def prove(self, tree: Path) -> None:
-        """``forward`` hands the language model buffers of the step's rows.
+        """``forward`` hands the language model buffers of the step's rows."""
+        from .proof import prove_forward
 
-        The tree's ``forward`` runs on a weight-less stand-in for the model:
-        64-row buffers, a language model that records what it is given, and
-        a pipeline-parallel group that is the first rank. For steps of 5 and
-        1 tokens, every deepstack tensor must have ``inputs_embeds.size(0)``
-        rows and be a view of its buffer's first rows.
-        """
-        for relpath, target in proof_targets(tree, self):
-            _prove_forward(tree, relpath, target.symbol)
-
-
-def _prove_forward(tree: Path, relpath: str, qualname: str) -> None:
-    import contextlib
-    import types
-    from unittest import mock
-
-    import torch
-    from vllm.sequence import IntermediateTensors
-
-    first_rank = types.SimpleNamespace(is_first_rank=True, is_last_rank=True)
-    module = import_from_tree(relpath)
-    if module is not None:
-        owner = module
-        for name in qualname.split(".")[:-1]:
-            owner = getattr(owner, name)
-        forward = getattr(owner, qualname.rsplit(".", 1)[-1])
-        stub_pp = mock.patch.object(module, "get_pp_group", lambda: first_rank)
-    else:
-        namespace = {
-            "torch": torch,
-            "IntermediateTensors": IntermediateTensors,
-            "get_pp_group": lambda: first_rank,
-        }
-        forward = function_from_tree(tree, relpath, qualname, namespace)
-        stub_pp = contextlib.nullcontext()
-
-    received: list[object] = []
-
-    def language_model(**kwargs: object) -> torch.Tensor:
-        received.append(kwargs.get("deepstack_input_embeds"))
-        return torch.zeros(1)
-
-    buffer_rows, hidden, layers = 64, 8, [2, 5]
-    model = types.SimpleNamespace(
-        _ds_layer_indices=layers,
-        _ds_buffers=[torch.randn(buffer_rows, hidden) for _ in layers],
-        _ds_num_tokens=0,
-        language_model=types.SimpleNamespace(model=language_model),
-    )
-    with stub_pp:
-        for rows in (5, 1):
-            received.clear()
-            forward(
-                model,
-                input_ids=torch.zeros(rows, dtype=torch.long),
-                positions=torch.arange(rows),
-                intermediate_tensors=None,
-                inputs_embeds=torch.zeros(rows, hidden),
-            )
-            assert len(received) == 1, (
-                f"{qualname} called the language model {len(received)} times"
-            )
-            (ds,) = received
-            assert isinstance(ds, IntermediateTensors), (
-                f"{qualname} passed deepstack_input_embeds={ds!r}, expected "
-                "IntermediateTensors"
-            )
-            assert sorted(ds.tensors) == [f"ds_{layer}" for layer in layers], (
-                f"{qualname} passed deepstack keys {sorted(ds.tensors)}"
-            )
-            for level, layer in enumerate(layers):
-                tensor = ds[f"ds_{layer}"]
-                assert tensor.size(0) == rows, (
-                    f"{qualname} passed ds_{layer} with {tensor.size(0)} rows for "
-                    f"a step of {rows} tokens (inputs_embeds.size(0)): the whole "
-                    f"{buffer_rows}-row buffer reaches the compiled model, which "
-                    f"specialises on it ({PATCH.id} not applied)"
-                )
-                buffer = model._ds_buffers[level]
-                assert tensor.data_ptr() == buffer.data_ptr() and torch.equal(
-                    tensor, buffer[:rows]
-                ), f"{qualname}: ds_{layer} is not the first rows of its buffer"
+        prove_forward(tree, self)
 
 
 def _buffer_subscripts(node: ast.AST) -> list[ast.Subscript]:
     """Outermost subscripts of ``self._ds_buffers`` inside ``node``."""
-    found = []
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Subscript):
-            inner = sub
-            while isinstance(inner, ast.Subscript) and not is_self_attribute(
-                inner.value, "_ds_buffers"
-            ):
-                inner = inner.value
-            if isinstance(inner, ast.Subscript) and is_self_attribute(
-                inner.value, "_ds_buffers"
-            ):
-                found.append(sub)
+    found = [sub for sub in ast.walk(node) if _subscripts_buffers(sub)]
     # ast.walk visits outer subscripts first; keep only those not inside another.
     outer = []
     for sub in found:
@@ -364,30 +301,96 @@ def _buffer_subscripts(node: ast.AST) -> list[ast.Subscript]:
     return outer
 
 
+def _subscripts_buffers(node: ast.AST) -> bool:
+    """``self._ds_buffers[...]``, subscripted any number of times."""
+    match node:
+        case ast.Subscript(value=ast.Subscript() as inner):
+            return _subscripts_buffers(inner)
+        case ast.Subscript(value=buffers):
+            return is_self_attribute(buffers, "_ds_buffers")
+    return False
+
+
 def _is_whole_buffer(node: ast.Subscript) -> bool:
     """``self._ds_buffers[lvl]``."""
-    return is_self_attribute(node.value, "_ds_buffers") and isinstance(
-        node.slice, ast.Name
-    )
+    match node:
+        case ast.Subscript(value=buffers, slice=ast.Name()):
+            return is_self_attribute(buffers, "_ds_buffers")
+    return False
 
 
 def _is_sliced_by_n(node: ast.Subscript) -> bool:
     """``self._ds_buffers[lvl][:n]``."""
-    return (
-        isinstance(node.value, ast.Subscript)
-        and _is_whole_buffer(node.value)
-        and isinstance(node.slice, ast.Slice)
-        and node.slice.lower is None
-        and node.slice.step is None
-        and isinstance(node.slice.upper, ast.Name)
-        and node.slice.upper.id == "n"
-    )
+    match node:
+        case ast.Subscript(
+            value=ast.Subscript() as buffer,
+            slice=ast.Slice(lower=None, upper=ast.Name("n"), step=None),
+        ):
+            return _is_whole_buffer(buffer)
+    return False
 
 
 def _assigns_rows(function: ast.FunctionDef) -> bool:
     """``n = inputs_embeds.size(0)`` somewhere in ``function``."""
-    expected = ast.dump(ast.parse("n = inputs_embeds.size(0)").body[0])
-    return any(ast.dump(node) == expected for node in ast.walk(function))
+    return any(
+        matches_code(node, "n = inputs_embeds.size(0)")
+        for node in ast.walk(function)
+        if isinstance(node, ast.Assign)
+    )
+
+
+#: The step's row count, as vendors write it.
+ROW_COUNTS = ("inputs_embeds.size(0)", "inputs_embeds.shape[0]")
+
+
+def _sliced_after_building(function: ast.FunctionDef, builds: list[ast.Call]) -> bool:
+    """Every build's result is sliced to the step's rows once built.
+
+    ``IntermediateTensors({...})[:n]``, or ``ds = IntermediateTensors({...})``
+    followed by ``ds = ds[:n]``, with ``n`` the row count or a name assigned
+    from it (``IntermediateTensors`` slices every tensor it holds).
+    """
+    row_names = {
+        node.targets[0].id
+        for node in ast.walk(function)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and any(matches_code(node.value, rows) for rows in ROW_COUNTS)
+    }
+
+    def sliced(node: ast.AST) -> ast.AST | None:
+        """``<base>`` of ``<base>[:<rows>]``."""
+        match node:
+            case ast.Subscript(
+                value=base, slice=ast.Slice(lower=None, upper=rows, step=None)
+            ) if (isinstance(rows, ast.Name) and rows.id in row_names) or any(
+                matches_code(rows, count) for count in ROW_COUNTS
+            ):
+                return base
+        return None
+
+    built_into: dict[int, str] = {}
+    for node in ast.walk(function):
+        match node:
+            case ast.Assign(targets=[ast.Name(name)], value=ast.Call() as call) | (
+                ast.AnnAssign(target=ast.Name(name), value=ast.Call() as call)
+            ):
+                built_into[id(call)] = name
+    slices = [(node, sliced(node)) for node in ast.walk(function)]
+    for build in builds:
+        if any(base is build for _, base in slices):
+            continue
+        name = built_into.get(id(build))
+        later = [
+            node
+            for node, base in slices
+            if isinstance(base, ast.Name)
+            and base.id == name
+            and node.lineno > (build.end_lineno or build.lineno)
+        ]
+        if name is None or not later:
+            return False
+    return True
 
 
 def _name_free_at(function: ast.FunctionDef, name: str, line: int) -> bool:

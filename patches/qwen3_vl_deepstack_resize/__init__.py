@@ -1,16 +1,23 @@
 """vllm#43617: Qwen3-VL deepstack features vanish from the compiled graph.
 
-Symptom: Qwen3-VL and Qwen3-Omni on vLLM 0.20.0 to 0.22.1 lose accuracy under
-the default torch.compile path (upstream measured Geo3K 0.205 compiled
-against 0.291 eager). Since vllm#40145, ``_get_deepstack_input_embeds``
-returns ``None`` while the buffers' token counter is 0, and it is 0 during
-the profiling run that torch.compile traces: the compiled decoder has no
-deepstack branch, and every later step runs without the vision features it
-should add. The fix makes ``_get_`` always return ``IntermediateTensors``
-(zeros add nothing), growing the buffers when a step needs more rows than
-they hold.
+Symptom: Qwen3-VL / Qwen3-Omni accuracy drop under torch.compile (Geo3K 0.205
+compiled vs 0.291 eager): _get_deepstack_input_embeds returns None in the
+profiling run, so the compiled decoder has no deepstack branch
 
-Fix safety: in each class that defines the methods, the rewrite
+Why: on vLLM 0.20.0 to 0.22.1 the default torch.compile path loses accuracy.
+Since vllm#40145, ``_get_deepstack_input_embeds`` returns ``None`` while the
+buffers' token counter is 0, and it is 0 during the profiling run that
+torch.compile traces: the compiled decoder has no deepstack branch, and every
+later step runs without the vision features it should add. The fix makes
+``_get_`` always return ``IntermediateTensors`` (zeros add nothing), growing
+the buffers when a step needs more rows than they hold.
+
+Fix safety: Adds a method _resize_deepstack_input_embeds after
+_get_deepstack_input_embeds, moving into it the buffer growth
+_set_deepstack_input_embeds had inline; _set_ calls it instead, and _get_
+calls it in place of its early ``return None`` on an empty counter.
+
+In detail, in each class that defines the methods, the rewrite
 - replaces the early ``return None`` on an empty counter in ``_get_`` with
   ``if num_tokens > self.deepstack_input_embeds[0].size(0):
   self._resize_deepstack_input_embeds(num_tokens)``;
@@ -31,15 +38,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from deepstack_patch.engine.prose import section
 from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
 from deepstack_patch.engine.syntax import (
     FunctionNode,
     is_self_attribute,
+    matches_code,
     rewrite_definitions,
     span,
 )
 
-from ._deepstack_buffer import (
+from .._deepstack_buffer import (
     BUFFERS,
     GET,
     MARKERS,
@@ -47,17 +56,15 @@ from ._deepstack_buffer import (
     NOT_PRESENT,
     RESIZE,
     SET,
-    bare_model,
     calls_self_method,
     deepstack_classes,
     has_counter,
     is_buffer_size_test,
     is_empty_counter_return,
-    model_classes,
     statement_ast,
     token_parameter,
 )
-from ._follow_ups import FOLLOW_UPS
+from .._follow_ups import FOLLOW_UPS
 
 if TYPE_CHECKING:
     import libcst
@@ -274,17 +281,9 @@ class Qwen3VLDeepstackResize(Patch):
     title = "Qwen3-VL deepstack: always return buffers, growing them on demand"
     upstream_url = "https://github.com/vllm-project/vllm/pull/43617"
     fixed_in = "0.23.0"
-    symptom = (
-        "Qwen3-VL / Qwen3-Omni accuracy drop under torch.compile (Geo3K 0.205 "
-        "compiled vs 0.291 eager): _get_deepstack_input_embeds returns None in "
-        "the profiling run, so the compiled decoder has no deepstack branch"
-    )
-    also_changes = (
-        "Adds a method _resize_deepstack_input_embeds after "
-        "_get_deepstack_input_embeds, moving into it the buffer growth "
-        "_set_deepstack_input_embeds had inline; _set_ calls it instead, and "
-        "_get_ calls it in place of its early `return None` on an empty counter."
-    )
+    # The module docstring (the class has none) is the one source of both.
+    symptom = section(__doc__, "Symptom")
+    also_changes = section(__doc__, "Fix safety")
     requires = ("vllm#40932",)
     follow_ups = FOLLOW_UPS["vllm#43617"]
     paths = MODEL_PATHS
@@ -390,44 +389,9 @@ class Qwen3VLDeepstackResize(Patch):
         )
 
     def prove(self, tree: Path) -> None:
-        """After a clear, ``_get_`` returns zeros, growing on demand."""
-        import torch
+        from .proof import prove_zeros_while_profiling
 
-        for name, cls in model_classes(tree):
-            model = bare_model(cls, rows=4, hidden=8, levels=2, dtype=torch.float16)
-            device = model.deepstack_input_embeds[0].device
-            model._set_deepstack_input_embeds(torch.ones(2, 3, 8))
-            model._get_deepstack_input_embeds(3)
-            model._clear_deepstack_input_embeds(3)
-            # What the profiling run, which torch.compile traces, sees: nothing
-            # stored, rows asked for.
-            for rows in (3, 6):
-                got = model._get_deepstack_input_embeds(rows)
-                assert got is not None, (
-                    f"{name}._get_deepstack_input_embeds({rows}) returned None "
-                    "with nothing stored (as in the profiling run torch.compile "
-                    "traces): the compiled graph drops the deepstack branch"
-                )
-                assert len(got.tensors) == 2, f"{name}: {len(got.tensors)} levels"
-                for key in got.tensors:
-                    tensor = got[key]
-                    assert tensor.shape == (rows, 8), (
-                        f"{name}._get_deepstack_input_embeds({rows}): {key} has "
-                        f"shape {tuple(tensor.shape)}, expected ({rows}, 8); the "
-                        "buffers (4 rows) must grow on demand"
-                    )
-                    assert bool(tensor.eq(0).all()), f"{name}: {key} is not zeros"
-                    assert tensor.dtype == torch.float16, (
-                        f"{name}: growing the buffers changed their dtype to "
-                        f"{tensor.dtype}"
-                    )
-                    assert tensor.device == device, f"{name}: buffers moved device"
-            model._set_deepstack_input_embeds(torch.ones(2, 10, 8))
-            for buffer in model.deepstack_input_embeds:
-                assert buffer.size(0) >= 10 and buffer.dtype == torch.float16, (
-                    f"{name}._set_deepstack_input_embeds did not grow the buffers "
-                    "keeping their dtype"
-                )
+        prove_zeros_while_profiling(tree)
 
 
 def _inline_growth(statement: ast.stmt) -> bool:
@@ -455,8 +419,7 @@ def _inline_growth(statement: ast.stmt) -> bool:
         if keyword.arg in ("device", "dtype")
         and isinstance(keyword.value, ast.Attribute)
         and keyword.value.attr == keyword.arg
-        and ast.dump(keyword.value.value)
-        == ast.dump(ast.parse(f"self.{BUFFERS}[0]", mode="eval").body)
+        and matches_code(keyword.value.value, "self.{buffers}[0]", buffers=BUFFERS)
     }
     return keeps == {"device", "dtype"}
 

@@ -1,10 +1,11 @@
 """vllm#40932: Qwen3-VL deepstack bounds checks crash padded steps.
 
-Symptom: Qwen3-VL and Qwen3-Omni on vLLM 0.20.0 and 0.20.1 fail with
-``ValueError: Requested more deepstack tokens than available in buffer``
-(or ``Requested to clear more deepstack tokens than available in buffer``).
-vllm#40145 added a token counter to the deepstack buffers and two bounds
-checks against it: ``_get_deepstack_input_embeds`` and
+Symptom: ValueError: Requested more deepstack tokens than available in buffer
+(or: Requested to clear more deepstack tokens ...) on Qwen3-VL / Qwen3-Omni
+when the step's token count is padded, e.g. under sequence parallelism
+
+Why: vllm#40145 (0.20.0 and 0.20.1) added a token counter to the deepstack
+buffers and two bounds checks against it: ``_get_deepstack_input_embeds`` and
 ``_clear_deepstack_input_embeds`` raise when a step asks for more rows than
 the encoder stored. A step asks for more whenever its token count is padded,
 as sequence parallelism and CUDA-graph batch sizes pad it, so correct
@@ -12,36 +13,35 @@ requests crash. The buffers are allocated for the padded size and rows past
 the stored ones are zeros, so the fix removes both checks (upstream did the
 same in 0.20.2).
 
-Fix safety: the two ``if <tokens> > self.deepstack_input_embeds_num_tokens:
-raise ...`` statements are deleted, with comment lines directly above them
-(they describe the check). Nothing else changes. Any other ``raise`` in
-those methods (a vendor's own check) is not understood and reported drifted.
-Releases before 0.20.0 have no counter and never had the checks: the patch
-does not apply to them.
+Fix safety: Deletes the two ``if num_tokens >
+self.deepstack_input_embeds_num_tokens: raise ValueError(...)`` statements and
+comment lines directly above them; nothing else.
+
+Any other ``raise`` in those methods (a vendor's own check) is not understood
+and reported drifted. Releases before 0.20.0 have no counter and never had the
+checks: the patch does not apply to them.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from deepstack_patch.engine.prose import section
 from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.engine.syntax import FunctionNode, rewrite_definitions, span
+from deepstack_patch.engine.syntax import FunctionNode, finding, rewrite_definitions
 
-from ._deepstack_buffer import (
+from .._deepstack_buffer import (
     CLEAR,
     GET,
     MARKERS,
     MODEL_PATHS,
     NOT_PRESENT,
-    bare_model,
     deepstack_classes,
     has_counter,
     is_bounds_check,
-    model_classes,
-    statement_ast,
     token_parameter,
 )
 
@@ -172,17 +172,9 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
     title = "Qwen3-VL deepstack: drop the bounds checks that reject padded steps"
     upstream_url = "https://github.com/vllm-project/vllm/pull/40932"
     fixed_in = "0.20.2"
-    symptom = (
-        "ValueError: Requested more deepstack tokens than available in buffer "
-        "(or: Requested to clear more deepstack tokens ...) on Qwen3-VL / "
-        "Qwen3-Omni when the step's token count is padded, e.g. under "
-        "sequence parallelism"
-    )
-    also_changes = (
-        "Deletes the two `if num_tokens > self.deepstack_input_embeds_num_tokens: "
-        "raise ValueError(...)` statements and comment lines directly above "
-        "them; nothing else."
-    )
+    # The module docstring (the class has none) is the one source of both.
+    symptom = section(__doc__, "Symptom")
+    also_changes = section(__doc__, "Fix safety")
     paths = MODEL_PATHS
     markers = MARKERS
     parts = {"": "class defining _get_deepstack_input_embeds"}
@@ -207,18 +199,26 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
         self, qualname: str, cls: ast.ClassDef, methods: dict[str, FunctionNode]
     ) -> Finding:
         targets = [methods[name] for name in (GET, CLEAR) if name in methods]
-        first = min(span(m)[0] for m in targets)
-        last = max(span(m)[1] for m in targets)
+        # What the rewrite needs: in each method, which of its `if` statements
+        # (counted in source order) are the checks.
+        checks_at = {
+            f"{qualname}.{m.name}": tuple(
+                index
+                for index, statement in enumerate(if_statements(m))
+                if is_bounds_check(statement, token_parameter(m))
+            )
+            for m in targets
+        }
 
         def result(state: PatchState, reason: str = "") -> Finding:
-            fixed = tuple(f"{qualname}.{m.name}" for m in targets)
-            return Finding(
-                state=state,
-                symbol=f"{qualname}.{GET}",
-                line=methods[GET].lineno,
-                span=(first, last),
-                reason=reason,
-                rewrites=fixed if state is not PatchState.NOT_APPLICABLE else (),
+            fixed = tuple(checks_at) if state is not PatchState.NOT_APPLICABLE else ()
+            return finding(
+                state,
+                f"{qualname}.{GET}",
+                [methods[GET], *(m for m in targets if m is not methods[GET])],
+                reason,
+                rewrites=fixed,
+                details={"checks": checks_at},
             )
 
         checks = 0
@@ -252,87 +252,89 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
     def rewrite(
         self, module: libcst.Module, needed: Sequence[Finding]
     ) -> libcst.Module:
-        import libcst
-
-        removed: list[str] = []
-
-        def drop_bounds_checks(function: libcst.FunctionDef) -> libcst.FunctionDef:
-            params = [p.name.value for p in function.params.params]
-            if len(params) < 2:
-                return function
-            parameter = params[1]
-
-            class DropBoundsChecks(libcst.CSTTransformer):
-                def __init__(self) -> None:
-                    self.depth = 0
-
-                def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
-                    # The method itself, not functions nested in it.
-                    self.depth += 1
-                    return self.depth == 1
-
-                def leave_FunctionDef(
-                    self, original: libcst.FunctionDef, updated: libcst.FunctionDef
-                ) -> libcst.FunctionDef:
-                    self.depth -= 1
-                    return updated
-
-                def leave_IndentedBlock(
-                    self, original: libcst.IndentedBlock, updated: libcst.IndentedBlock
-                ) -> libcst.IndentedBlock:
-                    body = []
-                    for statement in updated.body:
-                        if isinstance(statement, libcst.If) and is_bounds_check(
-                            statement_ast(statement, module), parameter
-                        ):
-                            removed.append(parameter)
-                            continue
-                        body.append(statement)
-                    return updated.with_changes(body=body)
-
-            return function.visit(DropBoundsChecks())
-
-        methods = {name for f in needed for name in f.rewrites}
+        checks_at = {
+            method: checks
+            for found in needed
+            for method, checks in found.details["checks"].items()
+        }
+        removed: list[int] = []
         result = rewrite_definitions(
-            module, {name: drop_bounds_checks for name in methods}
+            module,
+            {
+                method: _bounds_check_dropper(checks, removed)
+                for method, checks in checks_at.items()
+            },
         )
         if not removed:
-            raise LookupError(f"no bounds check found in {', '.join(sorted(methods))}")
+            raise LookupError(
+                f"no bounds check found in {', '.join(sorted(checks_at))}"
+            )
         return result
 
     def prove(self, tree: Path) -> None:
-        """A padded step (more rows asked for than stored) must not raise."""
-        import torch
+        from .proof import prove_padded_steps
 
-        for name, cls in model_classes(tree):
-            model = bare_model(cls, rows=8, hidden=4, levels=2, dtype=torch.float32)
-            model._set_deepstack_input_embeds(torch.ones(2, 3, 4))
-            try:
-                padded = model._get_deepstack_input_embeds(5)
-            except ValueError as exc:
-                raise AssertionError(
-                    f"{name}._get_deepstack_input_embeds(5) with 3 rows stored "
-                    f"raised ValueError: {exc} (the vllm#40145 bounds check)"
-                ) from None
-            assert padded is not None, (
-                f"{name}._get_deepstack_input_embeds(5) returned None with 3 "
-                "rows stored"
-            )
-            for key in padded.tensors:
-                rows = padded[key]
-                assert rows.shape == (5, 4), f"{name}: {key} has shape {rows.shape}"
-                assert bool(rows[:3].eq(1).all() and rows[3:].eq(0).all()), (
-                    f"{name}: {key} does not hold the 3 stored rows then zeros"
-                )
-            try:
-                model._clear_deepstack_input_embeds(5)
-            except ValueError as exc:
-                raise AssertionError(
-                    f"{name}._clear_deepstack_input_embeds(5) with 3 rows stored "
-                    f"raised ValueError: {exc} (the vllm#40145 bounds check)"
-                ) from None
-            for buffer in model.deepstack_input_embeds:
-                assert bool(buffer.eq(0).all()), f"{name}: clear left rows behind"
+        prove_padded_steps(tree)
+
+
+def if_statements(function: FunctionNode) -> list[ast.If]:
+    """The ``if`` statements of ``function`` in source order (``elif`` too), not
+    those of functions nested in it: the order LibCST visits them in."""
+    found: list[ast.If] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if isinstance(child, ast.If):
+                found.append(child)
+            visit(child)
+
+    visit(function)
+    return found
+
+
+def _bounds_check_dropper(
+    checks: Sequence[int], removed: list[int]
+) -> Callable[[Any], Any]:
+    """A rewriter of one method: its ``if`` statements at ``checks`` (source
+    order, as :func:`if_statements` counts them) go."""
+    import libcst
+
+    class DropBoundsChecks(libcst.CSTTransformer):
+        def __init__(self) -> None:
+            self.depth = 0
+            self.ifs = 0
+            self.dropped: list[libcst.If] = []
+
+        def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
+            # The method itself, not functions nested in it.
+            self.depth += 1
+            return self.depth == 1
+
+        def leave_FunctionDef(
+            self, original: libcst.FunctionDef, updated: libcst.FunctionDef
+        ) -> libcst.FunctionDef:
+            self.depth -= 1
+            return updated
+
+        def visit_If(self, node: libcst.If) -> None:
+            if self.ifs in checks:
+                self.dropped.append(node)
+            self.ifs += 1
+
+        def leave_IndentedBlock(
+            self, original: libcst.IndentedBlock, updated: libcst.IndentedBlock
+        ) -> libcst.IndentedBlock:
+            body = []
+            for old, statement in zip(original.body, updated.body, strict=True):
+                if any(old is check for check in self.dropped):
+                    removed.append(1)
+                    continue
+                body.append(statement)
+            return updated.with_changes(body=body)
+
+    return lambda function: function.visit(DropBoundsChecks())
 
 
 def _only_statement(function: FunctionNode, statement: ast.stmt) -> bool:
