@@ -6,14 +6,17 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.engine.plan import Plan
-from deepstack_patch.engine.protocol import PatchState
-from deepstack_patch.engine.tree import VllmTree
-from rich.console import Console
+
+# Imported where used: `--version`, `--help` and `list` start without rich or
+# the engine (the command line's import stays within 60 ms).
+if TYPE_CHECKING:
+    from deepstack_patch.engine.plan import Plan
+    from deepstack_patch.engine.tree import VllmTree
+    from rich.console import Console
 
 EXIT_OK = 0
 EXIT_NEEDED = 1
@@ -21,12 +24,16 @@ EXIT_ERROR = 2
 
 
 def stdout_console() -> Console:
+    from rich.console import Console
+
     # Logs and pipes get long lines rather than tables wrapped at 80 columns.
     width = None if sys.stdout.isatty() else 200
     return Console(highlight=False, soft_wrap=False, width=width)
 
 
 def stderr_console() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False)
 
 
@@ -62,6 +69,8 @@ def tree_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def open_tree(vllm_src: Path | None, release: str | None, out: Path | None) -> VllmTree:
+    from deepstack_patch.engine.tree import VllmTree
+
     if (vllm_src is None) == (release is None):
         raise DeepstackError(
             "give exactly one of --vllm-src PATH and --release VERSION",
@@ -116,10 +125,14 @@ format_option = click.option(
 
 
 def selected_drifted(plan: Plan) -> list[Any]:
+    from deepstack_patch.engine.protocol import PatchState
+
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
 
 
 def _drifted(plan: Plan) -> list[Any]:
+    from deepstack_patch.engine.protocol import PatchState
+
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
 
 

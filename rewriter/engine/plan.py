@@ -84,9 +84,10 @@ def plan_tree(
 ) -> Plan:
     """Recognise every patch of ``series`` in ``tree`` and compute the rewrites.
 
-    With ``rewrite=False`` (status, ``apply --check``) a patch's rewrite is
-    computed only where a later patch in the same file requires it (see
-    ``Patch.requires``) and so must recognise its output.
+    With ``rewrite=False`` (status, ``apply --check``) nothing is rewritten:
+    every patch is recognised on the file as the tree has it, and a patch
+    that requires another (see ``Patch.requires``) recognises its target on
+    the shape before that requirement's rewrite as well as after it.
     """
     if selected is None:
         selected = {patch.id for patch in series}
@@ -115,17 +116,14 @@ def plan_tree(
         original = SourceFile(relpath, raw)
         current = original
         changed_by: list[str] = []
-        for index, patch in enumerate(touching):
+        for patch in touching:
             findings = patch.recognise(current.ast, relpath)
             report = reports[patch.id]
             needed = [f for f in findings if f.state is PatchState.NEEDED]
-            # Without writing, a rewrite is only worth its cost (a LibCST
-            # import and parse) when a later patch must recognise its output.
-            read_later = any(
-                p.id in selected and patch.id in p.requires
-                for p in touching[index + 1 :]
-            )
-            if needed and patch.id in selected and (rewrite or read_later):
+            # Without writing nothing is rewritten: a patch that requires
+            # another also recognises its target on the shape before the
+            # requirement's rewrite, so status never imports LibCST.
+            if needed and patch.id in selected and rewrite:
                 try:
                     current = _rewrite(patch, current, needed)
                     changed_by.append(patch.id)
