@@ -1163,37 +1163,40 @@ class _CeilRewriter:
 
 def _rewrite_modalities(function: libcst.FunctionDef) -> libcst.FunctionDef:
     import libcst
-    import libcst.matchers as m
 
+    # Plain `match` patterns, not libcst.matchers: importing that module
+    # costs longer than the whole rewrite.
     body = list(function.body.body)
     for index, statement in enumerate(body[:-1]):
-        if m.matches(
-            statement,
-            m.SimpleStatementLine(
-                body=[
-                    m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.List())
-                ]
-            ),
-        ) and m.matches(body[index + 1], m.If(test=m.UnaryOperation(operator=m.Not()))):
-            assign = statement.body[0]
-            assert isinstance(assign, libcst.Assign)
-            kept = libcst.parse_expression(
-                "[" + ", ".join(_strings(assign.value, body[index + 1])) + "]"
-            )
-            value = libcst.IfExp(
-                test=libcst.parse_expression(f"self.{PRUNING}"),
-                body=libcst.List([]),
-                orelse=kept,
-            )
-            new = statement.with_changes(
-                body=[assign.with_changes(value=value)],
-                leading_lines=[
-                    *statement.leading_lines,
-                    *_comment_lines(PRUNING_COMMENT),
-                ],
-            )
-            body[index : index + 2] = [new]
-            return function.with_changes(body=function.body.with_changes(body=body))
+        match statement, body[index + 1]:
+            case (
+                libcst.SimpleStatementLine(
+                    body=[
+                        libcst.Assign(
+                            targets=[libcst.AssignTarget(target=libcst.Name())],
+                            value=libcst.List(),
+                        ) as assign
+                    ]
+                ),
+                libcst.If(test=libcst.UnaryOperation(operator=libcst.Not())),
+            ):
+                kept = libcst.parse_expression(
+                    "[" + ", ".join(_strings(assign.value, body[index + 1])) + "]"
+                )
+                value = libcst.IfExp(
+                    test=libcst.parse_expression(f"self.{PRUNING}"),
+                    body=libcst.List([]),
+                    orelse=kept,
+                )
+                new = statement.with_changes(
+                    body=[assign.with_changes(value=value)],
+                    leading_lines=[
+                        *statement.leading_lines,
+                        *_comment_lines(PRUNING_COMMENT),
+                    ],
+                )
+                body[index : index + 2] = [new]
+                return function.with_changes(body=function.body.with_changes(body=body))
 
     class LiteralKeyword(libcst.CSTTransformer):
         def leave_Arg(self, original: libcst.Arg, updated: libcst.Arg) -> libcst.Arg:
@@ -1215,19 +1218,23 @@ def _strings(
 ) -> list[str]:
     """The modalities of ``x = [...]`` plus the one ``x.append(...)`` adds."""
     import libcst
-    import libcst.matchers as m
 
     names = [
         element.value.value
         for element in (listed.elements if isinstance(listed, libcst.List) else [])
         if isinstance(element.value, libcst.SimpleString)
     ]
-    appended = m.findall(appending, m.Call(func=m.Attribute(attr=m.Name("append"))))
-    for call in appended:
-        assert isinstance(call, libcst.Call)
-        value = call.args[0].value
-        if isinstance(value, libcst.SimpleString):
-            names.append(value.value)
+
+    class Appends(libcst.CSTVisitor):
+        def visit_Call(self, call: libcst.Call) -> None:
+            match call:
+                case libcst.Call(
+                    func=libcst.Attribute(attr=libcst.Name(value="append")),
+                    args=[libcst.Arg(value=libcst.SimpleString() as value), *_],
+                ):
+                    names.append(value.value)
+
+    appending.visit(Appends())
     return names
 
 
