@@ -411,7 +411,8 @@ def _rewrite_skeleton(
         end = origin[i2 - 1][1] if i2 > i1 else start
         changed.append((start, end))
         out.extend(after[j1:j2])
-    return SkeletonRewrite(SourceFile(source.relpath, b"".join(out)), changed)
+    first_changed = min(start for start, _ in changed) if changed else len(original)
+    return SkeletonRewrite(source.edited(b"".join(out), first_changed), changed)
 
 
 def _changed_lines(before: SourceFile, after: SourceFile) -> Changes:

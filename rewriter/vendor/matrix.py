@@ -61,11 +61,13 @@ def check_release(version: str, selected: Sequence[str], verify: bool) -> Releas
     result = ReleaseResult(version)
     work = Path(tempfile.mkdtemp(prefix=f"deepstack-matrix-{version}-"))
     try:
-        archive = cached_release(version) or download_release(find_release(version))
+        patterns = [pattern for patch in SERIES for pattern in patch.paths]
+        tree = None if verify else _extracted_status_tree(version, patterns)
+        if tree is None:
+            archive = cached_release(version) or download_release(find_release(version))
         if verify:  # the tree's own tests run: it needs every file
             tree = extract_release(archive, version, work / f"vllm-{version}")
-        else:
-            patterns = [pattern for patch in SERIES for pattern in patch.paths]
+        elif tree is None:
             tree = status_tree(archive, version, patterns)
         plan = plan_tree(tree, SERIES, set(selected), rewrite=verify)
         for report in plan.reports:
@@ -126,18 +128,9 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
     Keyed by the archive and the patterns, so a changed series extracts
     anew; ``status`` never writes, so every later matrix run can share it.
     """
-    import hashlib
-
-    from deepstack_patch.fetch.releases import cache_dir
     from filelock import FileLock
 
-    stat = archive.stat()
-    key = hashlib.sha256(
-        "\0".join(
-            [archive.name, str(stat.st_size), str(stat.st_mtime_ns), *patterns]
-        ).encode()
-    ).hexdigest()[:16]
-    root = cache_dir() / "status-trees" / f"vllm-{version}-{key}"
+    root = _status_tree_root(archive, version, patterns)
     complete = root / ".complete"
     root.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root) + ".lock", timeout=600):
@@ -146,6 +139,40 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
             root.mkdir()
             extract_matching(archive, root / f"vllm-{version}", patterns)
             complete.touch()
+    return VllmTree.open(root / f"vllm-{version}")
+
+
+def _status_tree_root(archive: Path, version: str, patterns: Sequence[str]) -> Path:
+    import hashlib
+
+    from deepstack_patch.fetch.releases import cache_dir
+
+    stat = archive.stat()
+    key = hashlib.sha256(
+        "\0".join(
+            [archive.name, str(stat.st_size), str(stat.st_mtime_ns), *patterns]
+        ).encode()
+    ).hexdigest()[:16]
+    return cache_dir() / "status-trees" / f"vllm-{version}-{key}"
+
+
+def _extracted_status_tree(version: str, patterns: Sequence[str]) -> VllmTree | None:
+    """The complete status tree of a cached sdist, without hashing the sdist.
+
+    A status tree is extracted only from a verified sdist and is keyed by
+    that file's size and modification time, so finding it complete for the
+    file as it is now means the file was verified as it is; hashing 14
+    tarballs again took a quarter of a matrix run.
+    """
+    from deepstack_patch.fetch.releases import PROJECT, cache_dir
+
+    archive = cache_dir() / "sdists" / f"{PROJECT}-{version}.tar.gz"
+    stamp = archive.with_name(archive.name + ".sha256")
+    if not (archive.is_file() and stamp.is_file()):
+        return None
+    root = _status_tree_root(archive, version, patterns)
+    if not (root / ".complete").is_file():
+        return None
     return VllmTree.open(root / f"vllm-{version}")
 
 
