@@ -66,6 +66,7 @@ def apply(
     Exit codes: 0 applied, or nothing to do; 1 with --check: patches needed;
     2 drifted targets or an error, nothing written.
     """
+    from deepstack_patch.engine.cache import RecognitionCache
     from deepstack_patch.engine.plan import plan_tree, select_patches
     from deepstack_patch.engine.transaction import tree_lock, write_edits
     from deepstack_patch.output.report import (
@@ -89,7 +90,8 @@ def apply(
     console = stdout_console()
     writes = not (dry_run or check)
     with tree_lock(tree.root) if writes else contextlib.nullcontext():
-        plan = plan_tree(tree, SERIES, selected, rewrite=not check)
+        cache = RecognitionCache.for_series(SERIES)  # used where nothing is rewritten
+        plan = plan_tree(tree, SERIES, selected, rewrite=not check, cache=cache)
         drifted = selected_drifted(plan)
         written: list[str] = []
         if writes and not drifted:

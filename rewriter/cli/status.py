@@ -30,6 +30,7 @@ def status(
     Exit codes: 0 states computed, none drifted; 2 a selected patch is drifted,
     or an error. (Use `apply --check` to fail a pipeline on needed patches.)
     """
+    from deepstack_patch.engine.cache import RecognitionCache
     from deepstack_patch.engine.plan import plan_tree, select_patches
     from deepstack_patch.output.report import (
         dump_json,
@@ -39,7 +40,9 @@ def status(
     )
     from deepstack_patch.patches import SERIES
 
-    plan = plan_tree(tree, SERIES, select_patches(SERIES, only, skip), rewrite=False)
+    selected = select_patches(SERIES, only, skip)
+    cache = RecognitionCache.for_series(SERIES)
+    plan = plan_tree(tree, SERIES, selected, rewrite=False, cache=cache)
     if output_format == "json":
         click.echo(dump_json(plan_json(plan, "status")))
     else:

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from deepstack_patch.engine.cache import RecognitionCache
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
     Finding,
@@ -83,6 +84,7 @@ def plan_tree(
     *,
     rewrite: bool = True,
     progress: Callable[[str], None] | None = None,
+    cache: RecognitionCache | None = None,
 ) -> Plan:
     """Recognise every patch of ``series`` in ``tree`` and compute the rewrites.
 
@@ -90,11 +92,15 @@ def plan_tree(
     every patch is recognised on the file as the tree has it, and a patch
     that requires another (see ``Patch.requires``) recognises its target on
     the shape before that requirement's rewrite as well as after it.
+
+    With a ``cache`` (see :mod:`deepstack_patch.engine.cache`) a file whose
+    exact bytes were recognised before by the same code is not parsed again,
+    unless a patch is to be rewritten in it.
     """
     if selected is None:
         selected = {patch.id for patch in series}
     with _without_cycle_collection():
-        return _plan(tree, series, selected, rewrite, progress)
+        return _plan(tree, series, selected, rewrite, progress, cache)
 
 
 @contextlib.contextmanager
@@ -121,6 +127,7 @@ def _plan(
     selected: set[str],
     rewrite: bool,
     progress: Callable[[str], None] | None,
+    cache: RecognitionCache | None,
 ) -> Plan:
     reports = {p.id: PatchReport(patch=p, selected=p.id in selected) for p in series}
     # Patches often share their globs (every model file): walk each pattern once.
@@ -144,31 +151,63 @@ def _plan(
         _check_inside(tree, relpath, real_dirs)
         if progress:
             progress(relpath)
-        original = SourceFile(relpath, raw)
-        current = original
-        changed_by: list[str] = []
-        for patch in touching:
-            findings = patch.recognise(current.ast, relpath)
-            report = reports[patch.id]
-            needed = [f for f in findings if f.state is PatchState.NEEDED]
-            # Without writing nothing is rewritten: a patch that requires
-            # another also recognises its target on the shape before the
-            # requirement's rewrite, so status never imports LibCST.
-            if needed and patch.id in selected and rewrite:
-                try:
-                    current = _rewrite(patch, current, needed)
-                    changed_by.append(patch.id)
-                except RewriteRefused as refusal:
-                    findings = [
-                        _as_drifted(f, str(refusal)) if f in needed else f
-                        for f in findings
-                    ]
-            report.locations.extend(Location(relpath, f) for f in findings)
-        if changed_by and current.raw != original.raw:
-            edits.append(FileEdit(relpath, original.raw, current.raw, changed_by))
+        found, edit = _plan_file(
+            SourceFile(relpath, raw), touching, selected, rewrite, cache
+        )
+        for patch, findings in zip(touching, found, strict=True):
+            reports[patch.id].locations.extend(Location(relpath, f) for f in findings)
+        if edit is not None:
+            edits.append(edit)
 
     _block_unmet_requirements(reports, selected)
     return Plan(tree=tree, reports=list(reports.values()), edits=edits)
+
+
+def _plan_file(
+    original: SourceFile,
+    touching: list[Patch],
+    selected: set[str],
+    rewrite: bool,
+    cache: RecognitionCache | None,
+) -> tuple[list[list[Finding]], FileEdit | None]:
+    """Each touching patch's findings in one file, and the file's edit."""
+    relpath = original.relpath
+    if cache is not None:
+        cached = cache.load(relpath, original.raw, touching)
+        if cached is not None and not (
+            rewrite
+            and any(
+                f.state is PatchState.NEEDED and patch.id in selected
+                for patch, findings in zip(touching, cached, strict=True)
+                for f in findings
+            )
+        ):
+            return cached, None
+    current = original
+    changed_by: list[str] = []
+    found: list[list[Finding]] = []
+    rewritten = False
+    for patch in touching:
+        findings = patch.recognise(current.ast, relpath)
+        needed = [f for f in findings if f.state is PatchState.NEEDED]
+        # Without writing nothing is rewritten: a patch that requires
+        # another also recognises its target on the shape before the
+        # requirement's rewrite, so status never imports LibCST.
+        if needed and patch.id in selected and rewrite:
+            rewritten = True
+            try:
+                current = _rewrite(patch, current, needed)
+                changed_by.append(patch.id)
+            except RewriteRefused as refusal:
+                findings = [
+                    _as_drifted(f, str(refusal)) if f in needed else f for f in findings
+                ]
+        found.append(findings)
+    if cache is not None and not rewritten:
+        cache.store(relpath, original.raw, touching, found)
+    if changed_by and current.raw != original.raw:
+        return found, FileEdit(relpath, original.raw, current.raw, changed_by)
+    return found, None
 
 
 def _read(tree: VllmTree, relpath: str) -> bytes:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.plan import FileEdit, Plan
 from deepstack_patch.engine.protocol import Patch, PatchReport, PatchState
 from deepstack_patch.engine.tree import VllmTree
-from rich.console import Console
-from rich.table import Table
+
+if TYPE_CHECKING:  # rich is imported by the text output only, not for JSON.
+    from rich.console import Console
 
 SCHEMA_VERSION = 1
 
@@ -119,6 +120,8 @@ def print_tree_header(console: Console, tree: VllmTree) -> None:
 
 
 def print_plan_table(console: Console, plan: Plan) -> None:
+    from rich.table import Table
+
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     table.add_column("patch", no_wrap=True)
     table.add_column("state", no_wrap=True)

@@ -47,6 +47,7 @@ def check_release(version: str, selected: Sequence[str], verify: bool) -> Releas
     Runs in a worker process; every failure becomes ``error`` so one bad
     release never hides the others' results.
     """
+    from deepstack_patch.engine.cache import RecognitionCache
     from deepstack_patch.engine.plan import plan_tree
     from deepstack_patch.engine.transaction import write_edits
     from deepstack_patch.fetch.releases import (
@@ -69,7 +70,8 @@ def check_release(version: str, selected: Sequence[str], verify: bool) -> Releas
             tree = extract_release(archive, version, work / f"vllm-{version}")
         elif tree is None:
             tree = status_tree(archive, version, patterns)
-        plan = plan_tree(tree, SERIES, set(selected), rewrite=verify)
+        cache = None if verify else RecognitionCache.for_series(SERIES)
+        plan = plan_tree(tree, SERIES, set(selected), rewrite=verify, cache=cache)
         for report in plan.reports:
             result.states[report.patch.id] = report.state.value
             result.reasons[report.patch.id] = report.reason
