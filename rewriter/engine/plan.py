@@ -143,7 +143,9 @@ def _plan(
     for relpath in candidates:
         touching = [p for p in series if relpath in files_of[p.id]]
         raw = _read(tree, relpath)
-        touching = [p for p in touching if any(m in raw for m in p.markers)]
+        # Patches share markers (vllm#40932 and vllm#43617): search each once.
+        present = {m: m in raw for m in {m for p in touching for m in p.markers}}
+        touching = [p for p in touching if any(present[m] for m in p.markers)]
         if not touching:
             continue
         # Only files a patch may rewrite must live inside the tree; checking
