@@ -108,9 +108,9 @@ def _without_cycle_collection() -> Iterator[None]:
     """Pause Python's cycle collector while trees are built.
 
     Parsing a 3000-line file makes a few hundred thousand ast and LibCST
-    nodes, and every allocation burst triggers a collection that walks all
-    live objects: a third of a plan's time, for nothing, since neither kind
-    of tree holds reference cycles (reference counting frees them).
+    nodes, and every allocation burst triggered a collection that walked all
+    live objects: a third of a plan's time. The trees are freed by reference
+    counting; any cycle left is collected after the plan, as before.
     """
     enabled = gc.isenabled()
     gc.disable()
