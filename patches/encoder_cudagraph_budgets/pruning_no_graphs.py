@@ -207,17 +207,23 @@ def _strings(
     """The modalities of ``x = [...]`` plus the one ``x.append(...)`` adds, as
     written (quotes kept)."""
     import libcst
-    import libcst.matchers as m
 
     names = [
         element.value.value
         for element in (listed.elements if isinstance(listed, libcst.List) else [])
         if isinstance(element.value, libcst.SimpleString)
     ]
-    appended = m.findall(appending, m.Call(func=m.Attribute(attr=m.Name("append"))))
-    for call in appended:
-        assert isinstance(call, libcst.Call)
-        value = call.args[0].value
-        if isinstance(value, libcst.SimpleString):
-            names.append(value.value)
+
+    # A plain visitor, not libcst.matchers: importing that module costs
+    # longer than the whole rewrite.
+    class Appends(libcst.CSTVisitor):
+        def visit_Call(self, call: libcst.Call) -> None:
+            match call:
+                case libcst.Call(
+                    func=libcst.Attribute(attr=libcst.Name(value="append")),
+                    args=[libcst.Arg(value=libcst.SimpleString() as value), *_],
+                ):
+                    names.append(value.value)
+
+    appending.visit(Appends())
     return names

@@ -25,7 +25,7 @@ slices what it built to the step's rows (``ds = ds[:n]``, or
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -411,27 +411,37 @@ def _name_free_at(function: ast.FunctionDef, name: str, line: int) -> bool:
 def _slice_buffers(function: libcst.FunctionDef) -> libcst.FunctionDef:
     """Insert ``n = inputs_embeds.size(0)`` and slice every buffer to ``[:n]``."""
     import libcst
-    import libcst.matchers as m
 
-    whole_buffer = m.Subscript(
-        value=m.Attribute(value=m.Name("self"), attr=m.Name("_ds_buffers")),
-        slice=[m.SubscriptElement(slice=m.Index(value=m.Name()))],
-    )
-    builds_from_buffers = m.Call(
-        func=m.Name("IntermediateTensors")
-        | m.Attribute(attr=m.Name("IntermediateTensors")),
-        args=[
-            m.ZeroOrMore(),
-            m.Arg(value=m.MatchIfTrue(lambda v: bool(m.findall(v, whole_buffer)))),
-            m.ZeroOrMore(),
-        ],
-    )
+    # Plain `match` patterns, not libcst.matchers: importing that module
+    # costs longer than the whole rewrite.
+    def is_whole_buffer(node: libcst.CSTNode) -> bool:
+        match node:
+            case libcst.Subscript(
+                value=libcst.Attribute(
+                    value=libcst.Name(value="self"),
+                    attr=libcst.Name(value="_ds_buffers"),
+                ),
+                slice=[
+                    libcst.SubscriptElement(slice=libcst.Index(value=libcst.Name()))
+                ],
+            ):
+                return True
+        return False
+
+    def builds_from_buffers(node: libcst.CSTNode) -> bool:
+        match node:
+            case libcst.Call(
+                func=libcst.Name(value="IntermediateTensors")
+                | libcst.Attribute(attr=libcst.Name(value="IntermediateTensors"))
+            ):
+                return any(_contains(arg.value, is_whole_buffer) for arg in node.args)
+        return False
 
     class SliceBuffers(libcst.CSTTransformer):
         def leave_Subscript(
             self, original: libcst.Subscript, updated: libcst.Subscript
         ) -> libcst.BaseExpression:
-            if not m.matches(original, whole_buffer):
+            if not is_whole_buffer(original):
                 return updated
             return libcst.Subscript(
                 value=updated,
@@ -448,8 +458,8 @@ def _slice_buffers(function: libcst.FunctionDef) -> libcst.FunctionDef:
         ) -> libcst.IndentedBlock:
             body: list[libcst.BaseStatement] = []
             for statement in updated.body:
-                if m.findall(statement, builds_from_buffers) and isinstance(
-                    statement, libcst.SimpleStatementLine
+                if isinstance(statement, libcst.SimpleStatementLine) and _contains(
+                    statement, builds_from_buffers
                 ):
                     row_count = libcst.parse_statement("n = inputs_embeds.size(0)\n")
                     # Comments above the statement stay above the group.
@@ -462,6 +472,24 @@ def _slice_buffers(function: libcst.FunctionDef) -> libcst.FunctionDef:
             return updated.with_changes(body=body)
 
     return function.visit(InsertRowCount())
+
+
+def _contains(
+    node: libcst.CSTNode, predicate: Callable[[libcst.CSTNode], bool]
+) -> bool:
+    """Whether ``node`` or any node inside it satisfies ``predicate``."""
+    import libcst
+
+    found = False
+
+    class Search(libcst.CSTVisitor):
+        def on_visit(self, visited: libcst.CSTNode) -> bool:
+            nonlocal found
+            found = found or predicate(visited)
+            return not found
+
+    node.visit(Search())
+    return found
 
 
 PATCH = Granite4VisionDeepstackSlice()

@@ -69,6 +69,7 @@ def apply(
     """
     from deepstack_patch.engine.apply import CHECK, DRY_RUN, WRITE, apply_tree
     from deepstack_patch.engine.plan import select_patches
+    from deepstack_patch.engine.recognition_cache import RecognitionCache
 
     series = load_series()
     selected = select_patches(series, only, skip)
@@ -86,7 +87,9 @@ def apply(
     if commit:
         sys.exit(apply_with_commits(tree, series, selected, allow_dirty, output_format))
     mode = CHECK if check else DRY_RUN if dry_run else WRITE
-    result = apply_tree(tree, series, selected, mode)
+    # The recognition cache serves only files nothing is rewritten in.
+    cache = RecognitionCache.for_series(series)
+    result = apply_tree(tree, series, selected, mode, cache)
     if output_format == "json":
         click.echo(_apply_json(result, dry_run, check))
     elif dry_run and not result.drifted:

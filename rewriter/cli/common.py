@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from deepstack_patch.engine.errors import (
@@ -16,10 +16,14 @@ from deepstack_patch.engine.errors import (
     os_error_hint,
     writable_folder_of,
 )
-from deepstack_patch.engine.plan import Plan
-from deepstack_patch.engine.protocol import Patch, PatchState
-from deepstack_patch.engine.tree import VllmTree
-from rich.console import Console
+
+# Imported where used: `--version`, `--help` and `list` start without rich or
+# the engine (the command line's import stays within 60 ms).
+if TYPE_CHECKING:
+    from deepstack_patch.engine.plan import Plan
+    from deepstack_patch.engine.protocol import Patch
+    from deepstack_patch.engine.tree import VllmTree
+    from rich.console import Console
 
 EXIT_OK = 0
 EXIT_NEEDED = 1
@@ -255,6 +259,7 @@ def open_source_folder(vllm_src: Path) -> VllmTree:
         installed_in_folder,
         open_installed,
     )
+    from deepstack_patch.engine.tree import VllmTree
 
     tree = VllmTree.open(vllm_src)
     dist_info = dist_info_beside(tree.root)
@@ -325,6 +330,8 @@ def warn_hard_links(links: dict[str, int]) -> None:
 
 
 def selected_drifted(plan: Plan) -> list[Any]:
+    from deepstack_patch.engine.protocol import PatchState
+
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
 
 

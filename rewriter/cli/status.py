@@ -32,9 +32,12 @@ def status(
     or an error. (Use `apply --check` to fail a pipeline on needed patches.)
     """
     from deepstack_patch.engine.plan import plan_tree, select_patches
+    from deepstack_patch.engine.recognition_cache import RecognitionCache
 
     series = load_series()
-    plan = plan_tree(tree, series, select_patches(series, only, skip), rewrite=False)
+    selected = select_patches(series, only, skip)
+    cache = RecognitionCache.for_series(series)
+    plan = plan_tree(tree, series, selected, rewrite=False, cache=cache)
     if output_format == "json":
         from deepstack_patch.output.documents import dump_json, plan_json
 

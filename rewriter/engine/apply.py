@@ -16,6 +16,7 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.inplace import write_plan_edits
 from deepstack_patch.engine.plan import Plan, plan_tree
 from deepstack_patch.engine.protocol import Location, Patch, PatchReport, PatchState
+from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.transaction import tree_lock
 from deepstack_patch.engine.tree import VllmTree
 
@@ -53,7 +54,11 @@ class ApplyResult:
 
 
 def apply_tree(
-    tree: VllmTree, series: Sequence[Patch], selected: set[str], mode: str = WRITE
+    tree: VllmTree,
+    series: Sequence[Patch],
+    selected: set[str],
+    mode: str = WRITE,
+    cache: RecognitionCache | None = None,
 ) -> ApplyResult:
     """Plan ``series`` on ``tree``; in ``write`` mode write every edit or none.
 
@@ -62,7 +67,7 @@ def apply_tree(
     """
     writes = mode == WRITE
     with tree_lock(tree.root) if writes else contextlib.nullcontext():
-        plan = plan_tree(tree, series, selected, rewrite=mode != CHECK)
+        plan = plan_tree(tree, series, selected, rewrite=mode != CHECK, cache=cache)
         result = ApplyResult(plan, mode)
         if writes and not result.drifted:
             refuse_blocked(plan)

@@ -10,9 +10,11 @@ left it. A rewrite is kept only if the patch recognises its own output as
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import gc
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from deepstack_patch.engine.errors import DeepstackError
@@ -23,6 +25,7 @@ from deepstack_patch.engine.protocol import (
     PatchReport,
     PatchState,
 )
+from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.source import SourceFile
 from deepstack_patch.engine.tree import VllmTree
 
@@ -85,15 +88,51 @@ def plan_tree(
     *,
     rewrite: bool = True,
     progress: Callable[[str], None] | None = None,
+    cache: RecognitionCache | None = None,
 ) -> Plan:
     """Recognise every patch of ``series`` in ``tree`` and compute the rewrites.
 
-    With ``rewrite=False`` (status, ``apply --check``) a patch's rewrite is
-    computed only where a later patch in the same file requires it (see
-    ``Patch.requires``) and so must recognise its output.
+    With ``rewrite=False`` (status, ``apply --check``) nothing is rewritten:
+    every patch is recognised on the file as the tree has it, and a patch
+    that requires another (see ``Patch.requires``) recognises its target on
+    the shape before that requirement's rewrite as well as after it.
+
+    With a ``cache`` (see :mod:`deepstack_patch.engine.cache`) a file whose
+    exact bytes were recognised before by the same code is not parsed again,
+    unless a patch is to be rewritten in it.
     """
     if selected is None:
         selected = {patch.id for patch in series}
+    with _without_cycle_collection():
+        return _plan(tree, series, selected, rewrite, progress, cache)
+
+
+@contextlib.contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """Pause Python's cycle collector while trees are built.
+
+    Parsing a 3000-line file makes a few hundred thousand ast and LibCST
+    nodes, and every allocation burst triggered a collection that walked all
+    live objects: a third of a plan's time. The trees are freed by reference
+    counting; any cycle left is collected after the plan, as before.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _plan(
+    tree: VllmTree,
+    series: Sequence[Patch],
+    selected: set[str],
+    rewrite: bool,
+    progress: Callable[[str], None] | None,
+    cache: RecognitionCache | None,
+) -> Plan:
     reports = {p.id: PatchReport(patch=p, selected=p.id in selected) for p in series}
     # Patches often share their globs (every model file): walk each pattern once.
     globbed: dict[str, list[str]] = {}
@@ -108,7 +147,9 @@ def plan_tree(
     for relpath in candidates:
         touching = [p for p in series if relpath in files_of[p.id]]
         raw = _read(tree, relpath)
-        touching = [p for p in touching if any(m in raw for m in p.markers)]
+        # Patches share markers (vllm#40932 and vllm#43617): search each once.
+        present = {m: m in raw for m in {m for p in touching for m in p.markers}}
+        touching = [p for p in touching if any(present[m] for m in p.markers)]
         if not touching:
             continue
         # Only files a patch may rewrite must live inside the tree; checking
@@ -116,34 +157,63 @@ def plan_tree(
         _check_inside(tree, relpath, real_dirs)
         if progress:
             progress(relpath)
-        original = SourceFile(relpath, raw)
-        current = original
-        changed_by: list[str] = []
-        for index, patch in enumerate(touching):
-            findings = patch.recognise(current.ast, relpath)
-            report = reports[patch.id]
-            needed = [f for f in findings if f.state is PatchState.NEEDED]
-            # Without writing, a rewrite is only worth its cost (a LibCST
-            # import and parse) when a later patch must recognise its output.
-            read_later = any(
-                p.id in selected and patch.id in p.requires
-                for p in touching[index + 1 :]
-            )
-            if needed and patch.id in selected and (rewrite or read_later):
-                try:
-                    current = _rewrite(patch, current, needed)
-                    changed_by.append(patch.id)
-                except RewriteRefused as refusal:
-                    findings = [
-                        _as_drifted(f, str(refusal)) if f in needed else f
-                        for f in findings
-                    ]
-            report.locations.extend(Location(relpath, f) for f in findings)
-        if changed_by and current.raw != original.raw:
-            edits.append(FileEdit(relpath, original.raw, current.raw, changed_by))
+        found, edit = _plan_file(
+            SourceFile(relpath, raw), touching, selected, rewrite, cache
+        )
+        for patch, findings in zip(touching, found, strict=True):
+            reports[patch.id].locations.extend(Location(relpath, f) for f in findings)
+        if edit is not None:
+            edits.append(edit)
 
     _block_unmet_requirements(reports, selected)
     return Plan(tree=tree, reports=list(reports.values()), edits=edits)
+
+
+def _plan_file(
+    original: SourceFile,
+    touching: list[Patch],
+    selected: set[str],
+    rewrite: bool,
+    cache: RecognitionCache | None,
+) -> tuple[list[list[Finding]], FileEdit | None]:
+    """Each touching patch's findings in one file, and the file's edit."""
+    relpath = original.relpath
+    if cache is not None:
+        cached = cache.load(relpath, original.raw, touching)
+        if cached is not None and not (
+            rewrite
+            and any(
+                f.state is PatchState.NEEDED and patch.id in selected
+                for patch, findings in zip(touching, cached, strict=True)
+                for f in findings
+            )
+        ):
+            return cached, None
+    current = original
+    changed_by: list[str] = []
+    found: list[list[Finding]] = []
+    rewritten = False
+    for patch in touching:
+        findings = patch.recognise(current.ast, relpath)
+        needed = [f for f in findings if f.state is PatchState.NEEDED]
+        # Without writing nothing is rewritten: a patch that requires
+        # another also recognises its target on the shape before the
+        # requirement's rewrite, so status never imports LibCST.
+        if needed and patch.id in selected and rewrite:
+            rewritten = True
+            try:
+                current = _rewrite(patch, current, needed)
+                changed_by.append(patch.id)
+            except RewriteRefused as refusal:
+                findings = [
+                    _as_drifted(f, str(refusal)) if f in needed else f for f in findings
+                ]
+        found.append(findings)
+    if cache is not None and not rewritten:
+        cache.store(relpath, original.raw, touching, found)
+    if changed_by and current.raw != original.raw:
+        return found, FileEdit(relpath, original.raw, current.raw, changed_by)
+    return found, None
 
 
 def _read(tree: VllmTree, relpath: str) -> bytes:
@@ -215,31 +285,49 @@ def rewrite_text(patch: Patch, text: str, relpath: str = "example.py") -> str:
 #: Set to "1" to give every patch the whole module (the skeleton's reference).
 FULL_REWRITE_ENV = "DEEPSTACK_PATCH_FULL_REWRITE"
 
+#: Lines of a file a rewrite replaced: 0-based ``[start, end)`` ranges of the
+#: original lines (``start == end`` for an insertion before line ``start``).
+Changes = list[tuple[int, int]]
+
+
+@dataclass
+class SkeletonRewrite:
+    """A rewrite computed on a skeleton, mapped back onto the whole file."""
+
+    result: SourceFile
+    changed: Changes
+
 
 def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceFile:
     """Apply one patch to one file and prove the result is what it claims.
 
     The patch first rewrites a skeleton of the file (see :func:`_skeleton`):
     parsing, visiting and printing a whole 3000-line model file with LibCST
-    costs seconds, its target methods a fraction of that. Any trouble there
-    (a parse error, a rewrite that raises or that the checks refuse) falls
-    back to the whole module, whose result is authoritative.
+    costs seconds, its target definitions a fraction of that. Any trouble
+    there (a parse error, a rewrite that raises or that the checks refuse)
+    falls back to the whole module, whose result is authoritative.
     """
     if os.environ.get(FULL_REWRITE_ENV) != "1":
         try:
-            skeleton = _rewrite_skeleton(patch, source, needed)
-            if skeleton is not None:
-                return _checked(patch, source, needed, skeleton)
+            fast = _rewrite_skeleton(patch, source, needed)
+            if fast is not None:
+                return _checked(patch, source, needed, fast.result, fast.changed)
         except Exception:  # noqa: BLE001 - the whole module decides below
             pass
     module = patch.rewrite(source.cst, needed)
-    return _checked(patch, source, needed, SourceFile.from_cst(source.relpath, module))
+    result = SourceFile.from_cst(source.relpath, module)
+    return _checked(patch, source, needed, result, _changed_lines(source, result))
 
 
 def _checked(
-    patch: Patch, source: SourceFile, needed: list[Finding], result: SourceFile
+    patch: Patch,
+    source: SourceFile,
+    needed: list[Finding],
+    result: SourceFile,
+    changed: Changes,
 ) -> SourceFile:
     """``result`` if the patch recognises it applied and it changed no more."""
+    _check_edits_inside(source, changed, needed)
     try:
         after = patch.recognise(result.ast, source.relpath)
     except DeepstackError as exc:
@@ -255,75 +343,105 @@ def _checked(
                 f"after the rewrite {finding.symbol} is "
                 f"{', '.join(map(str, states)) or 'gone'}, not applied"
             )
-    _check_edits_inside(source, result, needed)
     return result
 
 
 _PLACEHOLDER = b"# deepstack-patch skeleton block %d\n"
 
-#: A skeleton: its lines, and for each the range of file lines it stands for.
+#: A skeleton: its lines, and for each the 0-based range of file lines it
+#: stands for.
 Skeleton = tuple[list[bytes], list[tuple[int, int]]]
 
 
 def _skeleton(source: SourceFile, needed: list[Finding]) -> Skeleton | None:
-    """The file with every def/class that no needed span touches left out.
+    """The file reduced to the definitions the needed spans touch.
 
-    Each run of left-out lines becomes one unique comment line, so a line
-    diff of the skeleton before and after the rewrite maps back onto the
-    file. Only whole module-level and class-level statements are left out,
-    and a class keeps at least one. Patches address code by name, never by
-    line number, in ``rewrite`` (line numbers differ in the skeleton).
+    Every module-level or class-level statement no needed span touches is
+    left out (a class a span touches keeps its header and the statements
+    the span touches); each run of left-out lines becomes one unique comment
+    line, so a line diff of the skeleton before and after the rewrite maps
+    back onto the file. Patches address code by name, never by line number,
+    in ``rewrite`` (line numbers differ in the skeleton).
     """
     if source.encoding != "utf-8" or source.raw.startswith(b"\xef\xbb\xbf"):
         return None
+    original = source.raw.splitlines(keepends=True)
     spans = [f.span for f in needed]
-    blank: set[int] = set()
-
-    def first_line(node: ast.AST) -> int:
-        decorators = getattr(node, "decorator_list", [])
-        return min([node.lineno, *(d.lineno for d in decorators)])
-
-    def touched(node: ast.AST) -> bool:
-        first, last = first_line(node), node.end_lineno or node.lineno
-        return any(a <= last and first <= b for a, b in spans)
-
-    def prune(body: list[ast.stmt]) -> bool:
-        """Leave out the untouched defs of ``body``; False if none would remain."""
-        dropped = []
-        for node in body:
-            if not isinstance(
-                node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
-            ):
-                continue
-            if not touched(node):
-                dropped.append(node)
-            elif isinstance(node, ast.ClassDef) and not prune(node.body):
-                return False
-        if len(dropped) == len(body):
-            return False
-        for node in dropped:
-            blank.update(range(first_line(node), (node.end_lineno or 0) + 1))
-        return True
-
-    if not prune(source.ast.body) or blank & {1, 2}:
+    dropped = _untouched_statements(source.ast.body, spans, original)
+    if not dropped:
         return None
     lines: list[bytes] = []
     origin: list[tuple[int, int]] = []
-    for index, line in enumerate(source.raw.splitlines(keepends=True)):
-        if index + 1 not in blank:
-            lines.append(line)
+    position = 0
+    for first, last in dropped:  # 1-based, inclusive, sorted, disjoint
+        for index in range(position, first - 1):
+            lines.append(original[index])
             origin.append((index, index + 1))
-        elif index in blank:  # continues the block the previous line started
-            origin[-1] = (origin[-1][0], index + 1)
-        else:
-            lines.append(_PLACEHOLDER % len(lines))
-            origin.append((index, index + 1))
+        lines.append(_PLACEHOLDER % len(lines))
+        origin.append((first - 1, last))
+        position = last
+    for index in range(position, len(original)):
+        lines.append(original[index])
+        origin.append((index, index + 1))
     return lines, origin
+
+
+def _untouched_statements(
+    body: list[ast.stmt], spans: list[tuple[int, int]], lines: list[bytes]
+) -> list[tuple[int, int]] | None:
+    """The 1-based line ranges of ``body``'s statements (recursively into the
+    classes a span touches) that no span touches. Consecutive ones merge,
+    with the blank and comment lines between them. None if nothing would be
+    left out, or if a left-out statement shares a line with kept code."""
+
+    def starts_line(node: ast.stmt, first: int) -> bool:
+        column = node.col_offset if first == node.lineno else 0
+        return not lines[first - 1][:column].strip()
+
+    def prune(statements: list[ast.stmt]) -> list[tuple[int, int]] | None:
+        found: list[tuple[int, int]] = []
+        kept = False
+        previous_end, previous_untouched = 0, False
+        for node in statements:
+            first, last = _lines_of(node)
+            # Lines 1-2 may hold an encoding declaration: never replaced.
+            untouched = first > 2 and not any(
+                a <= last and first <= b for a, b in spans
+            )
+            if untouched and not starts_line(node, first):
+                raise _SharedLine
+            if first == previous_end and untouched != previous_untouched:
+                raise _SharedLine
+            if untouched and previous_untouched:
+                found[-1] = (found[-1][0], last)
+            elif untouched:
+                found.append((first, last))
+            else:
+                kept = True
+                if isinstance(node, ast.ClassDef):
+                    found.extend(prune(node.body) or [])
+            previous_end, previous_untouched = last, untouched
+        return found if kept else None
+
+    try:
+        return prune(body)
+    except _SharedLine:
+        return None
+
+
+class _SharedLine(Exception):
+    """A statement to leave out shares a line with one to keep."""
+
+
+def _lines_of(node: ast.stmt) -> tuple[int, int]:
+    decorators = getattr(node, "decorator_list", [])
+    first = min([node.lineno, *(d.lineno for d in decorators)])
+    return first, node.end_lineno or node.lineno
 
 
 def _rewrite_skeleton(
     patch: Patch, source: SourceFile, needed: list[Finding]
-) -> SourceFile | None:
+) -> SkeletonRewrite | None:
     import libcst
 
     skeleton = _skeleton(source, needed)
@@ -332,9 +450,9 @@ def _rewrite_skeleton(
     before, origin = skeleton
     module = patch.rewrite(libcst.parse_module(b"".join(before)), needed)
     after = module.bytes.splitlines(keepends=True)
-    placeholders = {line for line in before if line.startswith(b"# deepstack-patch")}
     original = source.raw.splitlines(keepends=True)
     out: list[bytes] = []
+    changed: Changes = []
     matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
@@ -342,22 +460,31 @@ def _rewrite_skeleton(
                 out.extend(original[start:end])
             continue
         # A rewrite that moved or dropped a left-out block is not a local edit.
-        if placeholders.intersection(before[i1:i2] + after[j1:j2]):
+        if any(line.startswith(b"# deepstack-patch") for line in before[i1:i2]) or any(
+            line.startswith(b"# deepstack-patch") for line in after[j1:j2]
+        ):
             return None
+        start = origin[i1][0] if i1 < len(origin) else len(original)
+        end = origin[i2 - 1][1] if i2 > i1 else start
+        changed.append((start, end))
         out.extend(after[j1:j2])
-    return SourceFile(source.relpath, b"".join(out))
+    first_changed = min(start for start, _ in changed) if changed else len(original)
+    return SkeletonRewrite(source.edited(b"".join(out), first_changed), changed)
 
 
-def _check_edits_inside(
-    before: SourceFile, after: SourceFile, needed: list[Finding]
-) -> None:
-    """Refuse a rewrite that touched lines no needed finding claimed."""
+def _changed_lines(before: SourceFile, after: SourceFile) -> Changes:
+    """The ranges of ``before``'s lines a line diff replaces to give ``after``."""
     old_lines = before.text.splitlines(keepends=True)
     new_lines = after.text.splitlines(keepends=True)
     matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)
-    for tag, i1, i2, _j1, _j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
+    return [(i1, i2) for tag, i1, i2, _, _ in matcher.get_opcodes() if tag != "equal"]
+
+
+def _check_edits_inside(
+    before: SourceFile, changed: Changes, needed: list[Finding]
+) -> None:
+    """Refuse a rewrite that touched lines no needed finding claimed."""
+    for i1, i2 in changed:
         first, last = i1 + 1, max(i2, i1 + 1)
         if not any(f.span[0] <= first and last <= f.span[1] + 1 for f in needed):
             raise RewriteRefused(

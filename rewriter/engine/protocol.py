@@ -148,9 +148,9 @@ class Patch:
     #: Fix safety: what the rewrite may change beyond the lines it fixes.
     also_changes: ClassVar[str] = "Nothing beyond the lines shown in the examples."
     #: Patch ids that must be applied first when they are needed. A patch
-    #: recognises its target in their output, so even `status` computes their
-    #: rewrites in the files both touch; patches that touch the same file
-    #: without requiring each other are recognised independently there.
+    #: recognises its target both in their output (`apply` rewrites in
+    #: series order) and on the shape before their rewrite (`status` and
+    #: `apply --check` rewrite nothing, so they never import LibCST).
     requires: ClassVar[tuple[str, ...]] = ()
     #: Patch ids whose fix this one replaces (metadata for `list`).
     supersedes: ClassVar[tuple[str, ...]] = ()

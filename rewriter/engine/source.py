@@ -89,6 +89,43 @@ class SourceFile:
                 ) from None
         return self._cst
 
+    def edited(self, raw: bytes, first_changed: int) -> SourceFile:
+        """This file with new bytes ``raw``, identical to this file's before
+        line ``first_changed`` (0-based).
+
+        The new file's ast keeps this file's top-level statements that end
+        before that line and parses only the rest (the rewritten definitions
+        and what follows them), preceded by as many empty lines so that line
+        numbers come out as a whole parse gives them. Where that cannot be
+        cut cleanly the ast is left to a whole parse, on first use.
+        """
+        edited = SourceFile(self.relpath, raw)
+        if self.encoding != "utf-8" or raw.startswith(b"\xef\xbb\xbf"):
+            return edited
+        body = self.ast.body
+        kept = 0
+        while kept < len(body) and (body[kept].end_lineno or 0) <= first_changed:
+            kept += 1
+        cut = (body[kept - 1].end_lineno or 0) if kept else 0
+        # The first re-parsed statement must start on a line of its own.
+        if kept < len(body) and _first_line(body[kept]) <= cut:
+            return edited
+        lines = raw.splitlines(keepends=True)
+        try:
+            rest = ast.parse(
+                (b"\n" * cut + b"".join(lines[cut:])).decode("utf-8"),
+                filename=self.relpath,
+            )
+        except (SyntaxError, UnicodeDecodeError):
+            return edited  # the whole parse reports it, with its position
+        edited._ast = ast.Module(body=[*body[:kept], *rest.body], type_ignores=[])
+        return edited
+
     @classmethod
     def from_cst(cls, relpath: str, module: libcst.Module) -> SourceFile:
         return cls(relpath=relpath, raw=module.bytes, _cst=module)
+
+
+def _first_line(node: ast.stmt) -> int:
+    decorators = getattr(node, "decorator_list", [])
+    return min([node.lineno, *(d.lineno for d in decorators)])

@@ -49,6 +49,7 @@ def check_release(
     release never hides the others' results.
     """
     from deepstack_patch.engine.plan import plan_tree
+    from deepstack_patch.engine.recognition_cache import RecognitionCache
     from deepstack_patch.engine.transaction import write_edits
     from deepstack_patch.fetch.releases import (
         cached_release,
@@ -61,13 +62,16 @@ def check_release(
     result = ReleaseResult(version)
     work = Path(tempfile.mkdtemp(prefix=f"deepstack-matrix-{version}-"))
     try:
-        archive = cached_release(version) or download_release(find_release(version))
+        patterns = [pattern for patch in series for pattern in patch.paths]
+        tree = None if verify else _extracted_status_tree(version, patterns)
+        if tree is None:
+            archive = cached_release(version) or download_release(find_release(version))
         if verify:  # the tree's own tests run: it needs every file
             tree = extract_release(archive, version, work / f"vllm-{version}")
-        else:
-            patterns = [pattern for patch in series for pattern in patch.paths]
+        elif tree is None:
             tree = status_tree(archive, version, patterns)
-        plan = plan_tree(tree, series, set(selected), rewrite=verify)
+        cache = None if verify else RecognitionCache.for_series(series)
+        plan = plan_tree(tree, series, set(selected), rewrite=verify, cache=cache)
         for report in plan.reports:
             result.states[report.patch.id] = report.state.value
             result.reasons[report.patch.id] = report.reason
@@ -134,10 +138,25 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
     Keyed by the archive and the patterns, so a changed series extracts
     anew; ``status`` never writes, so every later matrix run can share it.
     """
+    from deepstack_patch.fetch.archives import extract_release
+
+    # Only what status reads: the patches' files and the version metadata
+    # (thousands of tests, kernels and docs are left in the archive).
+    wanted = [_glob_regex(p) for p in patterns]
+    return extract_release(
+        archive,
+        version,
+        _status_tree_root(archive, version, patterns),
+        lambda relpath: (
+            relpath in _ALWAYS_EXTRACTED or any(w.match(relpath) for w in wanted)
+        ),
+    )
+
+
+def _status_tree_root(archive: Path, version: str, patterns: Sequence[str]) -> Path:
     import hashlib
 
     from deepstack_patch.engine.cache import cache_dir
-    from deepstack_patch.fetch.archives import extract_release
 
     stat = archive.stat()
     key = hashlib.sha256(
@@ -145,18 +164,28 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
             [archive.name, str(stat.st_size), str(stat.st_mtime_ns), *patterns]
         ).encode()
     ).hexdigest()[:16]
-    root = cache_dir() / "partial-trees" / f"vllm-{version}-{key}"
-    # Only what status reads: the patches' files and the version metadata
-    # (thousands of tests, kernels and docs are left in the archive).
-    wanted = [_glob_regex(p) for p in patterns]
-    return extract_release(
-        archive,
-        version,
-        root,
-        lambda relpath: (
-            relpath in _ALWAYS_EXTRACTED or any(w.match(relpath) for w in wanted)
-        ),
-    )
+    return cache_dir() / "partial-trees" / f"vllm-{version}-{key}"
+
+
+def _extracted_status_tree(version: str, patterns: Sequence[str]) -> VllmTree | None:
+    """The status tree of a cached sdist, without hashing the sdist again.
+
+    A status tree is extracted only from a verified sdist and is keyed by
+    that file's size and modification time, so finding it for the file as it
+    is now means the file was verified as it is; hashing 14 tarballs again
+    took a quarter of a matrix run. An extraction is moved into place whole,
+    so a tree that is there is complete.
+    """
+    from deepstack_patch.fetch.cache import cached_path
+
+    archive = cached_path(version)
+    stamp = archive.with_name(archive.name + ".sha256")
+    if not (archive.is_file() and stamp.is_file()):
+        return None
+    root = _status_tree_root(archive, version, patterns)
+    if not (root / "vllm" / "__init__.py").is_file():
+        return None
+    return VllmTree.open(root)
 
 
 def run_matrix(

@@ -1,0 +1,172 @@
+"""What the series recognised in a file, kept between runs so it cannot go stale.
+
+Recognising a file is a pure function of its bytes, its path in the tree and
+the code that recognises: the patches of the series, the engine, and the
+Python whose ``ast`` parses the file. An entry's key is a sha256 over all of
+them (the package version, the Python version, the source of every module of
+the engine and the patches, the ids of the patches that read the file, the
+file's path and every byte of it), so a changed byte anywhere is a new key:
+never a stale answer. Only pure recognition is stored (a file none of whose
+patches was rewritten in the run), and an entry is used only where nothing
+is rewritten from it, so a hit saves the parse and the recognition and
+nothing else.
+
+Entries live under ``$DEEPSTACK_PATCH_CACHE/recognised`` (default: the user
+cache folder), one small JSON file each, written atomically. Set
+``DEEPSTACK_PATCH_NO_CACHE=1`` to neither read nor write them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from deepstack_patch.engine.protocol import Finding, Patch, PatchState
+
+NO_CACHE_ENV = "DEEPSTACK_PATCH_NO_CACHE"
+
+
+class RecognitionCache:
+    """Findings per (tool code, file path, file bytes), on disk."""
+
+    def __init__(self, directory: Path, fingerprint: bytes) -> None:
+        self.directory = directory
+        self.fingerprint = fingerprint
+
+    @classmethod
+    def for_series(cls, series: Sequence[Patch]) -> RecognitionCache | None:
+        """The cache for ``series``; None if disabled or a patch's code
+        cannot be read (then nothing is cached)."""
+        if os.environ.get(NO_CACHE_ENV) == "1":
+            return None
+        from deepstack_patch.engine.cache import cache_dir
+
+        fingerprint = _fingerprint(series)
+        if fingerprint is None:
+            return None
+        return cls(cache_dir() / "recognised", fingerprint)
+
+    def _path(self, relpath: str, raw: bytes, patches: Sequence[Patch]) -> Path:
+        digest = hashlib.sha256(self.fingerprint)
+        for part in (relpath.encode(), ",".join(p.id for p in patches).encode()):
+            digest.update(len(part).to_bytes(8, "little") + part)
+        digest.update(raw)
+        key = digest.hexdigest()
+        return self.directory / key[:2] / f"{key}.json"
+
+    def load(
+        self, relpath: str, raw: bytes, patches: Sequence[Patch]
+    ) -> list[list[Finding]] | None:
+        """Each patch's findings in the file, or None if not cached."""
+        try:
+            document = json.loads(self._path(relpath, raw, patches).read_bytes())
+            found = [[_finding(item) for item in per] for per in document["findings"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return found if len(found) == len(patches) else None
+
+    def store(
+        self,
+        relpath: str,
+        raw: bytes,
+        patches: Sequence[Patch],
+        found: Sequence[Sequence[Finding]],
+    ) -> None:
+        """Keep the findings; a finding that JSON cannot carry whole (a field
+        this cache does not know) is not stored, nor is anything on a write
+        error (the cache is an optimisation, never a failure)."""
+        document = {"findings": [[_document(f) for f in per] for per in found]}
+        try:
+            # Through JSON and back: a detail JSON cannot carry whole (a
+            # tuple, a node) makes the round trip differ, and is not stored.
+            text = json.dumps(document)
+            restored = [
+                [_finding(i) for i in per] for per in json.loads(text)["findings"]
+            ]
+        except (TypeError, ValueError):
+            return
+        if restored != [list(per) for per in found]:
+            return
+        path = self._path(relpath, raw, patches)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(handle, "w") as out:
+                out.write(text)
+            os.replace(name, path)
+        except OSError:
+            pass
+
+
+def _fingerprint(series: Sequence[Patch]) -> bytes | None:
+    from deepstack_patch import __version__
+
+    engine = Path(__file__).parent
+    sources = {*engine.glob("*.py")}
+    for patch in series:
+        module = sys.modules.get(type(patch).__module__)
+        filename = getattr(module, "__file__", None)
+        if filename is None:
+            return None
+        # The whole package a patch lives in: a patch package imports its
+        # siblings (shared helpers, follow-ups), and any of them can change
+        # what it recognises.
+        sources.update(_package_top(Path(filename).parent).rglob("*.py"))
+    digest = hashlib.sha256(f"{__version__}\0{sys.version}\0".encode())
+    try:
+        for path in sorted(sources):
+            data = path.read_bytes()
+            digest.update(f"{path.name}\0{len(data)}\0".encode() + data)
+    except OSError:
+        return None
+    return digest.digest()
+
+
+def _package_top(folder: Path) -> Path:
+    """The outermost package folder holding ``folder``."""
+    while (folder.parent / "__init__.py").exists():
+        folder = folder.parent
+    return folder
+
+
+def _document(finding: Finding) -> dict[str, object]:
+    return {
+        "state": finding.state.value,
+        "symbol": finding.symbol,
+        "line": finding.line,
+        "span": list(finding.span),
+        "reason": finding.reason,
+        "part": finding.part,
+        "rewrites": list(finding.rewrites),
+        "details": dict(finding.details),
+    }
+
+
+def _finding(item: dict[str, object]) -> Finding:
+    first, last = item["span"]  # type: ignore[misc]
+    return Finding(
+        state=PatchState(item["state"]),
+        symbol=str(item["symbol"]),
+        line=int(item["line"]),  # type: ignore[call-overload]
+        span=(int(first), int(last)),
+        reason=str(item["reason"]),
+        part=str(item["part"]),
+        rewrites=tuple(str(name) for name in item["rewrites"]),  # type: ignore[attr-defined]
+        details=_tuples(item.get("details", {})),  # type: ignore[arg-type]
+    )
+
+
+def _tuples(value: object) -> object:
+    """JSON's lists back as the tuples recognition keeps in ``details``; a
+    detail that was a list comes back a tuple, differs, and is not stored."""
+    match value:
+        case list():
+            return tuple(_tuples(item) for item in value)
+        case dict():
+            return {key: _tuples(item) for key, item in value.items()}
+    return value
