@@ -12,9 +12,10 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import IO, Literal
+from typing import IO, TYPE_CHECKING, Literal
 
-from rich.console import Console
+if TYPE_CHECKING:  # rich is imported when something is printed, not at start-up
+    from rich.console import Console
 
 #: ``update(done, total, description)``: how far a step has come.
 Update = Callable[..., None]
@@ -63,6 +64,8 @@ def is_terminal(stream: IO[str]) -> bool:
 
 def console_for(stream: IO[str]) -> Console:
     """A console for ``stream``: rich on a terminal, plain long lines elsewhere."""
+    from rich.console import Console
+
     if is_terminal(stream):
         return Console(file=stream, highlight=False, soft_wrap=False)
     # Wide enough that no table column folds a path; soft_wrap keeps prose
@@ -147,6 +150,8 @@ def _rich_progress(label: str, unit: str) -> Iterator[Update]:
             TextColumn("{task.description}"),
         ]
     )
+    from rich.console import Console
+
     console = Console(stderr=True, highlight=False)
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(label if unit == "bytes" else "", total=None)
