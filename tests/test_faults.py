@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from deepstack_patch.cli import main
+from deepstack_patch.engine import apply as apply_module
 from deepstack_patch.engine import plan as plan_module
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
@@ -243,7 +244,8 @@ def test_file_vanishing_between_plan_and_write(
         (root / vanishing).unlink()
         return plan
 
-    monkeypatch.setattr(plan_module, "plan_tree", plan_then_delete)
+    # apply plans through engine.apply, which holds its own name for plan_tree.
+    monkeypatch.setattr(apply_module, "plan_tree", plan_then_delete)
     before = snapshot(root)
     del before[vanishing]
     result = run("apply", "--vllm-src", str(root))

@@ -155,7 +155,9 @@ def tree_options(
             raise DeepstackError(
                 "--python goes with --installed", "add --installed, or drop --python"
             )
-        tree = open_tree(vllm_src, release, out, read_only, installed, python)
+        tree = open_tree(
+            vllm_src, release, out, read_only, installed=installed, python=python
+        )
         return command(tree=tree, **kwargs)
 
     return wrapper
@@ -193,6 +195,7 @@ def open_tree(
     release: str | None,
     out: Path | None,
     read_only: bool = False,
+    *,
     installed: bool = False,
     python: Path | None = None,
 ) -> VllmTree:

@@ -54,7 +54,7 @@ def revert(
         raise DeepstackError(
             "--python goes with --installed", "add --installed, or drop --python"
         )
-    tree = open_tree(vllm_src, None, None, installed, python)
+    tree = open_tree(vllm_src, None, None, installed=installed, python=python)
     if not isinstance(tree, InstalledTree) or tree.installed is None:
         raise DeepstackError(
             f"{tree.root}: is a source tree, not an installed vLLM; revert gives "
