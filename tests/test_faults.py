@@ -10,14 +10,11 @@ same mode bits: no stray temporary file either).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
 import signal
 import stat
 import subprocess
 import sys
-import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,26 +30,12 @@ from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
 
+from tests.support import snapshot, tiny_sdist
+
 pytestmark = pytest.mark.release
 
 VERSION = "0.20.2"  # needs vllm#40917 (and more patches as they land)
 GRANITE = "vllm/model_executor/models/granite4_vision.py"
-
-Snapshot = dict[str, tuple[bytes, int]]
-
-
-def snapshot(root: Path) -> Snapshot:
-    """Every file under ``root`` (links as their target text): bytes and mode."""
-    found: Snapshot = {}
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            path = Path(dirpath, name)
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                found[rel] = (os.readlink(path).encode(), 0)
-            else:
-                found[rel] = (path.read_bytes(), stat.S_IMODE(path.stat().st_mode))
-    return found
 
 
 def own_copy(path: Path) -> None:
@@ -321,22 +304,6 @@ def test_commit_with_a_dirty_tree(tree: Path) -> None:
 FAKE_VERSION = "0.0.1"
 
 
-def _fake_sdist() -> bytes:
-    """A tiny vllm-0.0.1.tar.gz: enough for the tool to open it as a tree."""
-    files = {
-        "PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {FAKE_VERSION}\n",
-        "vllm/__init__.py": "",
-    }
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"vllm-{FAKE_VERSION}/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 class FakeIndex:
     """A PEP 691 JSON index for one project on 127.0.0.1, with a bad mode."""
 
@@ -393,7 +360,7 @@ class FakeIndex:
 
 @pytest.fixture
 def fake_index(tmp_path: Path) -> Iterator[tuple[FakeIndex, dict[str, str]]]:
-    index = FakeIndex(_fake_sdist())
+    index = FakeIndex(tiny_sdist(FAKE_VERSION))
     thread = threading.Thread(target=index.server.serve_forever, daemon=True)
     thread.start()
     # Stops by itself even if the test hangs: the daemon thread dies with the

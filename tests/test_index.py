@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,26 +24,12 @@ import pytest
 from click.testing import CliRunner, Result
 from deepstack_patch.cli import main
 
+from tests.support import tiny_sdist
+
 VERSION = "0.0.7"
 FILENAME = f"vllm-{VERSION}.tar.gz"
 #: An address nothing listens on: the index is unreachable.
 DEAD_INDEX = "http://127.0.0.1:9/simple/"
-
-
-def example_sdist() -> bytes:
-    """A tiny release of an example tree: metadata and an empty package."""
-    files = {
-        "PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}\n",
-        "vllm/__init__.py": "# an example tree for the index tests\n",
-    }
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"vllm-{VERSION}/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 class LocalIndex:
@@ -58,7 +42,7 @@ class LocalIndex:
         credentials: str | None = None,
         delay: float = 0.0,
     ) -> None:
-        sdist = example_sdist()
+        sdist = tiny_sdist(VERSION, "# an example tree for the index tests\n")
         digest = hashlib.sha256(sdist).hexdigest()
         self.requests: list[str] = []
         index = self

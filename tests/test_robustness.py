@@ -11,11 +11,11 @@ enough to copy, chown and commit.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -30,11 +30,16 @@ from deepstack_patch.fetch.releases import (
 )
 from deepstack_patch.patches import SERIES
 
+from tests import support
+
 GRANITE = "vllm/model_executor/models/granite4_vision.py"
 MODELS = "vllm/model_executor/models"
 README = Path(__file__).resolve().parent.parent / "README.md"
 
-Snapshot = dict[str, tuple[bytes, int]]
+
+# The work trees these tests snapshot may be git checkouts: git's own files
+# change with every command and say nothing about the tree.
+snapshot = functools.partial(support.snapshot, skip=(".git",))
 
 
 def command(*args: str) -> list[str]:
@@ -65,21 +70,6 @@ def refused(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in result.stderr, f"{fragment!r} not in:\n{result.stderr}"
     return result.stderr
-
-
-def snapshot(root: Path) -> Snapshot:
-    """Every file under ``root``: bytes and mode bits (links as their target)."""
-    found: Snapshot = {}
-    for dirpath, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d != ".git"]
-        for name in files:
-            path = Path(dirpath, name)
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                found[rel] = (os.readlink(path).encode(), 0)
-            else:
-                found[rel] = (path.read_bytes(), stat.S_IMODE(path.stat().st_mode))
-    return found
 
 
 def hidden(folder: Path) -> list[str]:

@@ -6,8 +6,12 @@ package, so pytest puts the repository root on ``sys.path``.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
+import stat
+import tarfile
+from collections.abc import Container
 from pathlib import Path
 
 from deepstack_patch.engine.plan import plan_tree
@@ -40,3 +44,42 @@ def run_proof(env: object, tree: Path, patch_id: str) -> tuple[str, str]:
 
     result = run_proofs(env, tree, [patch_id])[patch_id]
     return result.status, result.message
+
+
+#: Every file of a tree: its bytes and mode bits (a link: its target, mode 0).
+Snapshot = dict[str, tuple[bytes, int]]
+
+
+def snapshot(root: Path, skip: Container[str] = ()) -> Snapshot:
+    """Every file under ``root`` (links as their target text): bytes and mode.
+
+    Folders named in ``skip`` (e.g. ``.git``) are left out.
+    """
+    found: Snapshot = {}
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in skip]
+        for name in files:
+            path = Path(dirpath, name)
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                found[rel] = (os.readlink(path).encode(), 0)
+            else:
+                found[rel] = (path.read_bytes(), stat.S_IMODE(path.stat().st_mode))
+    return found
+
+
+def tiny_sdist(version: str, init_text: str = "") -> bytes:
+    """A tiny ``vllm-VERSION.tar.gz`` of an example tree (metadata and an
+    empty package): enough for the tool to open it as a release."""
+    files = {
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
+        "vllm/__init__.py": init_text,
+    }
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-{version}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
