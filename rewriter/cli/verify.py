@@ -20,6 +20,7 @@ from deepstack_patch.cli.common import (
     stdout_console,
     tree_options,
 )
+from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.tree import VllmTree
 
 
@@ -112,7 +113,9 @@ def verify(
         err.print(f"[dim]{line}[/]", markup=True, highlight=False)
 
     working = f"verifying {tree.root} (importing vLLM takes a while)"
-    with err.status(working if python else "preparing the proof environment") as status:
+    # An installed vLLM runs in its own interpreter: nothing to prepare.
+    ready = python is not None or isinstance(tree, InstalledTree)
+    with err.status(working if ready else "preparing the proof environment") as status:
 
         def building(line: str) -> None:
             status.update(f"proof environment: {line[:100]}")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.targets import Targets
@@ -88,9 +89,16 @@ def verify(
 
     The proof environment is ``python`` (checked), or the managed one, built
     on first use (its pip output goes to ``building``, else ``progress``).
+    An installed vLLM is verified in its own interpreter (``installed_tests``).
     """
     from deepstack_patch.proof.envs import CPU_REQUIREMENTS, check_python, ensure_env
 
+    if isinstance(tree, InstalledTree) and tree.installed is not None:
+        from deepstack_patch.proof.installed_tests import verify_installed
+
+        return verify_installed(
+            tree, series, selected, targets, gpu=gpu, jobs=jobs, progress=progress
+        )
     if python is not None:
         env = check_python(python)
     else:
@@ -120,6 +128,14 @@ def pristine_for(
     if path is not None and not against_pristine:
         raise DeepstackError(
             "--pristine goes with --against-pristine", "add --against-pristine"
+        )
+    if against_pristine and isinstance(tree, InstalledTree):
+        raise DeepstackError(
+            "--against-pristine compares two source trees in one environment; "
+            f"an installed vLLM ({tree.root}) runs in its own interpreter",
+            f"run `verify --installed` before and after `apply --installed` (the "
+            f"proofs fail, then pass), or `verify --release {tree.version} "
+            "--against-pristine` for the release's source",
         )
     return pristine_tree(tree, path, progress) if against_pristine else None
 
