@@ -59,6 +59,31 @@ def install_wheel(python: Path, wheel: Path) -> None:
     )
 
 
+def layered_venv(base_python: Path, path: Path, wheel: Path) -> Path:
+    """A venv whose packages come from ``base_python``'s environment, with
+    ``wheel`` installed (``--no-deps``) on top; returns its python.
+
+    ``venv --system-site-packages`` would reach the base interpreter's
+    packages, not a venv's, so a ``.pth`` file adds the base environment's
+    site-packages (and runs its own ``.pth`` files) after the new venv's own:
+    vllm comes from the wheel, torch, pytest and the rest from the base.
+    """
+    subprocess.run(
+        [str(base_python), "-m", "venv", "--without-pip", str(path)], check=True
+    )
+    python = path / "bin" / "python"
+    base_site = site_packages(base_python)
+    (site_packages(python) / "deepstack_test_layer.pth").write_text(
+        f"import site; site.addsitedir({str(base_site)!r})\n"
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
+        + ["--no-deps", "--disable-pip-version-check", str(wheel)],
+        check=True,
+    )
+    return python
+
+
 def site_packages(python: Path) -> Path:
     done = subprocess.run(
         [
