@@ -24,14 +24,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.engine.installed import InstalledTree, InstalledVllm
+from deepstack_patch.engine.installed import InstalledVllm
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.targets import Targets
 from deepstack_patch.proof import installed_check
@@ -39,9 +37,7 @@ from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 from deepstack_patch.proof.gpu import GpuStage, detect_gpu
 from deepstack_patch.proof.proofs import has_proof, run_proofs
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
-
-if TYPE_CHECKING:  # verify.py imports this module late; no cycle at run time
-    from deepstack_patch.proof.verify import VerifyReport
+from deepstack_patch.proof.verdicts import PatchVerdict
 
 Progress = Callable[[str], None]
 
@@ -220,44 +216,41 @@ def installed_gpu_stage(
     return stage
 
 
-def verify_installed(
-    tree: InstalledTree,
-    series: Sequence[Patch],
-    selected: set[str],
+def prove_installed(
+    installed: InstalledVllm,
+    env: ProofEnv,
+    verdicts: Sequence[PatchVerdict],
+    provable: Sequence[Patch],
     targets: Targets,
     *,
     gpu: bool = False,
     jobs: int = 2,
     progress: Progress = lambda line: None,
-) -> VerifyReport:
-    """``verify`` for an installed vLLM: its interpreter, the release's tests."""
-    from deepstack_patch.proof.verify import VerifyReport, _provable, _verdicts
+) -> tuple[TestRun, GpuStage]:
+    """The proofs of ``provable`` and the release's tests, in ``env``.
 
-    installed = tree.installed
-    assert installed is not None
-    env = installed_env(installed)
-    progress(f"environment: {env.python} (the interpreter of the installed vLLM)")
-    started = time.monotonic()
-    verdicts = _verdicts(tree, series, selected, None)
-    provable = [v.patch for v in verdicts if _provable(v.state)]
+    Each verdict gets its proof and its tests; returns the test run and the
+    GPU stage (``verify.py`` builds the report).
+    """
+    root, version = installed.site_packages, installed.version
     to_prove = [patch.id for patch in provable if has_proof(patch)]
     applicable = [patch.id for patch in provable]
     needs_tests = wants_tests(targets, applicable, "cpu") or (
         gpu and wants_tests(targets, applicable, "gpu")
     )
-    tests_root = release_tests(tree.version, progress) if needs_tests else None
+    tests_root = release_tests(version, progress) if needs_tests else None
     tests, absent = (
-        select_tests(tests_root, targets, applicable, "cpu", tree.version)
+        select_tests(tests_root, targets, applicable, "cpu", version)
         if tests_root is not None
         else ({}, [])
     )
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
-        proofs_future = pool.submit(run_proofs, env, tree.root, to_prove)
+        progress(f"proofs on {root}: {', '.join(to_prove) or 'none'}")
+        proofs_future = pool.submit(run_proofs, env, root, to_prove)
         if tests:
             progress(f"{len(tests)} release test selection(s) with pytest")
         cpu_future = pool.submit(
-            run_release_tests, installed, tests_root or tree.root, tests, absent
+            run_release_tests, installed, tests_root or root, tests, absent
         )
         proofs, cpu_run = proofs_future.result(), cpu_future.result()
     for verdict in verdicts:
@@ -268,11 +261,4 @@ def verify_installed(
         if gpu
         else GpuStage(False)
     )
-    return VerifyReport(
-        tree=tree,
-        env=env,
-        verdicts=verdicts,
-        cpu_tests=cpu_run,
-        gpu=stage,
-        seconds=round(time.monotonic() - started, 1),
-    )
+    return cpu_run, stage

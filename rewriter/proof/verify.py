@@ -93,12 +93,8 @@ def verify(
     """
     from deepstack_patch.proof.envs import CPU_REQUIREMENTS, check_python, ensure_env
 
-    if isinstance(tree, InstalledTree) and tree.installed is not None:
-        from deepstack_patch.proof.installed_tests import verify_installed
-
-        return verify_installed(
-            tree, series, selected, targets, gpu=gpu, jobs=jobs, progress=progress
-        )
+    if isinstance(tree, InstalledTree):
+        return verify_installed(tree, series, selected, targets, gpu, jobs, progress)
     if python is not None:
         env = check_python(python)
     else:
@@ -259,5 +255,37 @@ def verify_tree(
         cpu_tests=cpu_run,
         gpu=stage,
         pristine=pristine,
+        seconds=round(time.monotonic() - started, 1),
+    )
+
+
+def verify_installed(
+    tree: InstalledTree,
+    series: Sequence[Patch],
+    selected: set[str],
+    targets: Targets,
+    gpu: bool = False,
+    jobs: int = 2,
+    progress: Progress = lambda line: None,
+) -> VerifyReport:
+    """An installed vLLM: in its own interpreter, with the release's tests."""
+    from deepstack_patch.proof.installed_tests import installed_env, prove_installed
+
+    assert tree.installed is not None
+    started = time.monotonic()
+    env = installed_env(tree.installed)
+    progress(f"environment: {env.python} (the interpreter of the installed vLLM)")
+    verdicts = _verdicts(tree, series, selected, None)
+    provable = [v.patch for v in verdicts if _provable(v.state)]
+    cpu_run, stage = prove_installed(
+        tree.installed, env, verdicts, provable, targets,
+        gpu=gpu, jobs=jobs, progress=progress,
+    )  # fmt: skip
+    return VerifyReport(
+        tree=tree,
+        env=env,
+        verdicts=verdicts,
+        cpu_tests=cpu_run,
+        gpu=stage,
         seconds=round(time.monotonic() - started, 1),
     )
