@@ -332,3 +332,26 @@ def test_official_wheel_proofs_fail_before_apply_and_verify_passes_after(
         assert code == 1
         assert with_gpu["gpu"]["status"] == "skipped"
         assert with_gpu["gpu"]["reason"] == why and "no NVIDIA GPU" in why
+
+
+def test_environment_for_tests_keeps_the_user_path_and_adds_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deepstack_patch.proof.platform_plugin import ENV_VAR as PLATFORM
+
+    monkeypatch.setenv("PYTHONPATH", "/user/path")
+    site = fake_site(tmp_path / "site")
+    plugin_dir = tmp_path / "plugin"
+    env = installed_tests.environment_for_tests(
+        installed_at(site), plugin_dir, gpu=False
+    )
+    assert env["PYTHONPATH"] == os.pathsep.join(["/user/path", str(plugin_dir)])
+    assert env["PYTEST_PLUGINS"] == installed_check.MODULE
+    assert env[installed_check.ENV_VAR] == str(site / "vllm/__init__.py")
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert env[PLATFORM] == "cpu"
+    # On a GPU, vLLM detects its platform itself.
+    gpu_env = installed_tests.environment_for_tests(
+        installed_at(site), plugin_dir, gpu=True
+    )
+    assert PLATFORM not in gpu_env

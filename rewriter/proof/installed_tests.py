@@ -141,7 +141,7 @@ def wants_tests(targets: Targets, patch_ids: Sequence[str], kind: str) -> bool:
     return any(row is not None and getattr(row, f"{kind}_tests") for row in rows)
 
 
-def test_environment(
+def environment_for_tests(
     installed: InstalledVllm, plugin_dir: Path, *, gpu: bool
 ) -> dict[str, str]:
     """The process environment of the release's tests: no path of ours ahead
@@ -178,7 +178,7 @@ def run_release_tests(
             tests_root,
             selected,
             absent,
-            env=test_environment(installed, Path(scratch), gpu=gpu),
+            env=environment_for_tests(installed, Path(scratch), gpu=gpu),
             gpu=gpu,
         )
 
