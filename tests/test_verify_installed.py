@@ -305,6 +305,9 @@ def test_official_wheel_proofs_fail_before_apply_and_verify_passes_after(
     assert before["environment"]["managed"] is False
     proofs = {p["id"]: p["proof"]["status"] for p in before["patches"]}
     assert {proofs[patch_id] for patch_id in needed} == {"failed"}, proofs
+    fix = f"run `deepstack-patch apply --installed --python {python}` first"
+    problems = {p["id"]: p["problems"] for p in before["patches"]}
+    assert all(any(fix in why for why in problems[i]) for i in needed), problems
     # verify writes nothing into the install (no bytecode either).
     assert snapshot(site) == pristine
 

@@ -276,6 +276,10 @@ def verify_installed(
     env = installed_env(tree.installed)
     progress(f"environment: {env.python} (the interpreter of the installed vLLM)")
     verdicts = _verdicts(tree, series, selected, None)
+    for verdict in verdicts:
+        verdict.apply_command = (
+            f"deepstack-patch apply --installed --python {tree.installed.python}"
+        )
     provable = [v.patch for v in verdicts if _provable(v.state)]
     cpu_run, stage = prove_installed(
         tree.installed, env, verdicts, provable, targets,
