@@ -220,9 +220,9 @@ def test_a_python_that_is_not_one_is_an_error(tmp_path: Path) -> None:
 
 @pytest.mark.release
 def test_official_wheel_doctor_before_and_after_apply(tmp_path: Path) -> None:
-    from deepstack_patch.fetch.wheels import download_wheel, find_wheel
+    from tests.support.installed import official_wheel
 
-    wheel = download_wheel(find_wheel("0.20.2", "x86_64"))
+    wheel = official_wheel("0.20.2")
     env = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
@@ -235,26 +235,40 @@ def test_official_wheel_doctor_before_and_after_apply(tmp_path: Path) -> None:
     site = next((env / "lib").glob("python3*/site-packages"))
     before = CliRunner().invoke(main, ["doctor", "--python", str(python)])
     assert before.exit_code == 1, before.output
-    # TODO(merge with d1-installed): use `apply --installed --python PY`, which
-    # rewrites RECORD and bytecode; here the folder is patched as a plain tree
-    # and the unchecked-hash bytecode a container may hold is planted by hand.
-    applied = CliRunner().invoke(main, ["apply", "--vllm-src", str(site)])
+    # The way an image is patched: in place, RECORD, bytecode and the
+    # change record kept true.
+    applied = CliRunner().invoke(
+        main, ["apply", "--installed", "--python", str(python)]
+    )
     assert applied.exit_code == 0, applied.output
-    after = CliRunner().invoke(main, ["doctor", "--python", str(python)])
-    assert after.exit_code == 0, after.output
-    qwen = site / "vllm/model_executor/models/qwen3_vl.py"
-    pristine = zip_member(wheel, "vllm/model_executor/models/qwen3_vl.py")
-    patched = qwen.read_bytes()
-    qwen.write_bytes(pristine)
-    pyc = Path(cache_from_source(str(qwen)))
-    py_compile.compile(
-        str(qwen), cfile=str(pyc),
-        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
-    )  # fmt: skip
-    qwen.write_bytes(patched)
-    stale = CliRunner().invoke(main, ["doctor", "--python", str(python)])
-    assert stale.exit_code == 1, stale.output
-    assert "stale bytecode" in stale.output
+    record = json.loads(
+        (site / "vllm-0.20.2.dist-info/deepstack_patch.json").read_text()
+    )
+    code, after = doctor_json(python)
+    assert code == 0, after
+    assert after["record"]["applied"] == record["applied"]
+    assert {GRANITE, "vllm#43617"} <= set(after["record"]["applied"])
+    assert after["record"]["changed_since"] == []
+
+    # A later layer puts the official qwen3_vl.py back: doctor names it.
+    qwen = "vllm/model_executor/models/qwen3_vl.py"
+    assert qwen in [entry["path"] for entry in record["files"]]
+    (site / qwen).write_bytes(zip_member(wheel, qwen))
+    code, changed = doctor_json(python)
+    assert code == 1, changed
+    assert changed["record"]["changed_since"] == [qwen]
+    reasons = [r for p in changed["patches"] if not p["live"] for r in p["reasons"]]
+    assert any(f"{qwen} changed since" in reason for reason in reasons), reasons
+    text = CliRunner().invoke(main, ["doctor", "--python", str(python)])
+    assert text.exit_code == 1 and "changed since" in text.output, text.output
+
+
+def doctor_json(python: Path) -> tuple[int, dict]:
+    result = CliRunner().invoke(
+        main, ["doctor", "--python", str(python), "--format", "json"]
+    )
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(result.stdout)
 
 
 def zip_member(wheel: Path, name: str) -> bytes:

@@ -20,6 +20,7 @@ from deepstack_patch.cli.common import (
     stdout_console,
     tree_options,
 )
+from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.tree import VllmTree
 
 
@@ -45,7 +46,8 @@ from deepstack_patch.engine.tree import VllmTree
     is_flag=True,
     help="Also run the patches' gpu_tests with the official vllm==VERSION "
     "wheel's compiled extensions under this tree's Python sources; without a "
-    "GPU they are reported skipped and the exit code is 1.",
+    "GPU they are reported skipped and the exit code is 1. With --installed: "
+    "the release's gpu_tests in the installed vLLM's interpreter.",
 )
 @click.option(
     "--python",
@@ -53,7 +55,9 @@ from deepstack_patch.engine.tree import VllmTree
     type=click.Path(path_type=Path, dir_okay=False),
     help="Run proofs and tests with this interpreter (it needs "
     "`pip install 'deepstack-patch[verify]'`) instead of the environment "
-    "verify builds and caches.",
+    "verify builds and caches. With --installed: the interpreter that runs "
+    "vLLM (default: the one running deepstack-patch); its vLLM is verified "
+    "in it, with the release's tests.",
 )
 @click.option(
     "--junit-xml",
@@ -112,7 +116,9 @@ def verify(
         err.print(f"[dim]{line}[/]", markup=True, highlight=False)
 
     working = f"verifying {tree.root} (importing vLLM takes a while)"
-    with err.status(working if python else "preparing the proof environment") as status:
+    # An installed vLLM runs in its own interpreter: nothing to prepare.
+    ready = python is not None or isinstance(tree, InstalledTree)
+    with err.status(working if ready else "preparing the proof environment") as status:
 
         def building(line: str) -> None:
             status.update(f"proof environment: {line[:100]}")

@@ -63,6 +63,31 @@ def extract_release(
     return VllmTree.open(out)
 
 
+def extract_part(archive: Path, out: Path, wanted: MemberFilter) -> Path:
+    """Extract the files ``wanted`` accepts into ``out`` once; later calls reuse it.
+
+    For extractions that are not trees (e.g. a release's ``tests/`` alone):
+    staged beside ``out`` and moved into place whole, so an ``out`` that
+    exists is complete.
+    """
+    make_folder(out.parent, "the output folder's parent")
+    with extraction_lock(out):
+        _remove_stale_staging(out)
+        if out.is_dir():
+            return out
+        prefix = f".{out.name}{_STAGING}"
+        folder = out.parent
+        staging = Path(
+            _guarded(lambda: tempfile.mkdtemp(prefix=prefix, dir=folder), archive, out)
+        )
+        try:
+            extracted = _extract_into(archive, staging, wanted, out)
+            _guarded(lambda: _move_into_place(extracted, out), archive, out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
 def _reusable(out: Path, version: str) -> bool:
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return False

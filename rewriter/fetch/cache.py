@@ -22,17 +22,27 @@ Progress = Callable[[int, int | None], None]
 __all__ = ["cache_dir"]
 
 
+#: The cache's folder for source releases; wheels go to ``wheels``.
+SDISTS = "sdists"
+
+
 def cached_path(version: str) -> Path:
-    return cache_dir() / "sdists" / f"{PROJECT}-{version}.tar.gz"
+    return cache_dir() / SDISTS / f"{PROJECT}-{version}.tar.gz"
 
 
-def download_release(release: SourceRelease, progress: Progress | None = None) -> Path:
-    """The verified sdist in the cache, downloading it if it is not there."""
+def download_release(
+    release: SourceRelease, progress: Progress | None = None, folder: str = SDISTS
+) -> Path:
+    """The verified file in the cache's ``folder``, downloading it if not there.
+
+    Any file the index lists (an sdist, a wheel) is checked against the
+    index's sha256, locked while it downloads and stamped as verified.
+    """
     import requests
     from filelock import FileLock
 
-    target = cached_path(release.version).with_name(release.filename)
-    target.parent.mkdir(exist_ok=True)
+    target = cache_dir() / folder / release.filename
+    target.parent.mkdir(parents=True, exist_ok=True)
     stamp = _stamp(target)
     with FileLock(str(target) + ".lock", timeout=1800):
         if target.is_file() and sha256_of(target) == release.sha256:

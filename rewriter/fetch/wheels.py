@@ -1,7 +1,8 @@
 """Fetch an official vLLM wheel from the package index the user's pip uses.
 
 The index, the verified download and the cache are those of
-:mod:`deepstack_patch.fetch.releases`; only the choice of the file differs: a
+:mod:`deepstack_patch.fetch.releases` (wheels in the cache's ``wheels``
+folder, sdists in ``sdists``); only the choice of the file differs: a
 release has one sdist but a wheel per platform (vLLM ships
 ``cp38-abi3-manylinux_2_35_x86_64`` and ``..._aarch64``), and the one that
 fits is chosen by its PEP 425 tags.
@@ -17,9 +18,13 @@ from deepstack_patch.fetch.releases import (
     PROJECT,
     Progress,
     SourceRelease,
+    cache_dir,
     configured_index_url,
     download_release,
 )
+
+#: The cache's folder for wheels (sdists are in ``sdists``).
+WHEELS = "wheels"
 
 
 def find_wheel(
@@ -112,9 +117,21 @@ def _platform_fits(tag_platform: str, asked: str) -> bool:
 
 
 def download_wheel(release: SourceRelease, progress: Progress | None = None) -> Path:
-    """The verified wheel in the cache, downloading it if it is not there.
+    """The verified wheel in the cache's ``wheels`` folder, downloaded once.
 
-    It is cached beside the sdists: :func:`download_release` checks the
-    sha256, locks and stamps any file the index lists, sdist or wheel.
+    :func:`download_release` checks the sha256, locks and stamps any file the
+    index lists, sdist or wheel.
     """
-    return download_release(release, progress)
+    return download_release(release, progress, WHEELS)
+
+
+def cached_wheels(version: str) -> list[Path]:
+    """The wheels of ``version`` the cache holds as verified (sha256 stamped)."""
+    from deepstack_patch.fetch.cache import sha256_of
+
+    found = []
+    for wheel in sorted((cache_dir() / WHEELS).glob(f"{PROJECT}-{version}-*.whl")):
+        stamp = wheel.with_name(wheel.name + ".sha256")
+        if stamp.is_file() and sha256_of(wheel) == stamp.read_text().strip():
+            found.append(wheel)
+    return found

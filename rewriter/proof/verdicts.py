@@ -19,6 +19,8 @@ class PatchVerdict:
     pristine_state: PatchState | None = None
     pristine_proof: ProofResult | None = None
     tests: list[TestCase] = field(default_factory=list)
+    #: What applies the patch to this tree (an installed vLLM needs --installed).
+    apply_command: str = "deepstack-patch apply"
 
     @property
     def fail_to_pass(self) -> str:
@@ -42,7 +44,7 @@ class PatchVerdict:
         if self.state is PatchState.DRIFTED:
             found.append(f"drifted: {self.reason}")
         elif self.state is PatchState.NEEDED:
-            found.append("not applied to this tree: run `deepstack-patch apply` first")
+            found.append(f"not applied to this tree: run `{self.apply_command}` first")
         if self.proof is None or self.proof.status != "passed":
             status = self.proof.status if self.proof else "not run"
             found.append(f"proof {status}")

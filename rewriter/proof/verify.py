@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.targets import Targets
@@ -88,9 +89,12 @@ def verify(
 
     The proof environment is ``python`` (checked), or the managed one, built
     on first use (its pip output goes to ``building``, else ``progress``).
+    An installed vLLM is verified in its own interpreter (``installed_tests``).
     """
     from deepstack_patch.proof.envs import CPU_REQUIREMENTS, check_python, ensure_env
 
+    if isinstance(tree, InstalledTree):
+        return verify_installed(tree, series, selected, targets, gpu, jobs, progress)
     if python is not None:
         env = check_python(python)
     else:
@@ -120,6 +124,14 @@ def pristine_for(
     if path is not None and not against_pristine:
         raise DeepstackError(
             "--pristine goes with --against-pristine", "add --against-pristine"
+        )
+    if against_pristine and isinstance(tree, InstalledTree):
+        raise DeepstackError(
+            "--against-pristine compares two source trees in one environment; "
+            f"an installed vLLM ({tree.root}) runs in its own interpreter",
+            f"run `verify --installed` before and after `apply --installed` (the "
+            f"proofs fail, then pass), or `verify --release {tree.version} "
+            "--against-pristine` for the release's source",
         )
     return pristine_tree(tree, path, progress) if against_pristine else None
 
@@ -243,5 +255,41 @@ def verify_tree(
         cpu_tests=cpu_run,
         gpu=stage,
         pristine=pristine,
+        seconds=round(time.monotonic() - started, 1),
+    )
+
+
+def verify_installed(
+    tree: InstalledTree,
+    series: Sequence[Patch],
+    selected: set[str],
+    targets: Targets,
+    gpu: bool = False,
+    jobs: int = 2,
+    progress: Progress = lambda line: None,
+) -> VerifyReport:
+    """An installed vLLM: in its own interpreter, with the release's tests."""
+    from deepstack_patch.proof.installed_tests import installed_env, prove_installed
+
+    assert tree.installed is not None
+    started = time.monotonic()
+    env = installed_env(tree.installed)
+    progress(f"environment: {env.python} (the interpreter of the installed vLLM)")
+    verdicts = _verdicts(tree, series, selected, None)
+    for verdict in verdicts:
+        verdict.apply_command = (
+            f"deepstack-patch apply --installed --python {tree.installed.python}"
+        )
+    provable = [v.patch for v in verdicts if _provable(v.state)]
+    cpu_run, stage = prove_installed(
+        tree.installed, env, verdicts, provable, targets,
+        gpu=gpu, jobs=jobs, progress=progress,
+    )  # fmt: skip
+    return VerifyReport(
+        tree=tree,
+        env=env,
+        verdicts=verdicts,
+        cpu_tests=cpu_run,
+        gpu=stage,
         seconds=round(time.monotonic() - started, 1),
     )

@@ -1,8 +1,9 @@
 """Helpers for the installed-vLLM tests: the official wheel, venvs, snapshots.
 
-The official vLLM wheel is fetched once into the cache with ``pip download``
-(pip's own configuration: index, proxy, certificates) under a file lock, and
-installed with ``pip install --no-deps`` into one pristine venv per session.
+The official vLLM wheel is fetched once into the cache by the tool's own
+``deepstack_patch.fetch.wheels`` (pip's configuration: index, proxy,
+certificates; sha256 checked; under a file lock), and installed with
+``pip install --no-deps`` into one pristine venv per session.
 Tests that write get a copy of that venv made of hard links (``cp -al``): the
 tool only ever replaces files (a new file, then a rename) and pip uninstall
 only unlinks them, so the pristine venv keeps its bytes. A test that changes a
@@ -20,8 +21,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deepstack_patch.fetch.releases import cache_dir
-
 WHEEL_VERSION = "0.20.2"
 #: Where the 0.20.2 wheel's patches land (every module the series rewrites).
 GRANITE = "vllm/model_executor/models/granite4_vision.py"
@@ -29,21 +28,17 @@ QWEN3_VL = "vllm/model_executor/models/qwen3_vl.py"
 
 
 def official_wheel(version: str = WHEEL_VERSION) -> Path:
-    """The official vLLM wheel for ``version`` in the cache, downloading it once."""
-    from filelock import FileLock
+    """The official vLLM wheel for ``version`` in the cache, downloading it once.
 
-    wheels = cache_dir() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(wheels / f".vllm-{version}.lock")):
-        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
-        if not found:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", f"vllm=={version}"]
-                + ["--no-deps", "--only-binary=:all:", "-q", "-d", str(wheels)],
-                check=True,
-            )
-            found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
-    assert found, f"pip download left no vllm-{version} wheel in {wheels}"
+    The tool's own download path (``deepstack_patch.fetch.wheels``): the
+    index pip is configured for, the sha256 checked, one copy in the cache's
+    ``wheels`` folder shared with ``wheel --release``. A verified copy there
+    is used without asking the index.
+    """
+    from deepstack_patch.fetch.wheels import cached_wheels, download_wheel, find_wheel
+
+    found = cached_wheels(version) or [download_wheel(find_wheel(version))]
+    assert found[0].is_file(), f"no vllm-{version} wheel at {found[0]}"
     return found[0]
 
 
@@ -62,6 +57,31 @@ def install_wheel(python: Path, wheel: Path) -> None:
         + ["--disable-pip-version-check", str(wheel)],
         check=True,
     )
+
+
+def layered_venv(base_python: Path, path: Path, wheel: Path) -> Path:
+    """A venv whose packages come from ``base_python``'s environment, with
+    ``wheel`` installed (``--no-deps``) on top; returns its python.
+
+    ``venv --system-site-packages`` would reach the base interpreter's
+    packages, not a venv's, so a ``.pth`` file adds the base environment's
+    site-packages (and runs its own ``.pth`` files) after the new venv's own:
+    vllm comes from the wheel, torch, pytest and the rest from the base.
+    """
+    subprocess.run(
+        [str(base_python), "-m", "venv", "--without-pip", str(path)], check=True
+    )
+    python = path / "bin" / "python"
+    base_site = site_packages(base_python)
+    (site_packages(python) / "deepstack_test_layer.pth").write_text(
+        f"import site; site.addsitedir({str(base_site)!r})\n"
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
+        + ["--no-deps", "--disable-pip-version-check", str(wheel)],
+        check=True,
+    )
+    return python
 
 
 def site_packages(python: Path) -> Path:
