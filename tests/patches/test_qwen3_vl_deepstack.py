@@ -82,15 +82,18 @@ def test_bounds_check_alone_gives_upstream_0_20_2_methods(
     assert_same_methods(plan, release_tree("0.20.2"), "0.20.2")
 
 
-def test_resize_alone_is_refused_where_the_bounds_check_is_needed(
+def test_resize_alone_is_blocked_where_the_bounds_check_is_needed(
     release_tree: Callable[[str], Path],
 ) -> None:
     # Without vllm#40932 the profiling run would meet the bounds check with
-    # nothing stored and raise, instead of tracing zeros.
+    # nothing stored and raise, instead of tracing zeros. The code is
+    # recognised, so the patch is needed, not drifted: it waits for the one it
+    # requires (`apply` refuses it, tests/test_robustness.py).
     plan = plan_tree(VllmTree.open(release_tree("0.20.0")), PAIR, selected={RESIZE.id})
     report = plan.report(RESIZE.id)
-    assert report.state is PatchState.DRIFTED
-    assert BOUNDS_CHECK.id in report.reason
+    assert report.state is PatchState.NEEDED
+    assert report.blocked_by == [BOUNDS_CHECK.id]
+    assert BOUNDS_CHECK.id in report.blocked_reason
 
 
 @pytest.mark.parametrize("version", ["0.20.0", "0.22.1", "0.33.0"])
