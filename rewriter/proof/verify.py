@@ -80,7 +80,7 @@ def verify(
     pristine: VllmTree | None = None,
     python: Path | None = None,
     gpu: bool = False,
-    jobs: int = 2,
+    jobs: int = 3,
     progress: Progress = lambda line: None,
     building: Progress | None = None,
 ) -> VerifyReport:
@@ -189,7 +189,7 @@ def verify_tree(
     *,
     pristine: VllmTree | None = None,
     gpu: bool = False,
-    jobs: int = 2,
+    jobs: int = 3,
     progress: Progress = lambda line: None,
 ) -> VerifyReport:
     """Run every selected check on ``tree`` (and its pristine release)."""
