@@ -64,6 +64,11 @@ def main() -> None:
     parser.add_argument("--release", default="0.20.2")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--no-matrix", action="store_true")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="also time verify --against-pristine on the patched release",
+    )
     options = parser.parse_args()
     runs = max(options.runs, 1)
 
@@ -126,6 +131,9 @@ def main() -> None:
             mark = "  over" if target is not None and seconds > target else ""
             print(f"{name:22} {seconds:8.3f} {verdict:>7} {ratio:>7} {note}{mark}")
 
+        if options.verify:
+            verify_section(options.release, pristine, work, runs)
+
 
 def matrix_row(work: Path, runs: int) -> tuple[str, float, str]:
     from deepstack_patch.cli import main as cli
@@ -141,6 +149,56 @@ def matrix_row(work: Path, runs: int) -> tuple[str, float, str]:
         for t in trees
     )
     return ("matrix (status sum)", total, f"({len(releases)} releases)")
+
+
+#: verify --against-pristine on a patched release, seconds (issue 13).
+VERIFY_TARGET = 15.0
+
+
+def verify_section(version: str, pristine: Path, work: Path, runs: int) -> None:
+    """``verify --against-pristine`` on a patched copy: wall times, load, stages.
+
+    The first run (untimed) builds the proof environment if it is missing and
+    fills the code cache, as any verify after the first does. Each run is
+    three torch processes on the CPU, so the load average is printed beside.
+    """
+    import json
+
+    tree = link_copy(pristine, work / "verify-patched")
+    timed([*TOOL, "apply", "--vllm-src", str(tree)])
+    command = [*TOOL, "verify", "--vllm-src", str(tree), "--against-pristine"]
+    stages: list[dict[str, float]] = []
+
+    def one_run() -> float:
+        start = time.perf_counter()
+        done = subprocess.run([*command, "--format", "json"], capture_output=True)
+        elapsed = time.perf_counter() - start
+        if done.returncode != 0:
+            sys.exit(f"verify exited {done.returncode}:\n{done.stderr.decode()}")
+        document = json.loads(done.stdout)
+        patches = document["patches"]
+        stages.append(
+            {
+                "proofs": sum((p["proof"] or {}).get("seconds", 0) for p in patches),
+                "pristine proofs": sum(
+                    (p["pristine_proof"] or {}).get("seconds", 0) for p in patches
+                ),
+                "tree tests": document["tree_tests"]["seconds"],
+            }
+        )
+        return elapsed
+
+    loads = [os.getloadavg()]
+    seconds = median_of(runs, one_run)
+    loads.append(os.getloadavg())
+    mark = "  over" if seconds > VERIFY_TARGET else ""
+    print(f"\nverify --against-pristine (vLLM {version}, patched), {runs} runs")
+    print(f"{'median seconds':22} {seconds:8.3f} {VERIFY_TARGET:7.2f}{mark}")
+    for stage in stages[0]:
+        figure = statistics.median(s[stage] for s in stages[1:] or stages)
+        print(f"  {stage:20} {figure:8.1f} s (inside the run, in parallel)")
+    before, after = (" ".join(f"{x:.2f}" for x in load) for load in loads)
+    print(f"  load average before {before}, after {after}")
 
 
 if __name__ == "__main__":
