@@ -31,6 +31,7 @@ from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.targets import Targets
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
+from deepstack_patch.proof.forkserver import ForkServer
 from deepstack_patch.proof.gpu import GpuStage, gpu_stage
 from deepstack_patch.proof.proofs import ProofResult, has_proof, run_proofs
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
@@ -206,13 +207,15 @@ def verify_tree(
     applicable = [v.patch.id for v in verdicts if _provable(v.state)]
     tests, absent = select_tests(tree.root, targets, applicable, "cpu", tree.version)
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    # Every process forks from one that has imported torch (forkserver.py).
+    forks = ForkServer(env.python, subprocess_env(tree.root))
+    with forks, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
-        after = pool.submit(run_proofs, env, tree.root, to_prove)
+        after = pool.submit(run_proofs, env, tree.root, to_prove, spawn=forks.run)
         if pristine is not None:
             progress(f"proofs on pristine {pristine.root}: {', '.join(before_ids)}")
         before_future = (
-            pool.submit(run_proofs, env, pristine.root, before_ids)
+            pool.submit(run_proofs, env, pristine.root, before_ids, spawn=forks.run)
             if pristine is not None
             else None
         )
@@ -225,6 +228,7 @@ def verify_tree(
             tests,
             absent,
             env=subprocess_env(tree.root),
+            spawn=forks.run,
         )
         proofs = after.result()
         proofs_before = before_future.result() if before_future else {}
