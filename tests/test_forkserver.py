@@ -140,3 +140,40 @@ def test_proofs_through_the_server_report_a_crash_per_proof(tmp_path: Path) -> N
             "ended (exit code 1) before this proof reported" in found[patch_id].message
         )
         assert "KeyError" in found[patch_id].message
+
+
+def test_a_killed_server_reports_its_jobs_and_leaves_no_child(tmp_path: Path) -> None:
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    env = _env(tmp_path)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ForkServer(Path(sys.executable), env) as server, ThreadPoolExecutor(1) as pool:
+        job = pool.submit(
+            server.run,
+            [sys.executable, str(sleeper)],
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+        )
+        while not server.forked:
+            time.sleep(0.05)
+        (pid,) = server._pids.values()
+        started = time.monotonic()
+        assert server._process is not None
+        server._process.kill()
+        done = job.result(timeout=30)
+        assert done.returncode == -1 and time.monotonic() - started < 30
+    for _ in range(100):  # the orphan was killed; init reaps it
+        if not Path(f"/proc/{pid}").exists() or "Z" in _state(pid):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"child {pid} still running")
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+    except OSError:
+        return "gone"

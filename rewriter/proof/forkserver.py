@@ -172,7 +172,11 @@ class ForkServer:
             else:
                 self._codes[job] = message["code"]
                 self._ended[job].set()
-        # The server has ended: nothing more will start or report.
+        # The server has ended (killed?): nothing more will start or report,
+        # and a child still running would outlive it unreported.
+        for job, pid in list(self._pids.items()):
+            if not self._ended[job].is_set():
+                _kill(pid)
         for event in [*self._started.values(), *self._ended.values()]:
             event.set()
 
