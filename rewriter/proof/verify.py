@@ -195,44 +195,47 @@ def verify_tree(
 ) -> VerifyReport:
     """Run every selected check on ``tree`` (and its pristine release)."""
     started = time.monotonic()
-    verdicts = _verdicts(tree, series, selected, pristine)
-    to_prove = [
-        v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
-    ]
-    before_ids = [
-        v.patch.id
-        for v in verdicts
-        if _provable(v.pristine_state) and has_proof(v.patch)
-    ]
-    applicable = [v.patch.id for v in verdicts if _provable(v.state)]
-    tests, absent = select_tests(tree.root, targets, applicable, "cpu", tree.version)
+    # Every check is forked from one process that imports torch (forkserver.py),
+    # started first so that it does while the trees are planned here.
+    with ForkServer(env.python, subprocess_env(tree.root)) as forks:
+        verdicts = _verdicts(tree, series, selected, pristine)
+        to_prove = [
+            v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
+        ]
+        before_ids = [
+            v.patch.id
+            for v in verdicts
+            if _provable(v.pristine_state) and has_proof(v.patch)
+        ]
+        applicable = [v.patch.id for v in verdicts if _provable(v.state)]
+        tests, absent = select_tests(
+            tree.root, targets, applicable, "cpu", tree.version
+        )
 
-    # Every process forks from one that has imported torch (forkserver.py).
-    forks = ForkServer(env.python, subprocess_env(tree.root))
-    with forks, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
-        after = pool.submit(run_proofs, env, tree.root, to_prove, spawn=forks.run)
-        if pristine is not None:
-            progress(f"proofs on pristine {pristine.root}: {', '.join(before_ids)}")
-        before_future = (
-            pool.submit(run_proofs, env, pristine.root, before_ids, spawn=forks.run)
-            if pristine is not None
-            else None
-        )
-        if tests:
-            progress(f"{len(tests)} tree test selection(s) with pytest")
-        test_future = pool.submit(
-            run_pytest,
-            env.python,
-            tree.root,
-            tests,
-            absent,
-            env=subprocess_env(tree.root),
-            spawn=forks.run,
-        )
-        proofs = after.result()
-        proofs_before = before_future.result() if before_future else {}
-        cpu_run = test_future.result()
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
+            after = pool.submit(run_proofs, env, tree.root, to_prove, spawn=forks.run)
+            if pristine is not None:
+                progress(f"proofs on pristine {pristine.root}: {', '.join(before_ids)}")
+            before_future = (
+                pool.submit(run_proofs, env, pristine.root, before_ids, spawn=forks.run)
+                if pristine is not None
+                else None
+            )
+            if tests:
+                progress(f"{len(tests)} tree test selection(s) with pytest")
+            test_future = pool.submit(
+                run_pytest,
+                env.python,
+                tree.root,
+                tests,
+                absent,
+                env=subprocess_env(tree.root),
+                spawn=forks.run,
+            )
+            proofs = after.result()
+            proofs_before = before_future.result() if before_future else {}
+            cpu_run = test_future.result()
 
     for verdict in verdicts:
         verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
