@@ -1,6 +1,6 @@
 """Cold-process wall times of the commands pipelines run, against targets.
 
-    python bench/speed.py [--release 0.20.2] [--runs 5] [--no-matrix]
+    python bench/speed.py [--release 0.20.2] [--runs 5] [--no-matrix] [--verify]
 
 Every figure is the median of ``--runs`` fresh processes (the first process
 of each kind also runs, untimed, to warm the OS file cache): ``status``; a
