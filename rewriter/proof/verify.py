@@ -12,7 +12,9 @@ deepstack-patch's platform plugin:
 - with ``--gpu``, the tree's ``gpu_tests`` under the official wheel's compiled
   extensions, or a skip with the reason when there is no GPU (``gpu.py``).
 
-Independent subprocesses run in parallel. Nothing here names a fix.
+Independent subprocesses run in parallel, each forked from one process that
+has imported torch (``forkserver.py``); the trees' modules are compiled once,
+cached by content (``code_cache.py``). Nothing here names a fix.
 :func:`verify` is the plumbing the ``verify`` command and ``matrix --verify``
 call; :func:`verify_tree` runs the checks with an environment at hand.
 """
