@@ -1,7 +1,7 @@
 """Cold-process wall times of the commands pipelines run, as ratios to a floor.
 
     python bench/speed.py [--release 0.20.0 --release 0.20.2] [--runs 5]
-                          [--all-releases] [--no-matrix] [--no-import]
+                          [--all-releases] [--no-matrix] [--no-import] [--verify]
 
 The floor is measured in the same run, on the same files: a fresh Python
 process that reads and ``ast.parse``s the files the series parses in that
@@ -298,6 +298,11 @@ def main() -> None:
     )
     parser.add_argument("--no-matrix", action="store_true")
     parser.add_argument("--no-import", action="store_true")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="also time verify --against-pristine on the (first) patched release",
+    )
     options = parser.parse_args()
     runs = max(options.runs, 1)
     met = True
@@ -319,11 +324,65 @@ def main() -> None:
                 pristine = full_tree(version, work)
                 medians = measure_release(pristine, work, runs, full_apply=True)
                 met = print_release(version, medians, f"full tree, {load()}") and met
+        if options.verify:
+            version = (options.releases or ["0.20.2"])[-1]
+            verify_section(version, full_tree(version, work), work, runs)
     if not options.no_import:
         met = import_figures(runs) and met
     if not options.no_matrix:
         met = matrix_figure(runs) and met
     print("\nall targets met" if met else "\nsome targets not met")
+
+
+#: verify --against-pristine on a patched release, seconds (issue 13).
+VERIFY_TARGET = 15.0
+
+
+def verify_section(version: str, pristine: Path, work: Path, runs: int) -> None:
+    """``verify --against-pristine`` on a patched copy: wall times, load, stages.
+
+    The first run (untimed) builds the proof environment if it is missing and
+    fills the code cache, as any verify after the first does. Each run is
+    three torch processes on the CPU, so the load average is printed beside.
+    """
+    import json
+
+    tree = link_copy(pristine, work / "verify-patched")
+    timed([*TOOL, "apply", "--vllm-src", str(tree)])
+    command = [*TOOL, "verify", "--vllm-src", str(tree), "--against-pristine"]
+    stages: list[dict[str, float]] = []
+
+    def one_run() -> float:
+        start = time.perf_counter()
+        done = subprocess.run([*command, "--format", "json"], capture_output=True)
+        elapsed = time.perf_counter() - start
+        if done.returncode != 0:
+            sys.exit(f"verify exited {done.returncode}:\n{done.stderr.decode()}")
+        document = json.loads(done.stdout)
+        patches = document["patches"]
+        stages.append(
+            {
+                "proofs": sum((p["proof"] or {}).get("seconds", 0) for p in patches),
+                "pristine proofs": sum(
+                    (p["pristine_proof"] or {}).get("seconds", 0) for p in patches
+                ),
+                "tree tests": document["tree_tests"]["seconds"],
+            }
+        )
+        return elapsed
+
+    loads = [os.getloadavg()]
+    one_run()  # builds what is missing and fills the code cache; not counted
+    seconds = statistics.median(one_run() for _ in range(runs))
+    loads.append(os.getloadavg())
+    mark = "  over" if seconds > VERIFY_TARGET else ""
+    print(f"\nverify --against-pristine (vLLM {version}, patched), {runs} runs")
+    print(f"{'median seconds':22} {seconds:8.3f} {VERIFY_TARGET:7.2f}{mark}")
+    for stage in stages[0]:
+        figure = statistics.median(s[stage] for s in stages[1:] or stages)
+        print(f"  {stage:20} {figure:8.1f} s (inside the run, in parallel)")
+    before, after = (" ".join(f"{x:.2f}" for x in load) for load in loads)
+    print(f"  load average before {before}, after {after}")
 
 
 if __name__ == "__main__":

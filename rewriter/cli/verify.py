@@ -68,9 +68,11 @@ from deepstack_patch.engine.tree import VllmTree
 @click.option(
     "--jobs",
     type=click.IntRange(1, 16),
-    default=2,
+    default=3,
     show_default=True,
-    help="Subprocesses run at once (proofs, pristine proofs, tree tests).",
+    help="Subprocesses run at once (proofs, pristine proofs, tree tests): "
+    "each is mostly one core importing vLLM, so all three at once finish first "
+    "even on 2 cores.",
 )
 @format_option
 def verify(

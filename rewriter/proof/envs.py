@@ -24,7 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepstack_patch.engine.cache import cache_dir
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.proof.code_cache import ENV_VAR as CODE_CACHE_ENV_VAR
 from deepstack_patch.proof.platform_plugin import ENV_VAR as PLATFORM_ENV_VAR
 
 #: Bump when the layout of a managed venv changes, so old ones are not reused.
@@ -299,4 +301,9 @@ def subprocess_env(tree: Path) -> dict[str, str]:
     # No __pycache__ in the tree: a pristine tree stays byte-identical, and
     # caching bytecode per tree path would grow the user cache without bound.
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # Instead the tree's modules' code is cached by content (code_cache.py).
+    try:
+        env[CODE_CACHE_ENV_VAR] = str(cache_dir() / "code")
+    except DeepstackError:
+        env.pop(CODE_CACHE_ENV_VAR, None)  # no cache folder: compile each time
     return env

@@ -18,6 +18,7 @@ from typing import Any
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.proof import runner
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
+from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 
 #: Default limit for one proof process or one pytest run.
 TIMEOUT_S = 1800
@@ -65,8 +66,10 @@ def run_proofs(
     patch_ids: Sequence[str],
     *,
     timeout: float = TIMEOUT_S,
+    spawn: Spawn = run_subprocess,
 ) -> dict[str, ProofResult]:
-    """Run the proofs of ``patch_ids`` on ``tree`` in one subprocess."""
+    """Run the proofs of ``patch_ids`` on ``tree`` in one subprocess
+    (``spawn``: a new interpreter, or a fork of verify's fork server)."""
     if not patch_ids:
         return {}
     with tempfile.TemporaryDirectory(prefix="deepstack-proof-") as scratch:
@@ -74,12 +77,10 @@ def run_proofs(
         output = Path(scratch) / "results.json"
         request_file.write_text(json.dumps(proof_request(tree, patch_ids, output)))
         try:
-            done = subprocess.run(
+            done = spawn(
                 proof_command(env, request_file),
                 env=subprocess_env(tree),
                 cwd=scratch,
-                capture_output=True,
-                text=True,
                 timeout=timeout,
             )
             log, code = done.stderr, done.returncode

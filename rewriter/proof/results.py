@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.proof import pytest_results
+from deepstack_patch.proof import code_cache, pytest_results
 
 
 @dataclass
@@ -47,12 +47,16 @@ class TestCase:
 
 
 def plugin_args(results: Path) -> list[str]:
-    """pytest's arguments that load the plugin and have it write ``results``."""
-    return ["-p", pytest_results.MODULE, f"{pytest_results.OPTION}={results}"]
+    """pytest's arguments that load the plugins and have one write ``results``."""
+    return [
+        *("-p", code_cache.MODULE),
+        *("-p", pytest_results.MODULE, f"{pytest_results.OPTION}={results}"),
+    ]
 
 
 def copy_plugin(folder: Path) -> Path:
-    """The plugin as an importable module in ``folder`` (to put on PYTHONPATH)."""
+    """The plugins as importable modules in ``folder`` (to put on PYTHONPATH)."""
+    shutil.copyfile(code_cache.__file__, folder / f"{code_cache.MODULE}.py")
     target = folder / f"{pytest_results.MODULE}.py"
     shutil.copyfile(pytest_results.__file__, target)
     return target

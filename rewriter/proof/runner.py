@@ -50,9 +50,20 @@ def patches_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def install_code_cache(tree: Path) -> None:
+    """Compiled code of the tree's modules from the cache (``code_cache.py``)."""
+    path = Path(__file__).with_name("code_cache.py")
+    spec = importlib.util.spec_from_file_location("_code_cache", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install_from_environment(tree)
+
+
 def run(request: dict) -> list[dict]:
     tree = Path(request["tree"])
     sys.path.insert(0, str(tree))
+    install_code_cache(tree)
     load_package("deepstack_patch", request["package_dir"])
     load_package("deepstack_patch.patches", request["patches_dir"])
     from deepstack_patch.patches import patch_by_id

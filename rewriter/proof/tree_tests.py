@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from deepstack_patch.engine.targets import Targets
+from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.proofs import TIMEOUT_S, output_text
 from deepstack_patch.proof.results import (
     TestCase,
@@ -138,6 +139,7 @@ def run_pytest(
     env: dict[str, str],
     gpu: bool = False,
     timeout: float = TIMEOUT_S,
+    spawn: Spawn = run_subprocess,
 ) -> TestRun:
     nodeids = sorted(selected)
     with tempfile.TemporaryDirectory(prefix="deepstack-pytest-") as scratch:
@@ -151,14 +153,7 @@ def run_pytest(
         env = dict(env, PYTHONPATH=os.pathsep.join(p for p in path if p))
         started = time.monotonic()
         try:
-            done = subprocess.run(
-                command,
-                cwd=tree,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
+            done = spawn(command, cwd=tree, env=env, timeout=timeout)
             output, code = done.stdout + done.stderr, done.returncode
         except subprocess.TimeoutExpired as exc:
             output = output_text(exc.stdout) + f"\ntimed out after {timeout:.0f} s"

@@ -12,7 +12,9 @@ deepstack-patch's platform plugin:
 - with ``--gpu``, the tree's ``gpu_tests`` under the official wheel's compiled
   extensions, or a skip with the reason when there is no GPU (``gpu.py``).
 
-Independent subprocesses run in parallel. Nothing here names a fix.
+Independent subprocesses run in parallel, each forked from one process that
+has imported torch (``forkserver.py``); the trees' modules are compiled once,
+cached by content (``code_cache.py``). Nothing here names a fix.
 :func:`verify` is the plumbing the ``verify`` command and ``matrix --verify``
 call; :func:`verify_tree` runs the checks with an environment at hand.
 """
@@ -32,6 +34,7 @@ from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.targets import Targets
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
+from deepstack_patch.proof.forkserver import ForkServer
 from deepstack_patch.proof.gpu import GpuStage, gpu_stage
 from deepstack_patch.proof.proofs import ProofResult, has_proof, run_proofs
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
@@ -81,7 +84,7 @@ def verify(
     pristine: VllmTree | None = None,
     python: Path | None = None,
     gpu: bool = False,
-    jobs: int = 2,
+    jobs: int = 3,
     progress: Progress = lambda line: None,
     building: Progress | None = None,
 ) -> VerifyReport:
@@ -201,46 +204,52 @@ def verify_tree(
     *,
     pristine: VllmTree | None = None,
     gpu: bool = False,
-    jobs: int = 2,
+    jobs: int = 3,
     progress: Progress = lambda line: None,
 ) -> VerifyReport:
     """Run every selected check on ``tree`` (and its pristine release)."""
     started = time.monotonic()
-    verdicts = _verdicts(tree, series, selected, pristine)
-    to_prove = [
-        v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
-    ]
-    before_ids = [
-        v.patch.id
-        for v in verdicts
-        if _provable(v.pristine_state) and has_proof(v.patch)
-    ]
-    applicable = [v.patch.id for v in verdicts if _provable(v.state)]
-    tests, absent = select_tests(tree.root, targets, applicable, "cpu", tree.version)
+    # Every check is forked from one process that imports torch (forkserver.py),
+    # started first so that it does while the trees are planned here.
+    with ForkServer(env.python, subprocess_env(tree.root)) as forks:
+        verdicts = _verdicts(tree, series, selected, pristine)
+        to_prove = [
+            v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
+        ]
+        before_ids = [
+            v.patch.id
+            for v in verdicts
+            if _provable(v.pristine_state) and has_proof(v.patch)
+        ]
+        applicable = [v.patch.id for v in verdicts if _provable(v.state)]
+        tests, absent = select_tests(
+            tree.root, targets, applicable, "cpu", tree.version
+        )
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
-        after = pool.submit(run_proofs, env, tree.root, to_prove)
-        if pristine is not None:
-            progress(f"proofs on pristine {pristine.root}: {', '.join(before_ids)}")
-        before_future = (
-            pool.submit(run_proofs, env, pristine.root, before_ids)
-            if pristine is not None
-            else None
-        )
-        if tests:
-            progress(f"{len(tests)} tree test selection(s) with pytest")
-        test_future = pool.submit(
-            run_pytest,
-            env.python,
-            tree.root,
-            tests,
-            absent,
-            env=subprocess_env(tree.root),
-        )
-        proofs = after.result()
-        proofs_before = before_future.result() if before_future else {}
-        cpu_run = test_future.result()
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
+            after = pool.submit(run_proofs, env, tree.root, to_prove, spawn=forks.run)
+            if pristine is not None:
+                progress(f"proofs on pristine {pristine.root}: {', '.join(before_ids)}")
+            before_future = (
+                pool.submit(run_proofs, env, pristine.root, before_ids, spawn=forks.run)
+                if pristine is not None
+                else None
+            )
+            if tests:
+                progress(f"{len(tests)} tree test selection(s) with pytest")
+            test_future = pool.submit(
+                run_pytest,
+                env.python,
+                tree.root,
+                tests,
+                absent,
+                env=subprocess_env(tree.root),
+                spawn=forks.run,
+            )
+            proofs = after.result()
+            proofs_before = before_future.result() if before_future else {}
+            cpu_run = test_future.result()
 
     for verdict in verdicts:
         verdict.proof = proofs.get(verdict.patch.id, verdict.proof)

@@ -1,0 +1,179 @@
+"""verify's fork server: a job forked from it sees what a new interpreter sees.
+
+These run with this test's own interpreter (no torch needed: the server then
+preloads nothing) and compare each forked job with the same command run by
+``subprocess``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from deepstack_patch.proof import envs, proofs
+from deepstack_patch.proof.forkserver import ForkServer, run_subprocess
+
+SHOW = """
+import json, os, sys
+print(json.dumps({
+    "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(),
+    "main": __name__, "env": dict(os.environ),
+    "bytecode": sys.dont_write_bytecode,
+}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "tree"), **extra)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _both(server: ForkServer, command: list[str], env: dict, cwd: Path) -> tuple:
+    forked = server.run(command, env=env, cwd=cwd, timeout=60)
+    fresh = run_subprocess(command, env=env, cwd=cwd, timeout=60)
+    return forked, fresh
+
+
+def test_a_forked_script_sees_a_new_interpreter(tmp_path: Path) -> None:
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    env = _env(tmp_path, EXIT="3")
+    with ForkServer(Path(sys.executable), env) as server:
+        assert server.serves([sys.executable, str(script)], env)
+        forked, fresh = _both(server, [sys.executable, str(script), "a"], env, tmp_path)
+        assert server.forked == 1
+    assert (forked.returncode, fresh.returncode) == (3, 3)
+    assert json.loads(forked.stdout) == json.loads(fresh.stdout)
+    assert forked.stderr == fresh.stderr == "to stderr\n"
+
+
+def test_a_forked_module_sees_a_new_interpreter(tmp_path: Path) -> None:
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "show_me.py").write_text(SHOW)
+    env = _env(tmp_path)
+    command = [sys.executable, "-m", "show_me", "--flag", "x"]
+    with ForkServer(Path(sys.executable), env) as server:
+        forked, fresh = _both(server, command, env, tmp_path)
+        assert server.forked == 1
+    assert forked.returncode == fresh.returncode == 0
+    assert json.loads(forked.stdout) == json.loads(fresh.stdout)
+    assert json.loads(forked.stdout)["main"] == "__main__"
+
+
+def test_a_crash_ends_its_own_job_alone(tmp_path: Path) -> None:
+    crash = tmp_path / "crash.py"
+    crash.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\ntime.sleep(1)\nprint('done')\n")
+    env = _env(tmp_path)
+    with ForkServer(Path(sys.executable), env) as server:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as pool:
+            late = pool.submit(
+                server.run,
+                [sys.executable, str(slow)],
+                env=env,
+                cwd=tmp_path,
+                timeout=60,
+            )
+            crashed = server.run(
+                [sys.executable, str(crash)], env=env, cwd=tmp_path, timeout=60
+            )
+            assert crashed.returncode == -signal.SIGSEGV
+            assert late.result().returncode == 0 and late.result().stdout == "done\n"
+        assert server.forked == 2
+
+
+def test_a_job_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    env = _env(tmp_path)
+    with ForkServer(Path(sys.executable), env) as server:
+        started = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired) as raised:
+            server.run([sys.executable, str(sleeper)], env=env, cwd=tmp_path, timeout=1)
+        assert time.monotonic() - started < 30
+        assert raised.value.output == "started\n"
+
+
+def test_other_jobs_fall_back_to_a_new_interpreter(tmp_path: Path) -> None:
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    env = _env(tmp_path)
+    other = dict(env, SOMETHING_ELSE="1")
+    with ForkServer(Path(sys.executable), env) as server:
+        assert not server.serves([sys.executable, str(script)], other)
+        assert not server.serves(["/other/python", str(script)], env)
+        assert not server.serves([sys.executable, "-c", "pass"], env)
+        done = server.run(
+            [sys.executable, str(script)], env=other, cwd=tmp_path, timeout=60
+        )
+        assert json.loads(done.stdout)["env"]["SOMETHING_ELSE"] == "1"
+        assert server.forked == 0
+    # A server that could not start: every job still runs.
+    broken = ForkServer(tmp_path / "no-python", env)
+    done = broken.run([sys.executable, str(script)], env=env, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0
+    broken.close()
+
+
+def test_proofs_through_the_server_report_a_crash_per_proof(tmp_path: Path) -> None:
+    (tmp_path / "t" / "vllm").mkdir(parents=True)
+    tree = tmp_path / "t"
+    env = envs.ProofEnv(Path(sys.executable))
+    with ForkServer(env.python, envs.subprocess_env(tree)) as server:
+        found = proofs.run_proofs(env, tree, ["nope#0", "nope#1"], spawn=server.run)
+        assert server.forked == 1
+    for patch_id in ("nope#0", "nope#1"):
+        assert found[patch_id].status == "error"
+        assert (
+            "ended (exit code 1) before this proof reported" in found[patch_id].message
+        )
+        assert "KeyError" in found[patch_id].message
+
+
+def test_a_killed_server_reports_its_jobs_and_leaves_no_child(tmp_path: Path) -> None:
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    env = _env(tmp_path)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ForkServer(Path(sys.executable), env) as server, ThreadPoolExecutor(1) as pool:
+        job = pool.submit(
+            server.run,
+            [sys.executable, str(sleeper)],
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+        )
+        while not server.forked:
+            time.sleep(0.05)
+        (pid,) = server._pids.values()
+        started = time.monotonic()
+        assert server._process is not None
+        server._process.kill()
+        done = job.result(timeout=30)
+        assert done.returncode == -1 and time.monotonic() - started < 30
+    for _ in range(100):  # the orphan was killed; init reaps it
+        if not Path(f"/proc/{pid}").exists() or "Z" in _state(pid):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"child {pid} still running")
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+    except OSError:
+        return "gone"
