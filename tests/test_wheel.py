@@ -8,6 +8,7 @@ member by member with the official wheel and with `apply` on its files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -79,6 +80,18 @@ def test_small_wheel_is_patched_and_versioned(tmp_path: Path) -> None:
     assert written.name == "vllm-0.1.0+deepstack.1-py3-none-any.whl"
     assert document["applied"] == ["vllm#40917"]
     assert len(document["outputs"]["wheel_sha256"]) == 64
+    sbom = json.loads(Path(document["outputs"]["sbom"]).read_text())
+    assert sbom["metadata"]["component"]["version"] == "0.1.0+deepstack.1"
+    (ancestor,) = sbom["metadata"]["component"]["pedigree"]["ancestors"]
+    assert ancestor["purl"] == "pkg:pypi/vllm@0.1.0"
+    assert (
+        ancestor["hashes"][0]["content"]
+        == hashlib.sha256(source.read_bytes()).hexdigest()
+    )
+    patches = sbom["metadata"]["component"]["pedigree"]["patches"]
+    assert [p["resolves"][0]["id"] for p in patches] == ["vllm#40917"]
+    series_file = Path(document["outputs"]["series"]) / "series"
+    assert series_file.read_text().count(".patch") == 1
     with WheelFile(written) as new, zipfile.ZipFile(source) as old:  # checks RECORD
         names = new.namelist()
         assert "vllm-0.1.0+deepstack.1.dist-info/RECORD" in names

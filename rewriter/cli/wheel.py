@@ -98,7 +98,12 @@ def wheel(
         local_version=result.version,
         applied=[p.id for p in series if p.id in applied],
         written=result.replaced,
-        outputs={"wheel": str(result.path), "wheel_sha256": result.sha256},
+        outputs={
+            "wheel": str(result.path),
+            "wheel_sha256": result.sha256,
+            "series": str(result.series),
+            "sbom": str(result.sbom),
+        },
         source_wheel=str(source),
         copied_members=result.copied,
         seconds=result.seconds,
@@ -117,6 +122,8 @@ def wheel(
     stdout.print(f"vLLM {result.release} -> {result.version}; patches applied: {names}")
     stdout.print(f"  wheel   {result.path}")
     stdout.print(f"  sha256  {result.sha256}")
+    stdout.print(f"  series  {result.series}")
+    stdout.print(f"  sbom    {result.sbom}")
     stdout.print(
         f"  {len(result.replaced)} member(s) rewritten, {result.copied} copied as "
         "they were"

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.engine.plan import Plan, plan_tree
+from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.vendor.quilt import PatchStep, plan_steps, write_series
 from deepstack_patch.vendor.sdist import local_version, version_edits
 
 Progress = Callable[[str], None]
@@ -55,6 +56,10 @@ class PatchedWheel:
     replaced: list[str] = field(default_factory=list)
     #: Members copied with their original bytes and attributes.
     copied: int = 0
+    #: The series of the applied patches against the official wheel's files,
+    #: and the CycloneDX SBOM of the patched wheel, beside it.
+    series: Path | None = None
+    sbom: Path | None = None
     seconds: float = 0.0
 
 
@@ -79,7 +84,8 @@ def patch_wheel(
             say(f"extracting the Python files of {wheel.name}")
             tree = _extract_tree(source, Path(scratch))
             say(f"planning {len(series)} patch(es) on vllm {release}")
-            plan = plan_tree(tree, series, selected, progress=None)
+            # Patch by patch, as a series: the SBOM carries each one's diff.
+            plan, steps = plan_steps(tree, series, selected)
             result = PatchedWheel(wheel, release, new_version, plan)
             if any(r.selected and r.state is PatchState.DRIFTED for r in plan.reports):
                 return result
@@ -96,6 +102,7 @@ def patch_wheel(
             target = out_dir / _wheel_name(wheel.name, name, release, new_version)
             new_dist_info = f"{name}-{new_version}.dist-info"
             _write(source, target, old_dist_info, new_dist_info, replaced, say, result)
+            _write_provenance(wheel, steps, out_dir, result)
     except (WheelError, zipfile.BadZipFile, EOFError) as exc:
         raise DeepstackError(
             f"{wheel}: not a valid wheel: {exc}",
@@ -103,6 +110,34 @@ def patch_wheel(
         ) from None
     result.seconds = round(time.monotonic() - started, 2)
     return result
+
+
+def _write_provenance(
+    wheel: Path, steps: Sequence[PatchStep], out_dir: Path, result: PatchedWheel
+) -> None:
+    """The series and the SBOM beside the patched wheel, as ``backport`` writes
+    them beside the patched sdist."""
+    from deepstack_patch.vendor.provenance import (
+        UpstreamArtefact,
+        read_applied,
+        sha256_file,
+        write_sbom,
+    )
+
+    assert result.path is not None
+    stem = f"vllm-{result.version}"
+    result.series = out_dir / f"{stem}.series"
+    names = write_series(result.series, steps, result.release)
+    result.sbom = write_sbom(
+        out_dir / f"{stem}.cdx.json",
+        release=result.release,
+        local_version=result.version,
+        upstream=UpstreamArtefact(wheel.name, sha256_file(wheel), "wheel"),
+        applied=read_applied(
+            result.series, [step.patch for step in steps], names, out_dir
+        ),
+        output=result.path,
+    )
 
 
 def _release_of(wheel: Path) -> tuple[str, str]:
