@@ -110,7 +110,8 @@ class DeepstackGroup(click.Group):
 )
 @click.version_option(__version__, prog_name="deepstack-patch")
 def main() -> None:
-    """Bring curated upstream vLLM fixes into a pinned vLLM source tree.
+    """Bring curated upstream vLLM fixes into the vLLM you run: a source tree,
+    an installed vLLM (site-packages, a container image) or a wheel.
 
     Every patch recognises its target by structure and reports one of four
     states: needed, applied, not-applicable or drifted. Only recognised code
@@ -122,4 +123,6 @@ def main() -> None:
       deepstack-patch apply --vllm-src .
     Or on a release fetched from the package index:
       deepstack-patch apply --release 0.20.2
+    Or in the vLLM this Python imports, then check that the fix is live:
+      deepstack-patch apply --installed && deepstack-patch doctor
     """
