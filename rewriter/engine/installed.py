@@ -147,6 +147,8 @@ def _ask(python: Path) -> dict[str, object]:
             except ValueError:
                 break
     detail = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+    if len(detail) > 160:  # a program that echoes our script back at us
+        detail = detail[:160] + "..."
     raise DeepstackError(
         f"--python {python}: is not a Python that answers (exit {done.returncode}: "
         f"{detail})",
