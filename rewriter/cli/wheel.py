@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from deepstack_patch.cli.common import (
@@ -16,6 +18,9 @@ from deepstack_patch.cli.common import (
     stdout_console,
 )
 from deepstack_patch.engine.errors import DeepstackError
+
+if TYPE_CHECKING:
+    from deepstack_patch.engine.protocol import Patch
 
 
 @click.command()
@@ -69,7 +74,7 @@ def wheel(
     Exit codes: 0 written; 2 drifted targets or an error (nothing written).
     """
     from deepstack_patch.engine.plan import select_patches
-    from deepstack_patch.output.documents import dump_json, plan_json
+    from deepstack_patch.output.documents import dump_json
     from deepstack_patch.vendor.sdist import local_version
     from deepstack_patch.vendor.wheel import patch_wheel
 
@@ -90,6 +95,29 @@ def wheel(
     )
     if result.path is None:
         sys.exit(refuse_drifted(result.plan, output_format, "wheel"))
+    document = _wheel_json(result, series, source)
+    if output_format == "json":
+        click.echo(dump_json(document))
+        sys.exit(EXIT_OK)
+    names = ", ".join(document["applied"]) or "none (nothing needed)"
+    stdout = stdout_console()
+    stdout.print(f"vLLM {result.release} -> {result.version}; patches applied: {names}")
+    stdout.print(f"  wheel   {result.path}")
+    stdout.print(f"  sha256  {result.sha256}")
+    stdout.print(f"  series  {result.series}")
+    stdout.print(f"  sbom    {result.sbom}")
+    stdout.print(
+        f"  {len(result.replaced)} member(s) rewritten, {result.copied} copied as "
+        "they were"
+    )
+    console.print(f"done in {result.seconds:.1f} s")
+    sys.exit(EXIT_OK)
+
+
+def _wheel_json(result: Any, series: Sequence[Patch], source: Path) -> dict[str, Any]:
+    """``wheel --format json``: the plan document, with the wheel's outputs."""
+    from deepstack_patch.output.documents import plan_json
+
     applied = sorted({i for e in result.plan.edits for i in e.patch_ids})
     document = plan_json(
         result.plan,
@@ -114,22 +142,7 @@ def wheel(
         "version": result.release,
         "version_source": "wheel file name",
     }
-    if output_format == "json":
-        click.echo(dump_json(document))
-        sys.exit(EXIT_OK)
-    names = ", ".join(document["applied"]) or "none (nothing needed)"
-    stdout = stdout_console()
-    stdout.print(f"vLLM {result.release} -> {result.version}; patches applied: {names}")
-    stdout.print(f"  wheel   {result.path}")
-    stdout.print(f"  sha256  {result.sha256}")
-    stdout.print(f"  series  {result.series}")
-    stdout.print(f"  sbom    {result.sbom}")
-    stdout.print(
-        f"  {len(result.replaced)} member(s) rewritten, {result.copied} copied as "
-        "they were"
-    )
-    console.print(f"done in {result.seconds:.1f} s")
-    sys.exit(EXIT_OK)
+    return document
 
 
 def _download(release: str, platform: str | None) -> Path:

@@ -45,21 +45,7 @@ def extract_release(
     it is (it may be patched already: states are read from the code). Any
     other non-empty ``out`` is refused.
     """
-    make_folder(out.parent, "the output folder's parent")
-    with extraction_lock(out):
-        _remove_stale_staging(out)
-        if _reusable(out, version):
-            return VllmTree.open(out)
-        prefix = f".{out.name}{_STAGING}"
-        folder = out.parent
-        staging = Path(
-            _guarded(lambda: tempfile.mkdtemp(prefix=prefix, dir=folder), archive, out)
-        )
-        try:
-            extracted = _extract_into(archive, staging, wanted, out)
-            _guarded(lambda: _move_into_place(extracted, out), archive, out)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    _extract_once(archive, out, wanted, lambda: _reusable(out, version))
     return VllmTree.open(out)
 
 
@@ -70,11 +56,23 @@ def extract_part(archive: Path, out: Path, wanted: MemberFilter) -> Path:
     staged beside ``out`` and moved into place whole, so an ``out`` that
     exists is complete.
     """
+    _extract_once(archive, out, wanted, out.is_dir)
+    return out
+
+
+def _extract_once(
+    archive: Path,
+    out: Path,
+    wanted: MemberFilter | None,
+    already_there: Callable[[], bool],
+) -> None:
+    """Under ``out``'s lock: unless ``already_there()``, extract into a staging
+    folder beside ``out`` and move it into place whole."""
     make_folder(out.parent, "the output folder's parent")
     with extraction_lock(out):
         _remove_stale_staging(out)
-        if out.is_dir():
-            return out
+        if already_there():
+            return
         prefix = f".{out.name}{_STAGING}"
         folder = out.parent
         staging = Path(
@@ -85,7 +83,6 @@ def extract_part(archive: Path, out: Path, wanted: MemberFilter) -> Path:
             _guarded(lambda: _move_into_place(extracted, out), archive, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return out
 
 
 def _reusable(out: Path, version: str) -> bool:
