@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,7 @@ from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
 
-from tests.support import snapshot, tiny_sdist
+from tests.support import IndexHandler, snapshot, tiny_sdist
 
 pytestmark = pytest.mark.release
 
@@ -313,7 +313,7 @@ class FakeIndex:
         self.truncate = False
         index = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(IndexHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 filename = f"vllm-{FAKE_VERSION}.tar.gz"
                 if self.path.rstrip("/") == "/simple/vllm":
@@ -342,16 +342,6 @@ class FakeIndex:
                     self.close_connection = True
                 else:
                     self.send_error(404)
-
-            def _send(self, body: bytes, content_type: str) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.timeout = 10

@@ -17,14 +17,14 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 from deepstack_patch.cli import main
 
-from tests.support import tiny_sdist
+from tests.support import IndexHandler, tiny_sdist
 
 VERSION = "0.0.7"
 FILENAME = f"vllm-{VERSION}.tar.gz"
@@ -47,7 +47,7 @@ class LocalIndex:
         self.requests: list[str] = []
         index = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(IndexHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 index.requests.append(self.path)
                 # A proxy receives absolute URLs; an index, paths.
@@ -73,16 +73,6 @@ class LocalIndex:
                     self._send(sdist, "application/gzip")
                 else:
                     self.send_error(404)
-
-            def _send(self, body: bytes, content_type: str) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
 
         class QuietServer(ThreadingHTTPServer):
             def handle_error(self, request: object, client_address: object) -> None:

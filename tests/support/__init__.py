@@ -12,6 +12,7 @@ import shutil
 import stat
 import tarfile
 from collections.abc import Container
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from deepstack_patch.engine.plan import plan_tree
@@ -83,3 +84,17 @@ def tiny_sdist(version: str, init_text: str = "") -> bytes:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+class IndexHandler(BaseHTTPRequestHandler):
+    """A quiet request handler for the package indexes tests serve on 127.0.0.1."""
+
+    def _send(self, body: bytes, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
