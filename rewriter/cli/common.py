@@ -70,7 +70,7 @@ def os_error(exc: OSError) -> DeepstackError:
 
 def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
     """``error:`` and ``hint:`` on stderr (and JSON on stdout with --format json)."""
-    from rich.markup import escape
+    from deepstack_patch.output.plain import escape
 
     if wants_json(words):
         document = {
@@ -98,7 +98,7 @@ def wants_json(words: Sequence[str]) -> bool:
 
 
 def warn(text: str) -> None:
-    from rich.markup import escape
+    from deepstack_patch.output.plain import escape
 
     stderr_console().print(f"[yellow]warning:[/] {escape(text)}")
 

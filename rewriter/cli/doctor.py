@@ -54,8 +54,7 @@ def doctor(python: Path | None, import_check: bool, output_format: str) -> None:
 
 
 def _print(diagnosis) -> None:  # noqa: ANN001 - a proof.doctor.Diagnosis
-    from rich.markup import escape
-    from rich.table import Table
+    from deepstack_patch.output.plain import escape, new_table
 
     console = stdout_console()
     console.print(f"python  {diagnosis.python} ({diagnosis.python_version})")
@@ -73,7 +72,7 @@ def _print(diagnosis) -> None:  # noqa: ANN001 - a proof.doctor.Diagnosis
         )
     for note in diagnosis.notes:
         console.print(f"note    {escape(note)}")
-    table = Table(show_edge=False, pad_edge=False)
+    table = new_table(console, boxed=True)
     for column in ("patch", "state", "live", "why"):
         table.add_column(column)
     for verdict in diagnosis.verdicts:

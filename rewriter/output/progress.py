@@ -1,9 +1,9 @@
 """Progress and consoles that suit where the output goes.
 
 On a terminal: rich's live progress bars and styled text. In a pipe or a log
-(CI): plain lines, never wrapped, never padded with trailing spaces, and
-progress as a line on stderr at most every few seconds, so a long step is
-never silent and a log is never flooded.
+(CI): plain lines written without rich, never wrapped, never padded with
+trailing spaces, and progress as a line on stderr at most every few seconds,
+so a long step is never silent and a log is never flooded.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Literal
 
-if TYPE_CHECKING:  # rich is imported when something is printed, not at start-up
+from deepstack_patch.output.plain import PlainConsole
+
+if TYPE_CHECKING:  # rich is imported for a terminal only, not at start-up
     from rich.console import Console
 
 #: ``update(done, total, description)``: how far a step has come.
@@ -28,33 +30,6 @@ PLAIN_INTERVAL = 3.0
 quiet = False
 
 
-class _TrimmedLines:
-    """A text stream that drops the trailing spaces rich pads table rows with."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self.stream = stream
-        self.pending = ""
-
-    def write(self, text: str) -> int:
-        lines = (self.pending + text).split("\n")
-        self.pending = lines.pop()
-        for line in lines:
-            self.stream.write(line.rstrip(" ") + "\n")
-        return len(text)
-
-    def flush(self) -> None:
-        if self.pending:
-            self.stream.write(self.pending.rstrip(" "))
-            self.pending = ""
-        self.stream.flush()
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-
 def is_terminal(stream: IO[str]) -> bool:
     try:
         return stream.isatty()
@@ -62,20 +37,13 @@ def is_terminal(stream: IO[str]) -> bool:
         return False
 
 
-def console_for(stream: IO[str]) -> Console:
+def console_for(stream: IO[str]) -> Console | PlainConsole:
     """A console for ``stream``: rich on a terminal, plain long lines elsewhere."""
+    if not is_terminal(stream):
+        return PlainConsole(stream)
     from rich.console import Console
 
-    if is_terminal(stream):
-        return Console(file=stream, highlight=False, soft_wrap=False)
-    # Wide enough that no table column folds a path; soft_wrap keeps prose
-    # lines whole. Rich emits no colour codes to a non-terminal.
-    return Console(
-        file=_TrimmedLines(stream),  # type: ignore[arg-type]
-        highlight=False,
-        soft_wrap=True,
-        width=10_000,
-    )
+    return Console(file=stream, highlight=False, soft_wrap=False)
 
 
 def note(text: str) -> None:

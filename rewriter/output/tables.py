@@ -1,4 +1,4 @@
-"""What the commands say to people: rich text and tables on a console."""
+"""What the commands say to people: styled text and tables (rich on a terminal)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.output.plain import new_table
 
 if TYPE_CHECKING:
     from deepstack_patch.engine.plan import Plan
@@ -35,9 +36,7 @@ def print_tree_header(console: Console, tree: VllmTree) -> None:
 
 
 def print_plan_table(console: Console, plan: Plan) -> None:
-    from rich.table import Table
-
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table = new_table(console)
     table.add_column("patch", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("title / where", overflow="fold")
@@ -109,12 +108,10 @@ def print_follow_ups(console: Console, patch: Patch, indent: str = "  ") -> None
 
 def print_verify_report(console: Console, report: Any) -> None:
     """``verify``: a table of verdicts, then what failed and why."""
-    from rich.table import Table
-
     print_tree_header(console, report.tree)
     if report.pristine is not None:
         console.print(f"pristine: {report.pristine.root}")
-    table = Table(show_edge=False, pad_edge=False)
+    table = new_table(console, boxed=True)
     table.add_column("patch")
     table.add_column("state")
     table.add_column("proof")
@@ -197,10 +194,8 @@ def print_matrix(
     targets: Any,
 ) -> None:
     """``matrix``: a release x patch table; cells that differ show both states."""
-    from rich.table import Table
-
     wrong = {(d.version, d.patch_id): d.expected for d in diffs}
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table = new_table(console)
     table.add_column("release", no_wrap=True)
     for patch_id in patch_ids:
         table.add_column(patch_id, no_wrap=True)

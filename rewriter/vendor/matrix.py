@@ -100,16 +100,16 @@ def verify_release_tree(
     import io
 
     from deepstack_patch.engine.targets import load_targets
+    from deepstack_patch.output.plain import PlainConsole
     from deepstack_patch.output.tables import print_verify_report
     from deepstack_patch.proof.verify import EXIT_DRIFTED, verify
-    from rich.console import Console
 
     try:
         report = verify(tree, series, selected, load_targets())
     except DeepstackError as exc:
         return EXIT_DRIFTED, f"error: {exc}"
     text = io.StringIO()
-    print_verify_report(Console(file=text, width=200, highlight=False), report)
+    print_verify_report(PlainConsole(text), report)
     return report.exit_code, "\n".join(text.getvalue().strip().splitlines()[-15:])
 
 

@@ -1,0 +1,130 @@
+"""Plain output (a pipe, a log) says what rich would say, without rich."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from deepstack_patch.engine.plan import plan_tree
+from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.output import tables
+from deepstack_patch.output.plain import (
+    PlainConsole,
+    PlainTable,
+    escape,
+    new_table,
+    strip_markup,
+)
+from deepstack_patch.patches import SERIES
+from rich.console import Console
+from rich.markup import escape as rich_escape
+from rich.table import Table
+from rich.text import Text
+
+MARKUP = [
+    "plain words",
+    "[bold red]error:[/] vllm/x.py:12 no such thing",
+    "[dim](fixed in 0.20.0)[/] [green](applied now)[/]",
+    "list[int] and dict[str, int] stay",
+    "a [link] in a [b]sentence[/b]",
+    r"escaped \[dim] tag and \\[dim]kept backslash[/]",
+    "unclosed [ bracket and ] bracket",
+    "[#ff0000]hex[/] [@click]action[/]",
+    "trailing backslash \\",
+    "",
+]
+
+
+def rich_text(console_output: Console) -> str:
+    text = console_output.file.getvalue()  # type: ignore[attr-defined]
+    return "\n".join(line.rstrip(" ") for line in text.split("\n"))
+
+
+def rich_console() -> Console:
+    """rich as it would print to a pipe that never folds a line."""
+    return Console(
+        file=io.StringIO(), highlight=False, soft_wrap=True, width=10_000, emoji=False
+    )
+
+
+@pytest.mark.parametrize("markup", MARKUP)
+def test_markup_is_stripped_as_rich_renders_it(markup: str) -> None:
+    assert strip_markup(markup) == Text.from_markup(markup, emoji=False).plain
+
+
+@pytest.mark.parametrize("text", MARKUP)
+def test_escape_is_rich_escape_and_prints_text_unchanged(text: str) -> None:
+    assert escape(text) == rich_escape(text)
+    shown = strip_markup(escape(text))
+    assert shown == Text.from_markup(escape(text), emoji=False).plain
+    # rich doubles a trailing backslash (so that a tag after it stays a tag)
+    assert shown == (text + "\\" if text.endswith("\\") else text)
+
+
+ROWS = [
+    ("vllm#38933", "[yellow]needed[/]", "Sampler fix [dim](fixed in 0.20.0)[/]"),
+    ("", "  [yellow]needed[/]", "  part compiled-count"),
+    ("", "", "  vllm/v1/sample/ops/logprobs.py:11 f\n    [dim]why it is so[/]"),
+    ("vllm#40917", "[dim]not-applicable[/]", ""),
+    ("a-much-longer-patch-id", "≠ drifted", "[bold red]x ≠ y[/]"),
+]
+
+
+@pytest.mark.parametrize("boxed", [False, True], ids=["columns", "boxed"])
+def test_tables_are_laid_out_as_rich_lays_them_out(boxed: bool) -> None:
+    plain_out = io.StringIO()
+    plain, rich = PlainConsole(plain_out), rich_console()
+    for console in (plain, rich):
+        table = new_table(console, boxed=boxed)
+        assert isinstance(table, PlainTable if console is plain else Table)
+        for header in ("patch", "state", "title / where"):
+            table.add_column(header, no_wrap=True)
+        for row in ROWS:
+            table.add_row(*row)
+        console.print(table)
+        console.print("[green]verified[/] in 1.0 s")
+    assert plain_out.getvalue() == rich_text(rich)
+
+
+def test_plain_console_prints_unmarked_text_as_given() -> None:
+    out = io.StringIO()
+    PlainConsole(out).print("[red]not a style[/]   ", markup=False)
+    assert out.getvalue() == "[red]not a style[/]\n"
+
+
+def test_plain_status_spinner_writes_nothing_as_rich_in_a_pipe() -> None:
+    plain_out = io.StringIO()
+    plain, rich = PlainConsole(plain_out), rich_console()
+    for console in (plain, rich):
+        assert not console.is_terminal
+        with console.status("working") as status:
+            status.update("still working")
+        console.print("done")
+    assert plain_out.getvalue() == rich_text(rich) == "done\n"
+
+
+def test_a_pipe_gets_the_plain_console_and_a_terminal_gets_rich() -> None:
+    from deepstack_patch.output.progress import console_for
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert isinstance(console_for(io.StringIO()), PlainConsole)
+    assert isinstance(console_for(Terminal()), Console)
+
+
+@pytest.mark.release
+def test_status_table_of_a_release_reads_the_same_either_way(
+    release_tree: object,
+) -> None:
+    root: Path = release_tree("0.20.0")  # type: ignore[operator]
+    plan = plan_tree(VllmTree.open(root), SERIES)
+    plain_out = io.StringIO()
+    plain, rich = PlainConsole(plain_out), rich_console()
+    for console in (plain, rich):
+        tables.print_tree_header(console, plan.tree)
+        tables.print_plan_table(console, plan)
+    assert "vllm#43617" in plain_out.getvalue()
+    assert plain_out.getvalue() == rich_text(rich)
