@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from deepstack_patch.engine.cache import cache_dir
-from deepstack_patch.engine.transaction import tree_lock
+from deepstack_patch.engine.locks import tree_lock
 
 
 def test_tree_lock_file_lands_under_deepstack_patch_cache(
@@ -32,3 +33,34 @@ def test_fetch_proof_and_vendor_share_the_engine_cache_dir(
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path))
     assert fetch_cache() == tmp_path
     assert envs_dir() == tmp_path / "envs"
+
+
+@pytest.mark.parametrize("xdg", [None, "", "/srv/cache", "/srv/cache/"])
+def test_user_cache_dir_is_the_one_platformdirs_gives(
+    xdg: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import platformdirs
+    from deepstack_patch.engine.cache import user_cache_dir
+
+    if xdg is None:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    assert user_cache_dir() == platformdirs.user_cache_dir("deepstack-patch")
+
+
+def test_a_relative_xdg_cache_home_is_ignored_as_the_spec_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from deepstack_patch.engine.cache import user_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert user_cache_dir() == os.path.expanduser("~/.cache/deepstack-patch")
+
+
+def test_an_empty_deepstack_patch_cache_means_the_user_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", "")
+    assert cache_dir() == tmp_path / "deepstack-patch"

@@ -259,7 +259,7 @@ def test_vllm_src_is_a_file(tree: Path) -> None:
 LOCK_HOLDER = """
 import sys, time
 from pathlib import Path
-from deepstack_patch.engine.transaction import tree_lock
+from deepstack_patch.engine.locks import tree_lock
 with tree_lock(Path(sys.argv[1])):
     print("locked", flush=True)
     time.sleep(60)  # bounded: the test kills it long before

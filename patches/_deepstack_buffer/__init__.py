@@ -18,6 +18,7 @@ proofs call.
 from __future__ import annotations
 
 import ast
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -73,10 +74,22 @@ def token_parameter(function: FunctionNode) -> str | None:
 
 def has_counter(cls: ast.ClassDef) -> bool:
     """Whether the class keeps vllm#40145's token counter at all."""
-    for node in ast.walk(cls):
-        match node:
-            case ast.Attribute(attr=name) | ast.Constant(value=name) if name == COUNTER:
-                return True
+    # Both fixes ask this of the same class of one parse, and the answer
+    # takes a walk of the whole class (thousands of nodes): walk it once.
+    if cls not in _COUNTER_SEEN:
+        _COUNTER_SEEN[cls] = any(_names_counter(node) for node in ast.walk(cls))
+    return _COUNTER_SEEN[cls]
+
+
+_COUNTER_SEEN: weakref.WeakKeyDictionary[ast.ClassDef, bool] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _names_counter(node: ast.AST) -> bool:
+    match node:
+        case ast.Attribute(attr=name) | ast.Constant(value=name) if name == COUNTER:
+            return True
     return False
 
 

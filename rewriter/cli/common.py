@@ -257,17 +257,14 @@ def open_installed_tree(python: Path | None) -> VllmTree:
 
 def open_source_folder(vllm_src: Path) -> VllmTree:
     """A source tree, or a site-packages folder (a vllm-*.dist-info beside vllm/)."""
-    from deepstack_patch.engine.installed import (
-        dist_info_beside,
-        installed_in_folder,
-        open_installed,
-    )
-    from deepstack_patch.engine.tree import VllmTree
+    from deepstack_patch.engine.tree import VllmTree, dist_info_beside
 
     tree = VllmTree.open(vllm_src)
     dist_info = dist_info_beside(tree.root)
     if dist_info is None:
         return tree
+    from deepstack_patch.engine.installed import installed_in_folder, open_installed
+
     found = installed_in_folder(tree.root, dist_info)
     click.echo(
         f"vLLM {found.version} installed in {found.site_packages} ({dist_info.name}): "

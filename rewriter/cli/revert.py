@@ -41,7 +41,7 @@ def revert(
     """
     from deepstack_patch.engine.inplace import revert_in_place
     from deepstack_patch.engine.installed import InstalledTree
-    from deepstack_patch.engine.transaction import tree_lock
+    from deepstack_patch.engine.locks import tree_lock
     from deepstack_patch.output.documents import dump_json
 
     if installed == (vllm_src is not None):

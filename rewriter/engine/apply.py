@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.engine.inplace import write_plan_edits
+from deepstack_patch.engine.locks import tree_lock
 from deepstack_patch.engine.plan import Plan, plan_tree
 from deepstack_patch.engine.protocol import Location, Patch, PatchReport, PatchState
 from deepstack_patch.engine.recognition_cache import RecognitionCache
-from deepstack_patch.engine.transaction import tree_lock
 from deepstack_patch.engine.tree import VllmTree
 
 #: What ``apply`` does with the plan.
@@ -71,9 +70,15 @@ def apply_tree(
         result = ApplyResult(plan, mode)
         if writes and not result.drifted:
             refuse_blocked(plan)
-            # Counted before the write: the new files have one name each.
-            result.hard_links = hard_linked(tree.root, [e.relpath for e in plan.edits])
-            result.written = write_plan_edits(tree, plan)
+            if plan.edits:
+                # What a write needs (the transaction, RECORD, bytecode) is
+                # imported by a write only: a no-op apply starts faster.
+                from deepstack_patch.engine.inplace import write_plan_edits
+
+                # Counted before the write: the new files have one name each.
+                edited = [e.relpath for e in plan.edits]
+                result.hard_links = hard_linked(tree.root, edited)
+                result.written = write_plan_edits(tree, plan)
             result.applied_now = [r.patch.id for r in plan.needed]
             mark_applied(plan, result.applied_now)
     return result

@@ -8,6 +8,7 @@ keeps, tree locks included.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
@@ -15,11 +16,7 @@ from deepstack_patch.engine.errors import DeepstackError
 
 def cache_dir() -> Path:
     """``$DEEPSTACK_PATCH_CACHE``, else the platform's user cache folder."""
-    from platformdirs import user_cache_dir
-
-    path = Path(
-        os.environ.get("DEEPSTACK_PATCH_CACHE", user_cache_dir("deepstack-patch"))
-    )
+    path = Path(os.environ.get("DEEPSTACK_PATCH_CACHE") or user_cache_dir())
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -29,3 +26,21 @@ def cache_dir() -> Path:
             path=str(path),
         ) from exc
     return path
+
+
+def user_cache_dir() -> str:
+    """The user cache folder ``platformdirs.user_cache_dir`` gives this tool.
+
+    On Linux, where vLLM runs, that is ``$XDG_CACHE_HOME`` if it is an
+    absolute path (the XDG spec ignores a relative one) or ``~/.cache``, read
+    here directly: importing platformdirs took about a tenth of a no-op
+    ``apply``. ``tests/test_cache.py`` holds the two equal.
+    """
+    if sys.platform == "linux":
+        base = os.environ.get("XDG_CACHE_HOME", "")
+        if not os.path.isabs(base):
+            base = os.path.expanduser("~/.cache")
+        return os.path.join(base, "deepstack-patch")
+    import platformdirs
+
+    return platformdirs.user_cache_dir("deepstack-patch")

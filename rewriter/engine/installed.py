@@ -171,27 +171,6 @@ def _editable(direct_url: object) -> bool:
     return bool(info.get("dir_info", {}).get("editable"))
 
 
-def dist_info_beside(root: Path) -> Path | None:
-    """The ``vllm-*.dist-info`` folder beside ``root/vllm``, if ``root`` has one."""
-    found = [
-        path
-        for path in sorted(root.glob("vllm-*.dist-info"))
-        if (path / "METADATA").is_file() and (path / "RECORD").is_file()
-    ]
-    match found:
-        case []:
-            return None
-        case [one]:
-            return one
-        case _:
-            raise DeepstackError(
-                f"{root}: holds several vllm distributions: "
-                + ", ".join(p.name for p in found),
-                "remove the stale dist-info folder(s) (pip left them behind), "
-                "keeping the one whose RECORD matches the installed files",
-            )
-
-
 def installed_in_folder(root: Path, dist_info: Path) -> InstalledVllm:
     """A ``--vllm-src`` folder that is a site-packages holding vllm."""
     version = _metadata_version(dist_info)

@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,6 +92,8 @@ class RecognitionCache:
         if restored != [list(per) for per in found]:
             return
         path = self._path(relpath, raw, patches)
+        import tempfile  # a store only: a run served from the cache never needs it
+
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             handle, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")

@@ -18,11 +18,10 @@ record; a failure undoes them with the edits.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -385,30 +384,3 @@ def _finish_extras(staged: Sequence[_StagedExtra]) -> None:
     for item in staged:
         if item.change.new is None and item.temp is not None:
             item.temp.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def tree_lock(root: Path) -> Iterator[None]:
-    """Hold an exclusive lock on a tree for the length of a write.
-
-    The lock file lives in the user's cache, not in the tree, so that the
-    tree gains no stray file.
-    """
-    from deepstack_patch.engine.cache import cache_dir
-    from filelock import FileLock, Timeout
-
-    locks = cache_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    lock = FileLock(str(locks / f"{key}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise DeepstackError(
-            f"another deepstack-patch run is writing to {root}",
-            f"wait for it to finish (lock file: {lock.lock_file})",
-        ) from None
-    try:
-        yield
-    finally:
-        lock.release()

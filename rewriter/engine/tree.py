@@ -145,3 +145,24 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
         else:
             pieces.append(re.escape(piece))
     return re.compile("".join(pieces) + r"\Z")
+
+
+def dist_info_beside(root: Path) -> Path | None:
+    """The ``vllm-*.dist-info`` folder beside ``root/vllm``, if ``root`` has one."""
+    found = [
+        path
+        for path in sorted(root.glob("vllm-*.dist-info"))
+        if (path / "METADATA").is_file() and (path / "RECORD").is_file()
+    ]
+    match found:
+        case []:
+            return None
+        case [one]:
+            return one
+        case _:
+            raise DeepstackError(
+                f"{root}: holds several vllm distributions: "
+                + ", ".join(p.name for p in found),
+                "remove the stale dist-info folder(s) (pip left them behind), "
+                "keeping the one whose RECORD matches the installed files",
+            )
