@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from deepstack_patch.engine.source import parsed_from
 from deepstack_patch.engine.syntax import (
     FunctionNode,
     is_self_attribute,
@@ -56,6 +57,10 @@ def deepstack_classes(
     Classes that inherit the method define nothing to fix and are skipped.
     Yields the qualified name, the class, and its methods by name.
     """
+    # A file whose bytes never spell the counter's name keeps it in no class
+    # (releases before 0.20.0): known without walking each class for it.
+    source = parsed_from(tree)
+    counter_absent = source is not None and COUNTER.encode() not in source
     for qualname, cls in iter_classes(tree):
         methods = {
             node.name: node
@@ -63,6 +68,8 @@ def deepstack_classes(
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         }
         if GET in methods:
+            if counter_absent:
+                _COUNTER_SEEN[cls] = False
             yield qualname, cls, methods
 
 
@@ -73,7 +80,12 @@ def token_parameter(function: FunctionNode) -> str | None:
 
 
 def has_counter(cls: ast.ClassDef) -> bool:
-    """Whether the class keeps vllm#40145's token counter at all."""
+    """Whether the class keeps vllm#40145's token counter at all.
+
+    A name spelled in a file only through escapes or split string literals
+    escapes the byte search of :func:`deepstack_classes`: no release or fork
+    does that, and the class would read not-applicable, which writes nothing.
+    """
     # Both fixes ask this of the same class of one parse, and the answer
     # takes a walk of the whole class (thousands of nodes): walk it once.
     if cls not in _COUNTER_SEEN:

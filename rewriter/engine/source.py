@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -71,6 +72,7 @@ class SourceFile:
                     path=self.relpath,
                     line=exc.lineno,
                 ) from None
+        _PARSED_FROM.setdefault(self._ast, self.raw)
         return self._ast
 
     @property
@@ -124,6 +126,21 @@ class SourceFile:
     @classmethod
     def from_cst(cls, relpath: str, module: libcst.Module) -> SourceFile:
         return cls(relpath=relpath, raw=module.bytes, _cst=module)
+
+
+#: The bytes each module the engine parsed came from (see :func:`parsed_from`).
+_PARSED_FROM: weakref.WeakKeyDictionary[ast.Module, bytes] = weakref.WeakKeyDictionary()
+
+
+def parsed_from(tree: ast.Module) -> bytes | None:
+    """The file bytes the engine parsed ``tree`` from; None for a tree it did
+    not parse (a patch's example, a test).
+
+    A recogniser may rule a name out of a whole file with one byte search
+    before it walks thousands of nodes looking for it, as the engine's
+    markers rule files out before parsing them.
+    """
+    return _PARSED_FROM.get(tree)
 
 
 def _first_line(node: ast.stmt) -> int:

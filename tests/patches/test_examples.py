@@ -20,6 +20,7 @@ from deepstack_patch.engine.protocol import (
     PatchState,
     combine_states,
 )
+from deepstack_patch.engine.source import SourceFile, parsed_from
 from deepstack_patch.patches import SERIES
 
 CASES = [
@@ -53,6 +54,20 @@ def findings_of(patch: Patch, code: str) -> list[Finding]:
 
 def state_of(patch: Patch, code: str) -> PatchState:
     return combine_states([f.state for f in findings_of(patch, code)])
+
+
+@pytest.mark.parametrize(("patch", "example"), CASES)
+def test_the_engines_parse_is_recognised_as_a_plain_parse_is(
+    patch: Patch, example: Example
+) -> None:
+    """A shortcut a recogniser takes on a file the engine read (a byte search
+    of :func:`parsed_from` before a walk) never changes a finding."""
+    for code in (example.before, example.after):
+        if code is None:
+            continue
+        engine_tree = SourceFile("example.py", code.encode()).ast
+        assert parsed_from(engine_tree) == code.encode()
+        assert patch.recognise(engine_tree, "example.py") == findings_of(patch, code)
 
 
 def test_every_patch_has_examples() -> None:
