@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,22 @@ def test_a_hit_skips_parsing(
 def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
     assert RecognitionCache.for_series(SERIES) is None
+
+
+@pytest.mark.parametrize(
+    ("patch", "example"),
+    [
+        pytest.param(patch, example, id=f"{patch.id}-{example.name}")
+        for patch in SERIES
+        for example in patch.examples
+    ],
+)
+def test_every_examples_findings_are_stored_and_come_back_equal(
+    cache: RecognitionCache, patch: object, example: object
+) -> None:
+    """No finding is left out of the cache (a file left out is parsed on every
+    run), and what comes back is what recognition said, details included."""
+    raw = example.before.encode()  # type: ignore[attr-defined]
+    found = [patch.recognise(ast.parse(raw), "example.py")]  # type: ignore[attr-defined]
+    cache.store("example.py", raw, [patch], found)  # type: ignore[list-item]
+    assert cache.load("example.py", raw, [patch]) == found  # type: ignore[list-item]

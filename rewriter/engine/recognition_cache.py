@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -83,7 +84,7 @@ class RecognitionCache:
         try:
             # Through JSON and back: a detail JSON cannot carry whole (a
             # tuple, a node) makes the round trip differ, and is not stored.
-            text = json.dumps(document)
+            text = json.dumps(document, default=_read_only_mapping)
             restored = [
                 [_finding(i) for i in per] for per in json.loads(text)["findings"]
             ]
@@ -104,7 +105,19 @@ class RecognitionCache:
             pass
 
 
+#: Fingerprints by the series' modules: the code a process loaded does not
+#: change while it runs (a matrix worker asks once per release).
+_FINGERPRINTS: dict[tuple[str, ...], bytes | None] = {}
+
+
 def _fingerprint(series: Sequence[Patch]) -> bytes | None:
+    modules = tuple(type(patch).__module__ for patch in series)
+    if modules not in _FINGERPRINTS:
+        _FINGERPRINTS[modules] = _code_fingerprint(series)
+    return _FINGERPRINTS[modules]
+
+
+def _code_fingerprint(series: Sequence[Patch]) -> bytes | None:
     from deepstack_patch import __version__
 
     engine = Path(__file__).parent
@@ -162,12 +175,21 @@ def _finding(item: dict[str, object]) -> Finding:
     )
 
 
-def _tuples(value: object) -> object:
-    """JSON's lists back as the tuples recognition keeps in ``details``; a
-    detail that was a list comes back a tuple, differs, and is not stored."""
+def _read_only_mapping(value: object) -> dict[str, object]:
+    """``json.dumps``'s hook: a read-only mapping in ``details`` as an object."""
+    if isinstance(value, types.MappingProxyType):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} in a finding's details")
+
+
+def _tuples(value: object, top: bool = True) -> object:
+    """JSON's lists back as the tuples recognition keeps in ``details``, and
+    its objects as the read-only mappings (a detail that was a list comes
+    back a tuple, differs, and is not stored)."""
     match value:
         case list():
-            return tuple(_tuples(item) for item in value)
+            return tuple(_tuples(item, top=False) for item in value)
         case dict():
-            return {key: _tuples(item) for key, item in value.items()}
+            items = {key: _tuples(item, top=False) for key, item in value.items()}
+            return items if top else types.MappingProxyType(items)
     return value

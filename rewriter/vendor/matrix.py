@@ -211,11 +211,14 @@ def run_matrix(
         initializer=die_with_parent,
         initargs=(os.getpid(),),
     ) as pool:
+        # Newest first: releases are listed oldest first, and newer ones hold
+        # several times the files; starting the long ones first keeps one
+        # worker from finishing the last big release alone.
         futures = {
             pool.submit(
                 check_release, version, list(series), list(selected), verify
             ): version
-            for version in releases
+            for version in reversed(releases)
         }
         try:
             for future in as_completed(futures):
