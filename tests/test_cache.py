@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from deepstack_patch.engine.cache import cache_dir
+from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.locks import tree_lock
 
 
@@ -64,3 +65,31 @@ def test_an_empty_deepstack_patch_cache_means_the_user_cache(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", "")
     assert cache_dir() == tmp_path / "deepstack-patch"
+
+
+def test_a_second_lock_on_a_tree_is_refused_at_once_and_freed_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
+    tree = tmp_path / "tree"
+    with tree_lock(tree):
+        with pytest.raises(DeepstackError) as raised, tree_lock(tree):
+            pass
+        assert "another deepstack-patch run is writing to" in raised.value.message
+        with tree_lock(tmp_path / "other tree"):  # one lock per tree
+            pass
+    with tree_lock(tree):  # released when the first run ended
+        pass
+
+
+def test_a_cache_where_no_lock_can_be_made_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "locks").write_text("a file where the lock folder goes")
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(cache))
+    with pytest.raises(DeepstackError) as raised, tree_lock(tmp_path / "tree"):
+        pass
+    assert "cannot create the lock file" in raised.value.message
+    assert "DEEPSTACK_PATCH_CACHE" in raised.value.hint

@@ -10,6 +10,7 @@ however it ends. Elsewhere (no ``fcntl``) ``filelock`` takes it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 from collections.abc import Iterator
@@ -40,8 +41,8 @@ def tree_lock(root: Path) -> Iterator[None]:
         descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise DeepstackError(
-            f"cannot create the lock file {lock_file}: {exc.strerror}",
-            os_error_hint(exc, locks) + " (or set DEEPSTACK_PATCH_CACHE)",
+            f"cannot create the lock file: {exc.strerror}",
+            _lock_hint(exc, locks),
             path=str(lock_file),
         ) from None
     try:
@@ -52,6 +53,16 @@ def tree_lock(root: Path) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)  # releases the lock
+
+
+def _lock_hint(exc: OSError, locks: Path) -> str:
+    match exc.errno:
+        case errno.ENOSPC | errno.EDQUOT | errno.EROFS | errno.EACCES | errno.EPERM:
+            return f"{os_error_hint(exc, locks)}; or set DEEPSTACK_PATCH_CACHE"
+    return (
+        f"make {locks} a writable folder, or set DEEPSTACK_PATCH_CACHE to one "
+        "(the tool keeps its locks, downloads and environments there)"
+    )
 
 
 @contextlib.contextmanager
