@@ -257,7 +257,9 @@ def matrix_figure(runs: int) -> bool:
     from deepstack_patch.engine.targets import load_targets
 
     releases = load_targets().releases
-    files = [name for version in releases for name in parsed_files(partial_tree(version))]
+    files = [
+        name for version in releases for name in parsed_files(partial_tree(version))
+    ]
     timed([*TOOL, "matrix"], ok=(0, 1))  # fills the caches on a first run
     medians = rounds(
         runs,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +61,8 @@ def span(node: ast.AST) -> tuple[int, int]:
 def _template_dump(code: str, expression: bool) -> str:
     if expression:
         return ast.dump(ast.parse(code.strip(), mode="eval").body)
+    import textwrap  # once per template (cached): not on every command's start
+
     body = ast.parse(textwrap.dedent(code)).body
     if len(body) != 1:
         raise ValueError(f"a statement template must hold one statement: {code!r}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +89,8 @@ def detect_version(root: Path) -> tuple[str, str]:
         if match:
             return match.group(1), "vllm/_version.py"
     if (root / ".git").exists():
+        import subprocess  # a checkout without version metadata only
+
         try:
             described = subprocess.run(
                 ["git", "-C", str(root), "describe", "--tags", "--always"],
