@@ -18,10 +18,25 @@ same way (another interpreter, another environment apart from
 ``PYTHONPATH``, a server that has stopped). The server is standard library
 only, and torch is optional: without it the jobs import what they need.
 
+Beyond torch, importing vLLM's third-party dependencies (transformers,
+torch's compiler stack, sympy, openai, ...) is most of a job's seconds, and
+every job of a verify run imports the same ones. So each child reports, as
+it ends, the modules it imported from the proof environment itself (never
+one of a tree, of deepstack-patch or of the job's folder) and the environment
+variables it set; the caller keeps what *every* job of the run imported and
+set (``learned``, a JSON file in the user cache) and the next server imports
+those modules, in the order they were imported, before it forks: torch under
+the jobs' environment as before, the rest after setting the variables the
+jobs set (vLLM sets some before importing torch's compiler, which reads them
+at import), as in a new interpreter. What those imports do to the
+environment is kept in each child, as it would be in a new interpreter. The
+preload stops at a module that starts a thread (a fork keeps only the
+calling one). Nothing of vLLM or of a tree is ever preloaded.
+
 Protocol, one JSON object per line: on stdin ``{"id", "argv", "env", "cwd",
-"stdout", "stderr"}``; on stdout ``{"id", "pid"}`` once forked, then
-``{"id", "code"}`` when the child has ended. End of stdin: the server waits
-for its children and exits.
+"stdout", "stderr", "report"}``; on stdout ``{"id", "pid"}`` once forked,
+then ``{"id", "code"}`` when the child has ended. End of stdin: the server
+waits for its children and exits.
 """
 
 from __future__ import annotations
@@ -44,19 +59,104 @@ Spawn = Callable[..., "subprocess.CompletedProcess[str]"]
 # -- the server (in the proof environment) ------------------------------------------
 
 
-def _preload() -> None:
+def _preload(learned: dict[str, Any]) -> dict[str, str | None]:
     """torch, which every job imports first (vLLM imports it before its own
-    settings: ``vllm/env_override.py``); nothing else."""
-    before = set(sys.modules)
+    settings: ``vllm/env_override.py``), then the modules every job of the
+    last run imported (``learned``); the variables those imports wrote in
+    ``os.environ`` (None: deleted)."""
+    import importlib.util
+    import threading
+
+    written: dict[str, str | None] = {}
+    environ = type(os.environ)
+    set_item, del_item = environ.__setitem__, environ.__delitem__
+
+    def recording_set(self: Any, key: str, value: str) -> None:
+        set_item(self, key, value)
+        written[key] = value
+
+    def recording_del(self: Any, key: str) -> None:
+        del_item(self, key)
+        written[key] = None
+
+    environ.__setitem__, environ.__delitem__ = recording_set, recording_del  # type: ignore[method-assign]
     try:
-        import torch  # noqa: F401
-    except Exception:
-        # No torch, or a broken one: keep none of it; each job finds out itself.
-        for name in set(sys.modules) - before:
-            del sys.modules[name]
+        before = set(sys.modules)
+        try:
+            if importlib.util.find_spec("torch") is not None:
+                import torch  # noqa: F401
+        except Exception:
+            # A broken torch: keep none of it, nor anything that would import
+            # it; each job finds out itself.
+            for name in set(sys.modules) - before:
+                del sys.modules[name]
+            return {}
+        # Set as the jobs set them, but not written by an import: the jobs
+        # start without them, as in a new interpreter.
+        for key, value in learned.get("environ", {}).items():
+            set_item(os.environ, key, value)
+        for name in learned.get("modules", []):
+            if name in sys.modules:
+                continue
+            try:
+                importlib.import_module(name)
+            except Exception:  # the job will meet (or avoid) the same failure
+                continue
+            if threading.active_count() > 1:
+                break  # a fork would lose that thread: import no more
+    finally:
+        environ.__setitem__, environ.__delitem__ = set_item, del_item  # type: ignore[method-assign]
+    return written
 
 
-def _child(job: dict[str, Any], base_path: list[str]) -> int:
+def _job_report(job: dict[str, Any]) -> dict[str, Any]:
+    """The environment's modules this job holds, and the variables it set.
+
+    A module is the environment's if it is built in or its files are under
+    the interpreter's prefixes and under none of the job's folders (the tree,
+    the script's folder, the working folder). Only the module's own
+    ``__dict__`` is read: a lazy module's ``__getattr__`` (transformers') would
+    import or warn.
+    """
+    import types
+
+    def folder(path: str) -> str:
+        return os.path.join(os.path.realpath(path), "")
+
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    roots = tuple(folder(p) for p in prefixes)
+    away = job["env"].get("PYTHONPATH", "").split(os.pathsep) + [job["cwd"]]
+    away.append(os.path.dirname(os.path.abspath(job["argv"][1])))
+    aways = tuple(folder(p) for p in away if p)
+    real: dict[str, str] = {}  # a folder: its real path, once
+
+    def ours(place: str) -> bool:
+        if place not in real:
+            real[place] = folder(place)
+        return real[place].startswith(roots) and not real[place].startswith(aways)
+
+    modules = []
+    for name, module in list(sys.modules.items()):
+        if not isinstance(module, types.ModuleType) or name.startswith(
+            ("__main__", "deepstack_patch")
+        ):
+            continue
+        own = vars(module)
+        file, path = own.get("__file__"), own.get("__path__")
+        places = [os.path.dirname(file)] if isinstance(file, str) else []
+        try:
+            places += list(path or [])
+        except TypeError:
+            continue
+        if all(isinstance(p, str) and ours(p) for p in places):
+            modules.append(name)
+    environ = {k: v for k, v in os.environ.items() if job["env"].get(k) != v}
+    return {"modules": modules, "environ": environ}
+
+
+def _child(
+    job: dict[str, Any], base_path: list[str], preloaded: dict[str, str | None]
+) -> int:
     """Become the job's process and run it; its exit code."""
     import runpy
 
@@ -69,6 +169,11 @@ def _child(job: dict[str, Any], base_path: list[str]) -> int:
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
+    for key, value in preloaded.items():  # what the preload's imports wrote
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     sys.dont_write_bytecode = bool(job["env"].get("PYTHONDONTWRITEBYTECODE"))
     extra = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     args = job["argv"][1:]
@@ -95,11 +200,18 @@ def _child(job: dict[str, Any], base_path: list[str]) -> int:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    if job.get("report"):
+        with contextlib.suppress(Exception):
+            Path(job["report"]).write_text(json.dumps(_job_report(job)))
     return code
 
 
-def serve() -> None:
-    _preload()
+def serve(learned_file: str | None = None) -> None:
+    learned = {}
+    if learned_file:
+        with contextlib.suppress(OSError, ValueError):
+            learned = json.loads(Path(learned_file).read_text())
+    preloaded = _preload(learned if isinstance(learned, dict) else {})
     base_path = sys.path[1:]  # without this file's folder
     running: dict[int, str] = {}
     pending = b""
@@ -121,7 +233,7 @@ def serve() -> None:
                 job = json.loads(line)
                 pid = os.fork()
                 if pid == 0:
-                    os._exit(_child(job, base_path))
+                    os._exit(_child(job, base_path, preloaded))
                 running[pid] = job["id"]
                 report({"id": job["id"], "pid": pid})
         while running:
@@ -129,17 +241,29 @@ def serve() -> None:
             if pid == 0:
                 break
             report({"id": running.pop(pid), "code": os.waitstatus_to_exitcode(status)})
+    # Tearing down thousands of preloaded modules takes seconds, and verify
+    # waits for this process: everything is reported, so end at once.
+    os._exit(0)
 
 
 # -- the caller's side ---------------------------------------------------------------
 
 
 class ForkServer:
-    """A running fork server; :meth:`run` is ``subprocess.run`` for its jobs."""
+    """A running fork server; :meth:`run` is ``subprocess.run`` for its jobs.
 
-    def __init__(self, python: Path, env: dict[str, str]) -> None:
+    With ``learned``, the server preloads what that file lists, and on
+    :meth:`close` the file is rewritten with what every job of this run
+    imported from the environment and set in it.
+    """
+
+    def __init__(
+        self, python: Path, env: dict[str, str], learned: Path | None = None
+    ) -> None:
         self.python = str(python)
         self.env = env
+        self.learned = learned
+        self._reports: list[dict[str, Any]] = []
         self._scratch = tempfile.TemporaryDirectory(prefix="deepstack-forks-")
         self._lock = threading.Lock()
         self._started: dict[str, threading.Event] = {}
@@ -150,7 +274,7 @@ class ForkServer:
         self._process: subprocess.Popen[bytes] | None = None
         try:
             self._process = subprocess.Popen(
-                [self.python, __file__],
+                [self.python, __file__, *([str(learned)] if learned else [])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -209,8 +333,9 @@ class ForkServer:
             self._ended[job] = threading.Event()
             out = Path(self._scratch.name) / f"{job}.out"
             err = Path(self._scratch.name) / f"{job}.err"
+            report = Path(self._scratch.name) / f"{job}.report"
             request = {"id": job, "argv": list(command), "env": env, "cwd": str(cwd)}
-            request.update(stdout=str(out), stderr=str(err))
+            request.update(stdout=str(out), stderr=str(err), report=str(report))
             try:
                 assert self._process is not None and self._process.stdin is not None
                 self._process.stdin.write((json.dumps(request) + "\n").encode())
@@ -227,6 +352,8 @@ class ForkServer:
                 list(command), timeout, _text(out), _text(err)
             )
         code = self._codes.get(job, -1)
+        with contextlib.suppress(OSError, ValueError):
+            self._reports.append(json.loads(report.read_text()))
         return subprocess.CompletedProcess(list(command), code, _text(out), _text(err))
 
     @property
@@ -239,6 +366,8 @@ class ForkServer:
             if self._process.stdin is not None:
                 self._process.stdin.close()
             self._process.wait()
+        if self.learned is not None and self._reports:
+            _write_atomically(self.learned, json.dumps(common_ground(self._reports)))
         self._scratch.cleanup()
 
     def __enter__(self) -> ForkServer:
@@ -246,6 +375,29 @@ class ForkServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def common_ground(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What every job imported (in the first job's order) and set alike."""
+    first, *rest = reports
+    others = [set(other["modules"]) for other in rest]
+    modules = [name for name in first["modules"] if all(name in o for o in others)]
+    environ = {
+        key: value
+        for key, value in first["environ"].items()
+        if all(other["environ"].get(key) == value for other in rest)
+    }
+    return {"modules": modules, "environ": environ}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """A torn file would only cost a preload; still, never leave one."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(temporary, path)
 
 
 def _without_pythonpath(env: dict[str, str]) -> dict[str, str]:
@@ -281,4 +433,4 @@ def run_subprocess(
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -211,7 +211,8 @@ def verify_tree(
     started = time.monotonic()
     # Every check is forked from one process that imports torch (forkserver.py),
     # started first so that it does while the trees are planned here.
-    with ForkServer(env.python, subprocess_env(tree.root)) as forks:
+    learned = learned_preload(env, tree.version)
+    with ForkServer(env.python, subprocess_env(tree.root), learned) as forks:
         verdicts = _verdicts(tree, series, selected, pristine)
         to_prove = [
             v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
@@ -266,6 +267,21 @@ def verify_tree(
         pristine=pristine,
         seconds=round(time.monotonic() - started, 1),
     )
+
+
+def learned_preload(env: ProofEnv, version: str) -> Path | None:
+    """Where the fork server keeps what the jobs on this release import
+    (``forkserver.py``): one file per interpreter, release and tool version."""
+    import hashlib
+
+    from deepstack_patch import __version__
+    from deepstack_patch.engine.cache import cache_dir
+
+    key = hashlib.sha256(f"{env.python}\0{version}\0{__version__}".encode())
+    try:
+        return cache_dir() / "preload" / f"{key.hexdigest()[:16]}.json"
+    except DeepstackError:
+        return None  # no cache folder: preload torch alone
 
 
 def verify_installed(
