@@ -266,3 +266,17 @@ def test_common_ground_keeps_order_and_agreement() -> None:
         {"modules": ["c", "a"], "environ": {"X": "1", "Y": "2"}},
     ]
     assert common_ground(reports) == {"modules": ["a", "c"], "environ": {"X": "1"}}
+
+
+def test_a_forked_job_collects_garbage_as_a_new_interpreter(tmp_path: Path) -> None:
+    script = tmp_path / "gc_state.py"
+    script.write_text(
+        "import gc, json\nprint(json.dumps([gc.isenabled(), gc.get_threshold()]))\n"
+    )
+    env = _env(tmp_path)
+    with ForkServer(Path(sys.executable), env) as server:
+        forked, fresh = _both(server, [sys.executable, str(script)], env, tmp_path)
+        assert server.forked == 1
+    assert (
+        json.loads(forked.stdout) == json.loads(fresh.stdout) == [True, [700, 10, 10]]
+    )
