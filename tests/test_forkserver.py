@@ -277,6 +277,5 @@ def test_a_forked_job_collects_garbage_as_a_new_interpreter(tmp_path: Path) -> N
     with ForkServer(Path(sys.executable), env) as server:
         forked, fresh = _both(server, [sys.executable, str(script)], env, tmp_path)
         assert server.forked == 1
-    assert (
-        json.loads(forked.stdout) == json.loads(fresh.stdout) == [True, [700, 10, 10]]
-    )
+    assert json.loads(forked.stdout) == json.loads(fresh.stdout)
+    assert json.loads(forked.stdout)[0] is True
