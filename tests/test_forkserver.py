@@ -214,6 +214,7 @@ def test_the_server_learns_what_every_job_imported_and_set(tmp_path: Path) -> No
     assert "wave" not in first["modules"] and "sndhdr" not in first["modules"]
     assert not any(m.startswith(("tree_module", "__main__")) for m in first["modules"])
     assert first["environ"] == {"SET_BY_JOB": "same"}
+    assert "tree_module" in first["foreign"]
 
     # The next server imports them before forking; a job sees what it set
     # only once it sets it, as in a new interpreter.
@@ -260,12 +261,16 @@ def test_what_the_preloads_imports_write_in_the_environment_is_kept(
     assert json.loads(forked.stdout)["env"]["WRITTEN"] == "yes"
 
 
-def test_common_ground_keeps_order_and_agreement() -> None:
+def test_common_ground_keeps_order_agreement_and_every_trees_package() -> None:
     reports = [
-        {"modules": ["a", "b", "c"], "environ": {"X": "1", "Y": "1"}},
-        {"modules": ["c", "a"], "environ": {"X": "1", "Y": "2"}},
+        {"modules": ["a", "b", "c"], "environ": {"X": "1", "Y": "1"}, "foreign": []},
+        {"modules": ["c", "a"], "environ": {"X": "1", "Y": "2"}, "foreign": ["v"]},
     ]
-    assert common_ground(reports) == {"modules": ["a", "c"], "environ": {"X": "1"}}
+    assert common_ground(reports) == {
+        "modules": ["a", "c"],
+        "environ": {"X": "1"},
+        "foreign": ["v"],
+    }
 
 
 def test_a_forked_job_collects_garbage_as_a_new_interpreter(tmp_path: Path) -> None:
@@ -279,3 +284,38 @@ def test_a_forked_job_collects_garbage_as_a_new_interpreter(tmp_path: Path) -> N
         assert server.forked == 1
     assert json.loads(forked.stdout) == json.loads(fresh.stdout)
     assert json.loads(forked.stdout)[0] is True
+
+
+def test_a_module_that_looks_for_a_trees_package_is_not_preloaded(
+    tmp_path: Path,
+) -> None:
+    import venv
+
+    venv.create(tmp_path / "venv", system_site_packages=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    (site,) = (tmp_path / "venv" / "lib").glob("python*/site-packages")
+    # The environment has its own copy of the tree's package, and a module
+    # whose state depends on it.
+    (site / "tree_pkg.py").write_text("WHERE = 'environment'\n")
+    (site / "probes_tree.py").write_text(
+        "try:\n    import tree_pkg\nexcept ImportError:\n    tree_pkg = None\n"
+    )
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "tree_pkg.py").write_text("WHERE = 'tree'\n")
+    learned = tmp_path / "learned.json"
+    modules = ["colorsys", "probes_tree", "wave"]
+    learned.write_text(json.dumps({"modules": modules, "foreign": ["tree_pkg"]}))
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import json, sys\n"
+        "loaded = [m in sys.modules for m in ('colorsys', 'probes_tree', 'wave')]\n"
+        "import probes_tree\n"
+        "print(json.dumps([loaded, probes_tree.tree_pkg.WHERE]))\n"
+    )
+    env = _env(tmp_path)
+    with ForkServer(python, env, learned) as server:
+        forked, fresh = _both(server, [str(python), str(script)], env, tmp_path)
+        assert server.forked == 1
+    assert json.loads(forked.stdout) == [[True, False, False], "tree"]
+    assert json.loads(fresh.stdout)[1] == "tree"
+    assert json.loads(learned.read_text())["stop"] == ["probes_tree"]

@@ -60,11 +60,36 @@ Spawn = Callable[..., "subprocess.CompletedProcess[str]"]
 # -- the server (in the proof environment) ------------------------------------------
 
 
-def _preload(learned: dict[str, Any]) -> dict[str, str | None]:
+class _Restart(Exception):
+    """A preloaded module looked for a tree's package: preload again, stopping
+    before it (its state might depend on the tree a job has)."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+
+class _TreeGuard:
+    """While preloading, the trees' packages (``vllm``, ``tests``: what jobs
+    imported from their own folders) do not exist, even if the environment
+    has one installed; who looks for one is noted."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.tried = False
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.partition(".")[0] in self.names:
+            self.tried = True
+            raise ModuleNotFoundError(f"{name} is a tree's, not preloaded", name=name)
+        return None
+
+
+def _preload(learned: dict[str, Any], stop: str | None) -> dict[str, str | None]:
     """torch, which every job imports first (vLLM imports it before its own
     settings: ``vllm/env_override.py``), then the modules every job of the
-    last run imported (``learned``); the variables those imports wrote in
-    ``os.environ`` (None: deleted)."""
+    last run imported (``learned``) up to ``stop`` or one in
+    ``learned["stop"]``; the variables those imports wrote in ``os.environ``
+    (None: deleted)."""
     import importlib.util
     import threading
 
@@ -80,7 +105,10 @@ def _preload(learned: dict[str, Any]) -> dict[str, str | None]:
         del_item(self, key)
         written[key] = None
 
+    guard = _TreeGuard(set(learned.get("foreign", [])))
+    stops = {*learned.get("stop", []), stop}
     environ.__setitem__, environ.__delitem__ = recording_set, recording_del  # type: ignore[method-assign]
+    sys.meta_path.insert(0, guard)
     try:
         before = set(sys.modules)
         try:
@@ -97,17 +125,24 @@ def _preload(learned: dict[str, Any]) -> dict[str, str | None]:
         for key, value in learned.get("environ", {}).items():
             set_item(os.environ, key, value)
         for name in learned.get("modules", []):
+            if name in stops:
+                break
             if name in sys.modules:
                 continue
-            try:
+            # A failure is the job's to meet (or avoid) as well.
+            with contextlib.suppress(Exception):
                 importlib.import_module(name)
-            except Exception:  # the job will meet (or avoid) the same failure
-                continue
+            if guard.tried:
+                raise _Restart(name)
             if threading.active_count() > 1:
                 break  # a fork would lose that thread: import no more
     finally:
+        sys.meta_path.remove(guard)
         environ.__setitem__, environ.__delitem__ = set_item, del_item  # type: ignore[method-assign]
     return written
+
+
+MAIN_NAMES = ("__main__", "__mp_main__")
 
 
 def _job_report(job: dict[str, Any]) -> dict[str, Any]:
@@ -115,7 +150,10 @@ def _job_report(job: dict[str, Any]) -> dict[str, Any]:
 
     A module is the environment's if it is built in or its files are under
     the interpreter's prefixes and under none of the job's folders (the tree,
-    the script's folder, the working folder). Only the module's own
+    the script's folder, the working folder); one under those folders is
+    the tree's (or the job's), and its package is never preloaded (``foreign``).
+    Files elsewhere (code torch generates in a temporary folder) are neither.
+    Only the module's own
     ``__dict__`` is read: a lazy module's ``__getattr__`` (transformers') would
     import or warn.
     """
@@ -131,16 +169,14 @@ def _job_report(job: dict[str, Any]) -> dict[str, Any]:
     aways = tuple(folder(p) for p in away if p)
     real: dict[str, str] = {}  # a folder: its real path, once
 
-    def ours(place: str) -> bool:
+    def where(place: str) -> str:
         if place not in real:
             real[place] = folder(place)
-        return real[place].startswith(roots) and not real[place].startswith(aways)
+        return real[place]
 
-    modules = []
+    modules, foreign = [], {"deepstack_patch"}
     for name, module in list(sys.modules.items()):
-        if not isinstance(module, types.ModuleType) or name.startswith(
-            ("__main__", "deepstack_patch")
-        ):
+        if not isinstance(module, types.ModuleType) or name in MAIN_NAMES:
             continue
         own = vars(module)
         file, path = own.get("__file__"), own.get("__path__")
@@ -149,10 +185,16 @@ def _job_report(job: dict[str, Any]) -> dict[str, Any]:
             places += list(path or [])
         except TypeError:
             continue
-        if all(isinstance(p, str) and ours(p) for p in places):
+        if not all(isinstance(p, str) for p in places):
+            continue
+        if any(where(p).startswith(aways) for p in places):
+            foreign.add(name.partition(".")[0])  # the tree's, or the job's own
+        elif all(where(p).startswith(roots) for p in places) and (
+            not name.startswith("deepstack_patch")
+        ):
             modules.append(name)
     environ = {k: v for k, v in os.environ.items() if job["env"].get(k) != v}
-    return {"modules": modules, "environ": environ}
+    return {"modules": modules, "environ": environ, "foreign": sorted(foreign)}
 
 
 def _child(
@@ -208,24 +250,35 @@ def _child(
     return code
 
 
-def serve(learned_file: str | None = None) -> None:
+def serve(learned_file: str | None = None, stop: str | None = None) -> None:
     learned = {}
     if learned_file:
         with contextlib.suppress(OSError, ValueError):
             learned = json.loads(Path(learned_file).read_text())
+
+    def report(message: dict[str, Any]) -> None:
+        os.write(1, (json.dumps(message) + "\n").encode())
+
     # As the gc module's documentation advises for a fork without exec: no
     # collection while importing (a quarter of the preload's time), then the
     # preloaded objects frozen, so that a child's collections skip them.
     gc.disable()
-    preloaded = _preload(learned if isinstance(learned, dict) else {})
+    try:
+        preloaded = _preload(learned if isinstance(learned, dict) else {}, stop)
+    except _Restart as restart:
+        # Nothing is forked yet and no request read: a new interpreter takes
+        # over this process, its pipes and its place, and stops before that
+        # module (the caller keeps it in ``learned["stop"]`` for next time).
+        report({"stop": restart.module})
+        os.execv(
+            sys.executable,
+            [sys.executable, __file__, learned_file or "", restart.module],
+        )
     gc.freeze()
     base_path = sys.path[1:]  # without this file's folder
     running: dict[int, str] = {}
     pending = b""
     open_input = True
-
-    def report(message: dict[str, Any]) -> None:
-        os.write(1, (json.dumps(message) + "\n").encode())
 
     while open_input or running:
         if not open_input:  # nothing more to start: wait for the children
@@ -271,6 +324,7 @@ class ForkServer:
         self.env = env
         self.learned = learned
         self._reports: list[dict[str, Any]] = []
+        self._stops: list[str] = []
         self._scratch = tempfile.TemporaryDirectory(prefix="deepstack-forks-")
         self._lock = threading.Lock()
         self._started: dict[str, threading.Event] = {}
@@ -296,6 +350,9 @@ class ForkServer:
         assert self._process is not None and self._process.stdout is not None
         for line in self._process.stdout:
             message = json.loads(line)
+            if "stop" in message:  # the preload started again before it
+                self._stops.append(message["stop"])
+                continue
             job = message["id"]
             if "pid" in message:
                 self._pids[job] = message["pid"]
@@ -374,7 +431,11 @@ class ForkServer:
                 self._process.stdin.close()
             self._process.wait()
         if self.learned is not None and self._reports:
-            _write_atomically(self.learned, json.dumps(common_ground(self._reports)))
+            learned = common_ground(self._reports)
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                self._stops += json.loads(self.learned.read_text()).get("stop", [])
+            learned["stop"] = sorted(set(self._stops))
+            _write_atomically(self.learned, json.dumps(learned))
         self._scratch.cleanup()
 
     def __enter__(self) -> ForkServer:
@@ -385,7 +446,8 @@ class ForkServer:
 
 
 def common_ground(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """What every job imported (in the first job's order) and set alike."""
+    """What every job imported (in the first job's order) and set alike, and
+    the packages any job imported from its own folders."""
     first, *rest = reports
     others = [set(other["modules"]) for other in rest]
     modules = [name for name in first["modules"] if all(name in o for o in others)]
@@ -394,7 +456,8 @@ def common_ground(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for key, value in first["environ"].items()
         if all(other["environ"].get(key) == value for other in rest)
     }
-    return {"modules": modules, "environ": environ}
+    foreign = sorted({name for report in reports for name in report.get("foreign", [])})
+    return {"modules": modules, "environ": environ, "foreign": foreign}
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -440,4 +503,4 @@ def run_subprocess(
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1] if len(sys.argv) > 1 else None)
+    serve(*(arg or None for arg in sys.argv[1:3]))
