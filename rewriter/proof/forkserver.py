@@ -1,16 +1,16 @@
-"""One torch import for every proof process of a verify run: a fork server.
+"""One import of torch and vLLM's dependencies for every proof process: a fork server.
 
 verify runs three processes at once (the proofs on the tree, on the pristine
 tree, the tree's tests), and each began by importing torch: about 2 s of CPU
 apiece on a 2-core machine. This file, run by the proof environment's
-interpreter as ``python forkserver.py``, imports torch once, then forks one
-child per job it is sent: the child takes the job's environment, working
-folder, ``sys.argv`` and ``sys.path`` (as a fresh interpreter with that
-``PYTHONPATH`` would have them), sends its output to the job's files and
-runs ``SCRIPT ARGS`` or ``-m MODULE ARGS`` as ``__main__``. Nothing of vLLM
-or of a tree is imported before the fork, and each job is its own process:
-a crash or a kill ends that job alone, with its exit code (negative: the
-signal), as a subprocess would.
+interpreter as ``python forkserver.py [LEARNED [STOP]]``, imports torch once,
+then forks one child per job it is sent: the child takes the job's
+environment, working folder, ``sys.argv`` and ``sys.path`` (as a fresh
+interpreter with that ``PYTHONPATH`` would have them), sends its output to
+the job's files and runs ``SCRIPT ARGS`` or ``-m MODULE ARGS`` as
+``__main__``. Nothing of vLLM or of a tree is imported before the fork, and
+each job is its own process: a crash or a kill ends that job alone, with its
+exit code (negative: the signal), as a subprocess would.
 
 :class:`ForkServer` is the caller's side: :meth:`ForkServer.run` stands in for
 ``subprocess.run`` and falls back to it for any job the server cannot run the
@@ -19,24 +19,37 @@ same way (another interpreter, another environment apart from
 only, and torch is optional: without it the jobs import what they need.
 
 Beyond torch, importing vLLM's third-party dependencies (transformers,
-torch's compiler stack, sympy, openai, ...) is most of a job's seconds, and
+torch's compiler stack, sympy, openai, ...) was most of a job's seconds, and
 every job of a verify run imports the same ones. So each child reports, as
 it ends, the modules it imported from the proof environment itself (never
-one of a tree, of deepstack-patch or of the job's folder) and the environment
-variables it set; the caller keeps what *every* job of the run imported and
-set (``learned``, a JSON file in the user cache) and the next server imports
-those modules, in the order they were imported, before it forks: torch under
-the jobs' environment as before, the rest after setting the variables the
-jobs set (vLLM sets some before importing torch's compiler, which reads them
-at import), as in a new interpreter. What those imports do to the
-environment is kept in each child, as it would be in a new interpreter. The
-preload stops at a module that starts a thread (a fork keeps only the
-calling one). Nothing of vLLM or of a tree is ever preloaded.
+one of a tree, of deepstack-patch or of the job's folders), the packages it
+imported from its folders (``vllm``, ``tests``: *foreign*) and the
+environment variables it set. The caller keeps what *every* job of the run
+imported and set (``LEARNED``, a JSON file in the user cache), and the next
+server imports those modules, in the order they were imported, before it
+forks:
+
+- torch under the jobs' environment, as before; the rest after setting the
+  variables the jobs set (vLLM sets some before importing torch's compiler,
+  which reads them at import), as in a new interpreter;
+- what those imports write in ``os.environ`` is written again in each child
+  (the job's own import of the module is a no-op there);
+- a foreign package cannot be imported while preloading, even if the
+  environment has one installed; a module that looks for one (its state
+  could depend on the tree) makes the server start again in a new
+  interpreter, stopping before it (``STOP``; kept in ``LEARNED`` for next
+  time);
+- no garbage collection while preloading, and the preloaded objects frozen
+  before forking (the gc module's advice for a fork without exec); each
+  child collects as a new interpreter does;
+- the preload stops at a module that starts a thread (a fork keeps only the
+  calling one).
 
 Protocol, one JSON object per line: on stdin ``{"id", "argv", "env", "cwd",
 "stdout", "stderr", "report"}``; on stdout ``{"id", "pid"}`` once forked,
-then ``{"id", "code"}`` when the child has ended. End of stdin: the server
-waits for its children and exits.
+then ``{"id", "code"}`` when the child has ended (``{"stop": MODULE}`` before
+the server starts again). End of stdin: the server waits for its children
+and exits.
 """
 
 from __future__ import annotations
