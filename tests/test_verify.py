@@ -467,3 +467,68 @@ def test_verify_command_end_to_end(
     assert document["ok"] and document["environment"]["managed"]
     suite = ET.parse(junit).getroot()
     assert suite.get("failures") == "0" and suite.get("errors") == "0"
+
+
+def _without_timing(document: object) -> object:
+    """A verify document without its seconds and scratch paths."""
+    match document:
+        case dict():
+            return {
+                key: _without_timing(value)
+                for key, value in document.items()
+                if key != "seconds"
+            }
+        case list():
+            return [_without_timing(item) for item in document]
+        case str() if document.startswith("--deepstack-results="):
+            return "--deepstack-results=..."
+    return document
+
+
+@pytest.mark.verify
+@pytest.mark.release
+def test_the_fork_servers_preload_changes_no_result(
+    proof_env: envs.ProofEnv,
+    release_tree: Callable[[str], Path],
+    patched_copy: Callable[[str], Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second run preloads what the first run's jobs imported
+    (forkserver.py); its report is the first's, seconds apart."""
+    release = "0.20.2" if "0.20.2" in NEEDED else next(iter(NEEDED))
+    pristine = VllmTree.open(release_tree(release))
+    tree = patched_copy(release)
+    _apply(tree)
+    learned = tmp_path / "learned.json"
+    monkeypatch.setattr(verify, "learned_preload", lambda env, version: learned)
+    reports = []
+    for _ in range(2):
+        report = verify.verify_tree(
+            VllmTree.open(tree),
+            SERIES,
+            {p.id for p in SERIES},
+            proof_env,
+            TARGETS,
+            pristine=pristine,
+        )
+        reports.append(_without_timing(documents.verify_json(report)))
+        preloaded = json.loads(learned.read_text())
+        assert "transformers" in preloaded["modules"]
+        assert "vllm" in preloaded["foreign"] and "vllm" not in preloaded["modules"]
+    first, second = reports
+    assert isinstance(first, dict) and first["patches"] and first["tree_tests"]["cases"]
+    assert second == first
+
+
+def test_what_the_fork_server_learned_is_kept_per_interpreter_and_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path))
+    one = envs.ProofEnv(Path("/envs/one/bin/python"))
+    other = envs.ProofEnv(Path("/envs/other/bin/python"))
+    path = verify.learned_preload(one, "0.20.2")
+    assert path is not None and path.parent == tmp_path / "preload"
+    assert path == verify.learned_preload(one, "0.20.2")
+    assert path != verify.learned_preload(one, "0.20.1")
+    assert path != verify.learned_preload(other, "0.20.2")

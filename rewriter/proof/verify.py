@@ -13,8 +13,10 @@ deepstack-patch's platform plugin:
   extensions, or a skip with the reason when there is no GPU (``gpu.py``).
 
 Independent subprocesses run in parallel, each forked from one process that
-has imported torch (``forkserver.py``); the trees' modules are compiled once,
-cached by content (``code_cache.py``). Nothing here names a fix.
+has imported torch and the third-party modules every job of the last run on
+this release imported (``forkserver.py``; never a tree's module); the trees'
+modules are compiled once, cached by content (``code_cache.py``). Nothing
+here names a fix.
 :func:`verify` is the plumbing the ``verify`` command and ``matrix --verify``
 call; :func:`verify_tree` runs the checks with an environment at hand.
 """
@@ -209,9 +211,11 @@ def verify_tree(
 ) -> VerifyReport:
     """Run every selected check on ``tree`` (and its pristine release)."""
     started = time.monotonic()
-    # Every check is forked from one process that imports torch (forkserver.py),
-    # started first so that it does while the trees are planned here.
-    with ForkServer(env.python, subprocess_env(tree.root)) as forks:
+    # Every check is forked from one process that imports torch and what the
+    # checks import from the environment (forkserver.py), started first so
+    # that it does while the trees are planned here.
+    learned = learned_preload(env, tree.version)
+    with ForkServer(env.python, subprocess_env(tree.root), learned) as forks:
         verdicts = _verdicts(tree, series, selected, pristine)
         to_prove = [
             v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
@@ -266,6 +270,21 @@ def verify_tree(
         pristine=pristine,
         seconds=round(time.monotonic() - started, 1),
     )
+
+
+def learned_preload(env: ProofEnv, version: str) -> Path | None:
+    """Where the fork server keeps what the jobs on this release import
+    (``forkserver.py``): one file per interpreter, release and tool version."""
+    import hashlib
+
+    from deepstack_patch import __version__
+    from deepstack_patch.engine.cache import cache_dir
+
+    key = hashlib.sha256(f"{env.python}\0{version}\0{__version__}".encode())
+    try:
+        return cache_dir() / "preload" / f"{key.hexdigest()[:16]}.json"
+    except DeepstackError:
+        return None  # no cache folder: preload torch alone
 
 
 def verify_installed(
