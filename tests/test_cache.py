@@ -82,6 +82,21 @@ def test_a_second_lock_on_a_tree_is_refused_at_once_and_freed_after(
         pass
 
 
+def test_one_folder_reached_by_two_paths_takes_one_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tmp_path / "link").symlink_to(tree)
+    (tmp_path / "other").mkdir()
+    with tree_lock(tree):
+        with pytest.raises(DeepstackError), tree_lock(tmp_path / "link"):
+            pass
+        with tree_lock(tmp_path / "other"):
+            pass
+
+
 def test_a_cache_where_no_lock_can_be_made_says_what_to_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ def tree_lock(root: Path) -> Iterator[None]:
     from deepstack_patch.engine.cache import cache_dir
 
     locks = cache_dir() / "locks"
-    lock_file = locks / f"{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock"
+    lock_file = locks / _lock_name(root)
     busy = DeepstackError(
         f"another deepstack-patch run is writing to {root}",
         f"wait for it to finish (lock file: {lock_file})",
@@ -53,6 +52,17 @@ def tree_lock(root: Path) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)  # releases the lock
+
+
+def _lock_name(root: Path) -> str:
+    """The tree folder's device and inode: every path to one folder (a
+    symlink, another spelling) takes the same lock, and no hash is needed
+    (hashlib loads OpenSSL, a few milliseconds of every ``apply``)."""
+    try:
+        folder = os.stat(root)
+    except OSError:  # opening the tree reports it; lock by its path meanwhile
+        return f"{os.fsencode(root).hex()[-64:]}.lock"
+    return f"{folder.st_dev:x}-{folder.st_ino:x}.lock"
 
 
 def _lock_hint(exc: OSError, locks: Path) -> str:

@@ -18,7 +18,6 @@ cache folder), one small JSON file each, written atomically. Set
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -52,6 +51,8 @@ class RecognitionCache:
         return cls(cache_dir() / "recognised", fingerprint)
 
     def _path(self, relpath: str, raw: bytes, patches: Sequence[Patch]) -> Path:
+        import hashlib  # loads OpenSSL (about 4 ms): only when the cache is on
+
         digest = hashlib.sha256(self.fingerprint)
         for part in (relpath.encode(), ",".join(p.id for p in patches).encode()):
             digest.update(len(part).to_bytes(8, "little") + part)
@@ -118,6 +119,8 @@ def _fingerprint(series: Sequence[Patch]) -> bytes | None:
 
 
 def _code_fingerprint(series: Sequence[Patch]) -> bytes | None:
+    import hashlib
+
     from deepstack_patch import __version__
 
     engine = Path(__file__).parent
