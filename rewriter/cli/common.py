@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -73,6 +72,8 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
     from deepstack_patch.output.plain import escape
 
     if wants_json(words):
+        import json  # only here: the command line's import stays light
+
         document = {
             "schema": 1,
             "command": invoked_command(words),
