@@ -6,9 +6,13 @@
 The floor is measured in the same run, on the same files: a fresh Python
 process that reads and ``ast.parse``s the files the series parses in that
 release (every file a patch's marker bytes appear in). Each round runs every
-command once, floor included, in turn, so a load that comes and goes touches
-all of them alike; a figure is the median of ``--runs`` rounds after one
-untimed round that warms the OS file cache. Per release:
+command once, in turn, each right after a run of the floor; after one
+untimed round that warms the OS file cache, a command's ratio is the median
+over ``--runs`` rounds of its time over the floor run just before it. On a
+shared host the same cold process can take 1.5x as long from one run to the
+next, and the ratio of a floor median and a command median, taken apart,
+can pair a fast floor with a slow command; it is printed beside, as
+"medians", for comparison with earlier rounds. Per release:
 
 - ``status``, ``apply --check`` and a no-op ``apply`` (on a patched copy),
   each as users run it (the recognition cache holds the release's files
@@ -87,22 +91,51 @@ def timed(
     return elapsed
 
 
-def rounds(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, float]:
+def rounds(
+    runs: int,
+    measures: dict[str, Callable[[], float]],
+    floor: Callable[[], float] | None = None,
+) -> dict[str, float]:
     """Median of ``runs`` rounds of every measure, after one untimed round;
-    also ``<name> cpu``, the median CPU seconds of the same processes."""
+    also ``<name> cpu``, the median CPU seconds of the same processes.
+
+    With ``floor``, the floor runs right before every measure, and
+    ``<name> ratio`` (``<name> cpu ratio``) is the median of each measure's
+    ratio to the floor run just before it; ``floor`` is then the median of
+    all floor runs. On a shared host one cold process can take 1.5x another
+    of the same work: the ratio of two medians taken apart can pair a fast
+    floor with a slow command, while a ratio within a pair cannot.
+    """
     samples: dict[str, list[float]] = {name: [] for name in measures}
     cpu: dict[str, list[float]] = {name: [] for name in measures}
+    ratios: dict[str, list[float]] = {name: [] for name in measures}
+    cpu_ratios: dict[str, list[float]] = {name: [] for name in measures}
+    floors: list[float] = []
+    floors_cpu: list[float] = []
     for index in range(runs + 1):
         names = list(measures)
         # Rotate the order so that no command always runs first in a round.
         names = names[index % len(names) :] + names[: index % len(names)]
         for name in names:
+            if floor is not None:
+                floor_seconds, floor_cpu = floor(), LAST_CPU[0]
             seconds = measures[name]()
             if index:
                 samples[name].append(seconds)
                 cpu[name].append(LAST_CPU[0])
+                if floor is not None:
+                    floors.append(floor_seconds)
+                    floors_cpu.append(floor_cpu)
+                    ratios[name].append(seconds / floor_seconds)
+                    cpu_ratios[name].append(LAST_CPU[0] / floor_cpu)
     medians = {name: statistics.median(values) for name, values in samples.items()}
     medians.update({f"{name} cpu": statistics.median(cpu[name]) for name in cpu})
+    if floor is not None:
+        medians["floor"] = statistics.median(floors)
+        medians["floor cpu"] = statistics.median(floors_cpu)
+        for name in measures:
+            medians[f"{name} ratio"] = statistics.median(ratios[name])
+            medians[f"{name} cpu ratio"] = statistics.median(cpu_ratios[name])
     return medians
 
 
@@ -177,9 +210,7 @@ def measure_release(
         ),
         "no-op apply": ([*TOOL, "apply", "--vllm-src", str(applied)], (0,)),
     }
-    measures: dict[str, Callable[[], float]] = {
-        "floor": lambda: timed([sys.executable, "-c", FLOOR_CODE, *files])
-    }
+    measures: dict[str, Callable[[], float]] = {}
     for name, (command, ok) in commands.items():
         # As users run it (the recognition cache holds the release after the
         # untimed round), and with the cache off: every file parsed.
@@ -187,7 +218,9 @@ def measure_release(
         measures[f"{name}, no cache"] = lambda c=command, o=ok: timed(c, o, NO_CACHE)
     if full_apply:
         measures["apply"] = fresh_apply
-    medians = rounds(runs, measures)
+    medians = rounds(
+        runs, measures, floor=lambda: timed([sys.executable, "-c", FLOOR_CODE, *files])
+    )
     medians["files"] = len(files)
     return medians
 
@@ -198,18 +231,23 @@ def print_release(version: str, medians: dict[str, float], where: str) -> bool:
         f"\nvLLM {version} ({where}): floor {floor:.3f} s wall, {floor_cpu:.3f} s "
         f"CPU ({int(medians['files'])} files read and parsed)"
     )
+    print(
+        f"  {'':24} {'median':>9}  {'x floor':>7} {'(CPU)':>7}  {'medians':>8}  target"
+    )
     met = True
-    for name, seconds in medians.items():
+    for name, seconds in list(medians.items()):
         target = RATIO_TARGETS.get(name.split(",")[0])
-        if target is None or name.endswith(" cpu"):
+        if target is None or name.endswith((" cpu", " ratio")):
             continue
-        ratio = seconds / floor
-        cpu_ratio = medians[f"{name} cpu"] / floor_cpu
+        ratio = medians[f"{name} ratio"]
+        # The ratio of the two medians, for comparison with earlier rounds.
+        apart = seconds / floor
         verdict = "ok" if ratio <= target else "OVER"
         met = met and ratio <= target
         print(
-            f"  {name:24} {seconds:7.3f} s  {ratio:5.2f}x floor  "
-            f"(CPU {cpu_ratio:5.2f}x)  (target {target:.1f}x)  {verdict}"
+            f"  {name:24} {seconds:7.3f} s  {ratio:6.2f}x "
+            f"({medians[f'{name} cpu ratio']:5.2f}x)  {apart:7.2f}x  "
+            f"{target:5.1f}x  {verdict}"
         )
     return met
 
