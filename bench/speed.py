@@ -235,7 +235,7 @@ def print_release(version: str, medians: dict[str, float], where: str) -> bool:
         f"  {'':24} {'median':>9}  {'x floor':>7} {'(CPU)':>7}  {'medians':>8}  target"
     )
     met = True
-    for name, seconds in list(medians.items()):
+    for name, seconds in medians.items():
         target = RATIO_TARGETS.get(name.split(",")[0])
         if target is None or name.endswith((" cpu", " ratio")):
             continue

@@ -60,7 +60,9 @@ def _lock_name(root: Path) -> str:
     (hashlib loads OpenSSL, a few milliseconds of every ``apply``)."""
     try:
         folder = os.stat(root)
-    except OSError:  # opening the tree reports it; lock by its path meanwhile
+    except OSError:
+        # Not there (opening the tree reports that): lock by the path's last
+        # 32 bytes, in hex, within a file name's length limit.
         return f"{os.fsencode(root).hex()[-64:]}.lock"
     return f"{folder.st_dev:x}-{folder.st_ino:x}.lock"
 
