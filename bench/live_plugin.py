@@ -29,7 +29,7 @@ import ast, dataclasses, enum, hashlib, importlib.util, inspect, json, marshal
 import pathlib, re, sys, time, typing
 from pathlib import Path
 started = time.perf_counter()
-from deepstack_patch.proof.live_plugin import live_state
+from deepstack_patch.liveness.live_plugin import live_state
 state = live_state(Path(sys.argv[1]))
 print(json.dumps({"ms": (time.perf_counter() - started) * 1000,
                   "live": state.live, "missing": sorted(state.missing)}))

@@ -174,13 +174,13 @@ def full_tree(version: str, work: Path) -> Path:
 
 def partial_tree(version: str) -> Path:
     """The cached extraction of what status reads (as ``matrix`` makes it)."""
+    from deepstack_patch.distribution.matrix import status_tree
     from deepstack_patch.fetch.releases import (
         cached_release,
         download_release,
         find_release,
     )
     from deepstack_patch.patches import SERIES
-    from deepstack_patch.vendor.matrix import status_tree
 
     archive = cached_release(version) or download_release(find_release(version))
     patterns = [pattern for patch in SERIES for pattern in patch.paths]

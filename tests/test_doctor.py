@@ -304,7 +304,7 @@ def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (info / "entry_points.txt").write_text(
         "[vllm.general_plugins]\n"
-        "deepstack_patch_live = deepstack_patch.proof.live_plugin:check_live\n"
+        "deepstack_patch_live = deepstack_patch.liveness.live_plugin:check_live\n"
     )
     return folder
 
@@ -367,7 +367,7 @@ def test_plugin_in_vllms_loader_on_pristine_and_patched_trees(
 
 CHECK = (
     "import vllm\n"
-    "from deepstack_patch.proof.live_plugin import check_live\n"
+    "from deepstack_patch.liveness.live_plugin import check_live\n"
     "check_live()\n"
 )
 
@@ -400,7 +400,7 @@ def test_live_check_warns_raises_or_stays_quiet(tmp_path: Path) -> None:
 def test_live_check_cache_follows_the_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deepstack_patch.proof.live_plugin import _cache_file
+    from deepstack_patch.liveness.live_plugin import _cache_file
 
     site = make_site(tmp_path / "site", granite.AFTER)
     assert f"fixes live: {GRANITE}" in run_check(site).stderr

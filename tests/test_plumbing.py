@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from deepstack_patch.distribution.quilt import SERIES_MARKER, export_series
 from deepstack_patch.engine.apply import CHECK, DRY_RUN, WRITE, apply_tree
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
 from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
-from deepstack_patch.vendor.quilt import SERIES_MARKER, export_series
 
 MODEL = "vllm/model_executor/models/granite4_vision.py"
 ALL = {patch.id for patch in SERIES}

@@ -27,11 +27,7 @@ from click.testing import CliRunner
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from deepstack_patch.cli import main
-from deepstack_patch.fetch.releases import cached_release
-from deepstack_patch.patches import SERIES, patch_by_id
-from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
-from deepstack_patch.patches._follow_ups import FOLLOW_UPS
-from deepstack_patch.vendor.provenance import (
+from deepstack_patch.distribution.provenance import (
     PROVENANCE_NAME,
     SBOM_NAME,
     AppliedPatch,
@@ -41,6 +37,10 @@ from deepstack_patch.vendor.provenance import (
     sbom_document,
     write_sbom,
 )
+from deepstack_patch.fetch.releases import cached_release
+from deepstack_patch.patches import SERIES, patch_by_id
+from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
+from deepstack_patch.patches._follow_ups import FOLLOW_UPS
 from jsonschema import Draft202012Validator
 
 UPSTREAM = UpstreamArtefact("vllm-0.20.2.tar.gz", "ab" * 32, "sdist")
@@ -529,7 +529,7 @@ def test_list_does_not_import_the_sbom_library() -> None:
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('cyclonedx', 'packageurl', 'jsonschema'))\n"
         "print('LOADED', loaded, 'PROVENANCE', "
-        "'deepstack_patch.vendor.provenance' in sys.modules)\n"
+        "'deepstack_patch.distribution.provenance' in sys.modules)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True

@@ -83,7 +83,7 @@ def cached(version: str) -> Path:
 @pytest.fixture
 def partial_copy(tmp_path: Path) -> Callable[[str], Path]:
     """``partial_copy("0.20.2")``: a private, writable copy of what status reads."""
-    from deepstack_patch.vendor.matrix import status_tree
+    from deepstack_patch.distribution.matrix import status_tree
 
     def get(version: str, name: str = "tree") -> Path:
         patterns = [pattern for patch in SERIES for pattern in patch.paths]

@@ -21,7 +21,8 @@ import pytest
 from click.testing import CliRunner, Result
 from deepstack_patch.cli import main
 from deepstack_patch.engine.installed import InstalledVllm
-from deepstack_patch.proof import installed_check, installed_tests
+from deepstack_patch.liveness import installed_check
+from deepstack_patch.proof import installed_tests
 from deepstack_patch.proof.installed_tests import (
     installed_gpu_stage,
     missing_hint,

@@ -157,9 +157,9 @@ def apply_with_commits(
     output_format: str,
 ) -> int:
     """Apply the needed patches as one git commit each; return the exit code."""
+    from deepstack_patch.distribution.vcs import commit_series
     from deepstack_patch.output.documents import dump_json, plan_json
     from deepstack_patch.output.tables import print_plan_table, print_tree_header
-    from deepstack_patch.vendor.vcs import commit_series
 
     result = commit_series(tree, series, selected, allow_dirty)
     if result.drifted:

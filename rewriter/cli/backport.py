@@ -67,9 +67,9 @@ def backport(
     Exit codes: 0 all four written; 2 drifted targets or an error (the
     patched tree and tarball are not written).
     """
+    from deepstack_patch.distribution.backport import REPORT_NAME, backport_release
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.output.documents import dump_json
-    from deepstack_patch.vendor.backport import REPORT_NAME, backport_release
 
     series = load_series()
     out = out or Path(f"backport-{release}")

@@ -220,9 +220,9 @@ def open_tree(
 
 def partial_release(version: str) -> VllmTree:
     """What status reads of a release, extracted once into the cache."""
+    from deepstack_patch.distribution.matrix import status_tree
     from deepstack_patch.fetch.releases import release_archive
     from deepstack_patch.output.progress import note, progress
-    from deepstack_patch.vendor.matrix import status_tree
 
     with progress(f"downloading vllm-{version}.tar.gz") as update:
         archive = release_archive(version, update, note)

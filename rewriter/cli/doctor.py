@@ -42,8 +42,8 @@ def doctor(python: Path | None, import_check: bool, output_format: str) -> None:
     Exit codes: 0 every needed fix is live; 1 one is not (the output says
     which and why); 2 an error.
     """
+    from deepstack_patch.liveness.doctor import diagnose, diagnosis_json
     from deepstack_patch.output.documents import dump_json
-    from deepstack_patch.proof.doctor import diagnose, diagnosis_json
 
     diagnosis = diagnose(python, load_series(), import_check)
     if output_format == "json":

@@ -49,9 +49,9 @@ def export(
     Exit codes: 0 series written (possibly empty: nothing needed);
     2 drifted targets or an error, nothing written.
     """
+    from deepstack_patch.distribution.quilt import export_series, vllm_named
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.output.documents import dump_json, plan_json
-    from deepstack_patch.vendor.quilt import export_series, vllm_named
 
     series = load_series()
     result = export_series(tree, series, select_patches(series, only, skip), series_dir)

@@ -90,8 +90,8 @@ def matrix(
     --verify, every verify passed); 1 some state differs or a verify failed;
     2 an error (a release could not be fetched or read).
     """
+    from deepstack_patch.distribution.matrix import matrix_inputs
     from deepstack_patch.engine.plan import select_patches
-    from deepstack_patch.vendor.matrix import matrix_inputs
 
     targets_path, targets, releases = matrix_inputs(releases_file, targets_file)
     series = load_series()
@@ -106,8 +106,8 @@ def matrix(
     result = _check_with_progress(releases, series, selected, targets, jobs, verify)
     patch_ids = [patch.id for patch in series if patch.id in selected]
     if output_format == "json":
+        from deepstack_patch.distribution.matrix import matrix_json
         from deepstack_patch.output.documents import dump_json
-        from deepstack_patch.vendor.matrix import matrix_json
 
         document = matrix_json(
             result.results, result.differences, str(targets_path), result.wall_seconds
@@ -135,7 +135,7 @@ def matrix(
 def _emit(
     emit: str, output: Path, releases: list[str], targets: Any, install: str | None
 ) -> int:
-    from deepstack_patch.vendor.pipelines import DEFAULT_INSTALL, emit_pipeline
+    from deepstack_patch.distribution.pipelines import DEFAULT_INSTALL, emit_pipeline
 
     text = emit_pipeline(emit, releases, targets, install or DEFAULT_INSTALL)
     if str(output) == "-":
@@ -157,8 +157,8 @@ def _check_with_progress(
     jobs: int,
     verify: bool,
 ) -> Any:
+    from deepstack_patch.distribution.matrix import check_matrix
     from deepstack_patch.output.progress import progress
-    from deepstack_patch.vendor.matrix import check_matrix
 
     with progress("matrix", unit="items") as update:
         finished = 0

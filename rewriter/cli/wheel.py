@@ -73,10 +73,10 @@ def wheel(
     \b
     Exit codes: 0 written; 2 drifted targets or an error (nothing written).
     """
+    from deepstack_patch.distribution.sdist import local_version
+    from deepstack_patch.distribution.wheel import patch_wheel
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.output.documents import dump_json
-    from deepstack_patch.vendor.sdist import local_version
-    from deepstack_patch.vendor.wheel import patch_wheel
 
     if (release is None) == (wheel_file is None):
         raise DeepstackError(

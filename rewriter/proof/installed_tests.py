@@ -32,7 +32,7 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.installed import InstalledVllm
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.targets import Targets
-from deepstack_patch.proof import installed_check
+from deepstack_patch.liveness import installed_check
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 from deepstack_patch.proof.gpu import GpuStage, detect_gpu
 from deepstack_patch.proof.proofs import has_proof, run_proofs

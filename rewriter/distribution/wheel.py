@@ -29,12 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deepstack_patch.distribution.quilt import PatchStep, plan_steps, write_series
+from deepstack_patch.distribution.sdist import local_version, version_edits
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.tree import VllmTree
-from deepstack_patch.vendor.quilt import PatchStep, plan_steps, write_series
-from deepstack_patch.vendor.sdist import local_version, version_edits
 
 Progress = Callable[[str], None]
 #: Signatures of the old RECORD; they cannot sign the new one.
@@ -117,7 +117,7 @@ def _write_provenance(
 ) -> None:
     """The series and the SBOM beside the patched wheel, as ``backport`` writes
     them beside the patched sdist."""
-    from deepstack_patch.vendor.provenance import (
+    from deepstack_patch.distribution.provenance import (
         UpstreamArtefact,
         read_applied,
         sha256_file,

@@ -54,7 +54,7 @@ def prepare_out(out: Path) -> None:
             f"--out {out}: not empty, and not the output of an earlier backport",
             "give a new or empty folder",
         )
-    from deepstack_patch.vendor.provenance import PROVENANCE_NAME, SBOM_NAME
+    from deepstack_patch.distribution.provenance import PROVENANCE_NAME, SBOM_NAME
 
     # Only what an earlier backport writes is removed.
     earlier_outputs = (REPORT_NAME, "series", SBOM_NAME, PROVENANCE_NAME)
@@ -77,16 +77,20 @@ def backport_release(
 
     A drifted selected patch leaves no patched tree: the result says so.
     """
+    from deepstack_patch.distribution.provenance import (
+        backport_document_paths,
+        write_backport_provenance,
+    )
+    from deepstack_patch.distribution.quilt import build_date, plan_steps, write_series
+    from deepstack_patch.distribution.sdist import (
+        local_version,
+        repack_sdist,
+        version_edits,
+    )
     from deepstack_patch.engine.transaction import write_edits
     from deepstack_patch.fetch.releases import extract_release
     from deepstack_patch.output.documents import dump_json, plan_json
     from deepstack_patch.output.progress import note
-    from deepstack_patch.vendor.provenance import (
-        backport_document_paths,
-        write_backport_provenance,
-    )
-    from deepstack_patch.vendor.quilt import build_date, plan_steps, write_series
-    from deepstack_patch.vendor.sdist import local_version, repack_sdist, version_edits
 
     started = time.monotonic()
     started_on = dt.datetime.now(dt.timezone.utc)

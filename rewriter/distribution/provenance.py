@@ -133,7 +133,7 @@ def sbom_document(
     from cyclonedx.model.bom import Bom, BomMetaData
     from cyclonedx.model.component import Component, ComponentType, Pedigree
     from cyclonedx.output.json import JsonV1Dot6
-    from deepstack_patch.vendor.quilt import build_date
+    from deepstack_patch.distribution.quilt import build_date
     from packageurl import PackageURL
 
     timestamp = timestamp or build_date()

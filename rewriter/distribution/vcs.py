@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deepstack_patch import __version__
+from deepstack_patch.distribution.quilt import (
+    PatchStep,
+    plan_steps,
+    upstream_reference,
+    vllm_named,
+)
 from deepstack_patch.engine.apply import mark_applied, refuse_blocked
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.locks import tree_lock
@@ -21,12 +27,6 @@ from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
-from deepstack_patch.vendor.quilt import (
-    PatchStep,
-    plan_steps,
-    upstream_reference,
-    vllm_named,
-)
 
 if TYPE_CHECKING:
     import git

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from deepstack_patch.proof.change_record import ChangeRecord
+    from deepstack_patch.liveness.change_record import ChangeRecord
 
 CHECK_ENV = "DEEPSTACK_PATCH_CHECK"
 REQUIRE_ENV = "DEEPSTACK_PATCH_REQUIRE"
@@ -121,7 +121,7 @@ def live_state(root: Path | None = None) -> LiveState:
 
 
 def _record(root: Path) -> ChangeRecord | None:
-    from deepstack_patch.proof.change_record import UnreadableRecord, read_record
+    from deepstack_patch.liveness.change_record import UnreadableRecord, read_record
 
     for dist_info in sorted(root.glob("vllm-*.dist-info")):
         try:
@@ -135,7 +135,7 @@ def _record(root: Path) -> ChangeRecord | None:
 
 def _check_bytecode(state: LiveState, files: list[str]) -> None:
     """A live fix whose module would load stale bytecode is not live."""
-    from deepstack_patch.proof.probe import STALE, bytecode_state
+    from deepstack_patch.liveness.probe import STALE, bytecode_state
 
     stale = [
         pyc

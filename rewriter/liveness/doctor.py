@@ -24,8 +24,8 @@ from typing import Any
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import Patch, PatchReport, PatchState
 from deepstack_patch.engine.tree import VllmTree, detect_version
-from deepstack_patch.proof import probe
-from deepstack_patch.proof.change_record import (
+from deepstack_patch.liveness import probe
+from deepstack_patch.liveness.change_record import (
     ChangeRecord,
     UnreadableRecord,
     read_record,
@@ -124,7 +124,7 @@ def _warm_live_check(root: Path) -> None:
     looks first (the user cache), so that the server's first process does
     not pay for it: run doctor as the user that runs vLLM, e.g. in the image
     build."""
-    from deepstack_patch.proof.live_plugin import live_state
+    from deepstack_patch.liveness.live_plugin import live_state
 
     # A cache left cold costs the server time, never the truth of this report.
     with contextlib.suppress(Exception):

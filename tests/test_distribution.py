@@ -23,12 +23,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from deepstack_patch.cli import main
+from deepstack_patch.distribution.quilt import upstream_reference
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.targets import default_targets_path
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
-from deepstack_patch.vendor.quilt import upstream_reference
 
 from tests.support import TARGETS, link_copy
 

@@ -24,7 +24,7 @@ def _release_commands(
     version: str, skip: Sequence[str], label: str = "deepstack.1"
 ) -> list[str]:
     """The shell commands one CI job runs for one release."""
-    from deepstack_patch.vendor.sdist import local_version
+    from deepstack_patch.distribution.sdist import local_version
 
     skips = "".join(f" --skip {shlex.quote(patch_id)}" for patch_id in skip)
     out = f"backport-{version}"
