@@ -152,6 +152,11 @@ class Patch:
     #: series order) and on the shape before their rewrite (`status` and
     #: `apply --check` rewrite nothing, so they never import LibCST).
     requires: ClassVar[tuple[str, ...]] = ()
+    #: Patch ids this one must never ship without when they are needed: later
+    #: upstream repairs of what this fix breaks on its own (a companion runs
+    #: after it in the series). Selecting this patch without a needed
+    #: companion is refused, as a deselected requirement is.
+    companions: ClassVar[tuple[str, ...]] = ()
     #: Patch ids whose fix this one replaces (metadata for `list`).
     supersedes: ClassVar[tuple[str, ...]] = ()
     #: Where to look: globs relative to the tree root.
