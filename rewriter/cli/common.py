@@ -69,8 +69,6 @@ def os_error(exc: OSError) -> DeepstackError:
 
 def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
     """``error:`` and ``hint:`` on stderr (and JSON on stdout with --format json)."""
-    from deepstack_patch.output.plain import escape
-
     if wants_json(words):
         import json  # only here: the command line's import stays light
 
@@ -85,12 +83,20 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
             },
         }
         click.echo(json.dumps(document, indent=2))
+    print_error(exc)
+    sys.exit(EXIT_ERROR)
+
+
+def print_error(exc: DeepstackError) -> None:
+    """``error:`` and ``hint:`` on stderr, for a command that also has a
+    document of its own to print (doctor's diagnosis)."""
+    from deepstack_patch.output.plain import escape
+
     console = stderr_console()
     console.print(f"[bold red]error:[/] {escape(exc.located)}")
     if exc.hint:
         # Escaped: hints quote things like 'deepstack-patch[verify]'.
         console.print(f"[bold]hint:[/] {escape(exc.hint)}")
-    sys.exit(EXIT_ERROR)
 
 
 def wants_json(words: Sequence[str]) -> bool:
