@@ -27,9 +27,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_NEEDED = 1
 EXIT_ERROR = 2
-
-
-EXIT_INTERRUPTED = 130
+# Ctrl-C exits 130: deepstack_patch.entry.EXIT_INTERRUPTED.
 
 
 def stdout_console() -> Console:
@@ -43,12 +41,6 @@ def stderr_console() -> Console:
     from deepstack_patch.output.progress import console_for
 
     return console_for(sys.stderr)
-
-
-def interrupted() -> NoReturn:
-    """Ctrl-C: one line, and 130 (never 1, which means "needed" or "differs")."""
-    sys.stderr.write("interrupted\n")
-    sys.exit(EXIT_INTERRUPTED)
 
 
 def invoked_command(words: Sequence[str]) -> str:
