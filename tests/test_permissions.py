@@ -51,13 +51,14 @@ def test_root_may_chmod_what_it_does_not_own() -> None:
 
 
 def test_a_user_who_is_not_the_owner_is_told_who_is() -> None:
-    hint = permission_hint(FOLDER, IMAGE_BUILD, status=fake_status(0), euid=1000)
+    hint = permission_hint(FOLDER, IMAGE_BUILD, status=fake_status(0), euid=UNNAMED_UID)
     assert "chmod" not in hint, hint
     assert f"{FOLDER} belongs to root" in hint, hint
+    assert f"deepstack-patch runs as uid {UNNAMED_UID}" in hint, hint
     assert "sudo deepstack-patch" in hint, hint
     assert hint.endswith(
-        "or patch in the image build (RUN deepstack-patch apply --installed in "
-        "the Dockerfile)"
+        "or run it in the image build instead (e.g. RUN deepstack-patch apply "
+        "--installed in the Dockerfile)"
     ), hint
 
 

@@ -71,9 +71,10 @@ def writable_folder_of(path: Path) -> Path:
 
 
 #: The way round a site-packages folder this user may not write that needs
-#: nobody's rights at run time: patch it where the image is built, as root.
+#: nobody's rights at run time: change the install where its image is built.
 IMAGE_BUILD = (
-    "patch in the image build (RUN deepstack-patch apply --installed in the Dockerfile)"
+    "run it in the image build instead "
+    "(e.g. RUN deepstack-patch apply --installed in the Dockerfile)"
 )
 
 
@@ -112,8 +113,8 @@ def permission_hint(
         case _:
             run_as = f"sudo -u {owner} deepstack-patch …"
     return (
-        f"{path} belongs to {owner}, and this run is {_user_name(euid)}: run "
-        f"deepstack-patch as {owner} ({run_as}), or {instead}"
+        f"{path} belongs to {owner}, and deepstack-patch runs as "
+        f"{_user_name(euid)}: run it as {owner} ({run_as}), or {instead}"
     )
 
 
