@@ -1,6 +1,6 @@
 """The JSON documents commands print with ``--format json`` (schema 1).
 
-The documents are a contract (documented in README.md); add fields, never
+The documents are a contract (documented in docs/output.md); add fields, never
 rename or remove them without bumping ``SCHEMA_VERSION``.
 """
 
