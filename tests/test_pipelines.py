@@ -238,8 +238,11 @@ def test_no_attest_leaves_out_the_step_and_its_permissions() -> None:
 
 
 def test_matrix_help_explains_attest() -> None:
-    result = CliRunner().invoke(main, ["matrix", "--help"])
-    assert result.exit_code == 0
+    # Wide enough that no option name is broken across lines.
+    result = CliRunner().invoke(
+        main, ["matrix", "--help"], terminal_width=400, max_content_width=400
+    )
+    assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     for words in (
         "--attest / --no-attest",

@@ -71,9 +71,9 @@ from deepstack_patch.engine.errors import DeepstackError
     help="With --emit github-actions: sign each verified patched tarball with "
     "GitHub's artifact attestation (actions/attest-build-provenance), which "
     "gives the job the permissions id-token: write, attestations: write and "
-    "contents: read. Private repositories need GitHub Enterprise Cloud for "
-    "attestations: there, use --no-attest. Buildkite pipelines keep only the "
-    "unsigned provenance.intoto.json.",
+    "contents: read. Attestations in private repositories need GitHub "
+    "Enterprise Cloud; without it, use --no-attest. Buildkite pipelines keep "
+    "only the unsigned provenance.intoto.json.",
 )
 @select_options
 @format_option
