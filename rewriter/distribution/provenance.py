@@ -11,7 +11,7 @@ Beside every patched output, two documents say what it is and how it was made:
 - ``provenance.intoto.json``, an unsigned in-toto Statement v1 with a SLSA
   provenance v1 predicate: the sha256 of every output file as subjects, the
   release, series and local version as parameters, the upstream artefact and
-  deepstack-patch as resolved dependencies. A pipeline signs it (README,
+  deepstack-patch as resolved dependencies. A pipeline signs it (docs/vendor.md,
   "Provenance").
 
 The SBOM's builder is the only code here that needs ``cyclonedx-python-lib``;
@@ -40,7 +40,7 @@ PROVENANCE_NAME = "provenance.intoto.json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
 #: What a ``backport`` run is, for SLSA's ``buildType`` (its parameters are
-#: documented in README.md, "Provenance"). The project has no web home yet,
+#: documented in docs/vendor.md, "Provenance"). The project has no web home yet,
 #: so this is a URN rather than an address that resolves.
 BACKPORT_BUILD_TYPE = "urn:deepstack-patch:build-type:backport:v1"
 #: The builder when the pipeline does not name itself: set
@@ -384,12 +384,15 @@ def write_backport_provenance(
     file, report.json and the SBOM: every file a build consumes, but not the
     extracted tree (the tarball holds it).
     """
+    # report.json's outputs are absolute: the statement names every subject
+    # relative to ``out``, which a pipeline gives relative (--out backport-V).
+    out = out.resolve()
     outputs = report["outputs"]
     series_dir = Path(outputs["series"])
     names = list(outputs["series_files"])
     by_id = {patch.id: patch for patch in series}
     patches = [by_id[patch_id] for patch_id in report["applied"]]
-    applied = read_applied(series_dir, patches, names, out.resolve())
+    applied = read_applied(series_dir, patches, names, out)
     upstream = UpstreamArtefact(archive.name, sha256_file(archive), "sdist")
     tarball = Path(outputs["sdist"])
     sbom = write_sbom(
@@ -408,7 +411,7 @@ def write_backport_provenance(
             Path(outputs["report"]),
             sbom,
         ],
-        root=out.resolve(),
+        root=out,
         release=report["release"],
         local_version=report["local_version"],
         series=[p["id"] for p in report["patches"] if p["selected"]],
