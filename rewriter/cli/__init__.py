@@ -16,13 +16,13 @@ import click
 from deepstack_patch import __version__
 from deepstack_patch.cli.common import (
     EXIT_ERROR,
+    interrupted,
     invoked_command,
     os_error,
     report_error,
     wants_json,
 )
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.entry import interrupted
 from deepstack_patch.output import progress
 
 # Command name -> "module:function" under deepstack_patch.cli. Only the invoked

@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_NEEDED = 1
 EXIT_ERROR = 2
-# Ctrl-C exits 130: deepstack_patch.entry.EXIT_INTERRUPTED.
+
+
+EXIT_INTERRUPTED = 130
 
 
 def stdout_console() -> Console:
@@ -41,6 +43,15 @@ def stderr_console() -> Console:
     from deepstack_patch.output.progress import console_for
 
     return console_for(sys.stderr)
+
+
+def interrupted() -> NoReturn:
+    """Ctrl-C: one line, and 130 (never 1, which means "needed" or "differs").
+
+    deepstack_patch.entry says the same for a Ctrl-C before this module loads.
+    """
+    sys.stderr.write("interrupted\n")
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def invoked_command(words: Sequence[str]) -> str:
