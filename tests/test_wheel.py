@@ -86,6 +86,9 @@ def test_small_wheel_is_patched_and_versioned(tmp_path: Path) -> None:
     assert len(document["outputs"]["wheel_sha256"]) == 64
     sbom = json.loads(Path(document["outputs"]["sbom"]).read_text())
     assert sbom["metadata"]["component"]["version"] == "0.1.0+deepstack.1"
+    (output_hash,) = sbom["metadata"]["component"]["hashes"]
+    assert output_hash["content"] == document["outputs"]["wheel_sha256"]
+    assert output_hash["content"] == hashlib.sha256(written.read_bytes()).hexdigest()
     (ancestor,) = sbom["metadata"]["component"]["pedigree"]["ancestors"]
     assert ancestor["purl"] == "pkg:pypi/vllm@0.1.0"
     assert (

@@ -157,6 +157,7 @@ def _write_provenance(
             result.series, [step.patch for step in steps], names, out_dir
         ),
         output=result.path,
+        output_sha256=result.sha256,
     )
 
 
