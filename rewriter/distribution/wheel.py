@@ -50,6 +50,7 @@ from deepstack_patch.distribution.zipcopy import copy_member
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.tree import VllmTree, glob_matcher
 
 if TYPE_CHECKING:
@@ -105,7 +106,10 @@ def patch_wheel(
             tree = _extract_tree(source, Path(scratch), series)
             say(f"planning {len(series)} patch(es) on vllm {release}")
             # Patch by patch, as a series: the SBOM carries each one's diff.
-            plan, steps = plan_steps(tree, series, selected)
+            # The plans see the official release's files: what a run before
+            # (or `status` on the same release) recognised is not parsed again.
+            cache = RecognitionCache.for_series(series)
+            plan, steps = plan_steps(tree, series, selected, cache=cache)
             result = PatchedWheel(wheel, release, new_version, plan)
             if any(r.selected and r.state is PatchState.DRIFTED for r in plan.reports):
                 return result
