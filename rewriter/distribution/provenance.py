@@ -387,12 +387,15 @@ def write_backport_provenance(
     file, report.json and the SBOM: every file a build consumes, but not the
     extracted tree (the tarball holds it).
     """
+    # report.json's outputs are absolute: the statement names every subject
+    # relative to ``out``, which a pipeline gives relative (--out backport-V).
+    out = out.resolve()
     outputs = report["outputs"]
     series_dir = Path(outputs["series"])
     names = list(outputs["series_files"])
     by_id = {patch.id: patch for patch in series}
     patches = [by_id[patch_id] for patch_id in report["applied"]]
-    applied = read_applied(series_dir, patches, names, out.resolve())
+    applied = read_applied(series_dir, patches, names, out)
     upstream = UpstreamArtefact(archive.name, sha256_file(archive), "sdist")
     tarball = Path(outputs["sdist"])
     sbom = write_sbom(
@@ -411,7 +414,7 @@ def write_backport_provenance(
             Path(outputs["report"]),
             sbom,
         ],
-        root=out.resolve(),
+        root=out,
         release=report["release"],
         local_version=report["local_version"],
         series=[p["id"] for p in report["patches"] if p["selected"]],
