@@ -196,6 +196,40 @@ def test_a_damaged_member_leaves_no_partial_wheel(tmp_path: Path) -> None:
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (None, "vllm/data/kernel.bin has no hash in RECORD"),
+        ("vllm/data/kernel.bin,sha256=AAAA,1000", "RECORD gives vllm/data/kernel.bin"),
+    ],
+)
+def test_a_copied_member_must_match_its_record_row(
+    tmp_path: Path, row: str | None, message: str
+) -> None:
+    """A copied member is not inflated: its RECORD row must exist and give
+    its size, or the wheel is refused and nothing is written."""
+    source = small_wheel(tmp_path)
+    edited = tmp_path / "edited" / source.name
+    edited.parent.mkdir()
+    record = "vllm-0.1.0.dist-info/RECORD"
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(edited, "w") as new:
+        for info in old.infolist():
+            data = old.read(info)
+            if info.filename == record:
+                kept = [
+                    line
+                    for line in data.decode().splitlines()
+                    if not line.startswith("vllm/data/kernel.bin,")
+                ]
+                data = "\n".join(kept + ([row] if row else []) + [""]).encode()
+            new.writestr(info, data)
+    out = tmp_path / "o"
+    code, output = run("wheel", "--wheel", str(edited), "--out", str(out))
+    assert code == 2, output
+    assert message in " ".join(output.split())
+    assert list(out.iterdir()) == []
+
+
 def test_a_wheel_that_needs_nothing_still_gets_its_version(tmp_path: Path) -> None:
     fixed = small_wheel(tmp_path, granite.AFTER)
     code, output = run("wheel", "--wheel", str(fixed), "--out", str(tmp_path))
