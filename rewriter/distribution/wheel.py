@@ -11,8 +11,8 @@ official wheel already holds them. Only its Python files change here: the
 * every member it does not change as the compressed bytes it came in as,
   with its CRC, date, permissions, compression method and extra fields
   (:mod:`.zipcopy`; the renamed ``.dist-info`` files too, under their new
-  names): recompressing 3,136 unchanged members of vLLM 0.20.2's wheel took
-  20 s of CPU, copying them takes as long as copying the file;
+  names): compressing the 3,135 unchanged members of vLLM 0.20.2's wheel
+  again took 20-35 s of CPU, copying them about as long as copying the file;
 * the rewritten members compressed anew, with their original attributes;
 * ``RECORD`` written again: the official rows of the copied members (renamed
   with the ``.dist-info`` folder), new rows for the rewritten ones.
