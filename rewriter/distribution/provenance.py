@@ -255,14 +255,17 @@ def write_sbom(
     upstream: UpstreamArtefact,
     applied: Sequence[AppliedPatch],
     output: Path | None = None,
+    output_sha256: str = "",
 ) -> Path:
-    """Write the SBOM of ``output`` (the patched tarball or wheel) to ``path``."""
+    """Write the SBOM of ``output`` (the patched tarball or wheel) to ``path``;
+    give ``output_sha256`` when the caller has hashed ``output`` already (a
+    wheel is 244 MB)."""
     text = sbom_document(
         release=release,
         local_version=local_version,
         upstream=upstream,
         applied=applied,
-        output_sha256=sha256_file(output) if output else "",
+        output_sha256=output_sha256 or (sha256_file(output) if output else ""),
     )
     _write_atomically(path, text + "\n")
     return path
