@@ -310,12 +310,10 @@ class Qwen3VLDeepstackWithoutVision(Patch):
     )
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
-        found = [
-            _recognise_init(qualname, init)
-            for qualname, init in _buffer_building_inits(tree)
-        ]
+        inits = _buffer_building_inits(tree)
+        found = [_recognise_init(qualname, init) for qualname, init in inits]
         if any(f.state in (PatchState.NEEDED, PatchState.APPLIED) for f in found):
-            found.append(recognise_import(tree, path))
+            found.append(recognise_import(tree, path, [init for _, init in inits]))
         return found
 
     def rewrite(

@@ -11,6 +11,7 @@ after its last import. The import is a finding of its own (symbol
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from deepstack_patch.engine.protocol import Finding, PatchState
@@ -27,14 +28,22 @@ UTILS = "vllm.model_executor.models.utils"
 MODELS_DIR = "vllm/model_executor/models/"
 
 
-def recognise_import(tree: ast.Module, path: str) -> Finding:
-    """Whether ``StageMissingLayer`` is imported, and where the import goes."""
+def recognise_import(
+    tree: ast.Module, path: str, functions: Sequence[ast.FunctionDef]
+) -> Finding:
+    """Whether ``StageMissingLayer`` is imported, at module level or in the
+    ``functions`` that use it, and where the import goes."""
     imports = [
         node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)
     ]
+    # Not a walk of the whole module (a model file has ~70,000 nodes): the
+    # module's own statements, through `if`/`try`, and the functions' bodies.
     binding = [
         node
-        for node in ast.walk(tree)
+        for node in [
+            *_module_statements(tree.body),
+            *(n for function in functions for n in ast.walk(function)),
+        ]
         if isinstance(node, ast.ImportFrom)
         and any(a.name == GUARD and a.asname in (None, GUARD) for a in node.names)
     ]
@@ -61,6 +70,15 @@ def recognise_import(tree: ast.Module, path: str) -> Finding:
     return finding(
         PatchState.NEEDED, IMPORT_SYMBOL, imports[-1], rewrites=(), details={}
     )
+
+
+def _module_statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    for statement in body:
+        yield statement
+        match statement:
+            case ast.If(body=inner, orelse=other) | ast.Try(body=inner, orelse=other):
+                yield from _module_statements(inner)
+                yield from _module_statements(other)
 
 
 def _imports_utils(node: ast.stmt, beside_utils: bool) -> bool:
