@@ -1,4 +1,4 @@
-"""The proof of vllm#49397: with image and video off, no meta tensor reaches the decoder.
+"""The proof of vllm#49397: image and video off, no meta tensor reaches the decoder.
 
 Each class whose ``__init__`` builds the deepstack buffers next to its vision
 tower is constructed through that real ``__init__`` and the tree's own
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deepstack_patch.engine.syntax import FunctionNode, is_self_attribute
+from deepstack_patch.engine.syntax import is_self_attribute
 from deepstack_patch.proof import proving
 
 from .._deepstack_buffer import BUFFERS, CLEAR, GET, MODEL_PATHS, RESIZE, SET
@@ -455,7 +455,7 @@ def _imported_names(module: ast.Module, module_name: str) -> dict[str, tuple[str
 def build_model(
     classes: TreeClasses, builder: BufferBuilder, limits: dict[str, int]
 ) -> Any:
-    """The tree's class through its real ``__init__``, what is not under test stood in."""
+    """The tree's class through its real ``__init__``; the rest stood in."""
     cls, namespace = classes.get(builder)
     vllm_config = tiny_vllm_config(limits)
     with _patched(namespace, _stand_ins(builder)), _no_op_methods(cls):
