@@ -22,6 +22,7 @@ from deepstack_patch import __version__
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import FileEdit, Plan, plan_tree
 from deepstack_patch.engine.protocol import Patch
+from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.output.diffs import unified_diff
 
@@ -43,12 +44,15 @@ def plan_steps(
     series: Sequence[Patch],
     selected: set[str],
     progress: Callable[[str], None] | None = None,
+    cache: RecognitionCache | None = None,
 ) -> tuple[Plan, list[PatchStep]]:
     """The plan of the whole selection, and its per-patch steps in series order.
 
     When the plan has a drifted patch the steps are empty: callers refuse.
+    With a ``cache``, files that none of the plans rewrites are not parsed
+    again (see :func:`plan_tree`).
     """
-    full = plan_tree(tree, series, selected, progress=progress)
+    full = plan_tree(tree, series, selected, progress=progress, cache=cache)
     if any(r.selected and r.state.value == "drifted" for r in full.reports):
         return full, []
     needed = {report.patch.id for report in full.needed}
@@ -63,7 +67,11 @@ def plan_steps(
             continue
         # The prefix plan is the tree as patches 1..N leave it; its own
         # recognition re-checks each patch on its predecessors' output.
-        plan = full if prefix == selected else plan_tree(tree, series, set(prefix))
+        plan = (
+            full
+            if prefix == selected
+            else plan_tree(tree, series, set(prefix), cache=cache)
+        )
         edits = []
         for edit in plan.edits:
             before = current.get(edit.relpath, edit.old)
