@@ -320,7 +320,7 @@ class TreeClasses:
         for name in sorted(wanted):
             if name in stand_ins or hasattr(builtins, name):
                 continue
-            value = self._resolve(name, imports, module_ast)
+            value = self._resolve(name, imports)
             if value is not None:
                 namespace[name] = value
         imported = [
@@ -360,9 +360,7 @@ class TreeClasses:
         exec(code, namespace)
         return namespace[builder.name], namespace
 
-    def _resolve(
-        self, name: str, imports: dict[str, tuple[str, str]], module_ast: ast.Module
-    ) -> Any:
+    def _resolve(self, name: str, imports: dict[str, tuple[str, str]]) -> Any:
         """A global ``name`` of the module: another builder's class, or imported."""
         if name in imports:
             source_module, attribute = imports[name]
