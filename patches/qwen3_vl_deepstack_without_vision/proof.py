@@ -324,9 +324,9 @@ class TreeClasses:
             if value is not None:
                 namespace[name] = value
         imported = [
-            namespace[b.id]
-            for b in builder.node.bases
-            if isinstance(b, ast.Name) and b.id in namespace
+            base
+            for node in builder.node.bases
+            if (base := _evaluated(node, namespace)) is not None
         ]
         # Only the bases __init__ needs: the module, the tree's class that
         # defines the tower context, and another builder it inherits from.
@@ -384,6 +384,17 @@ class TreeClasses:
         # Defined in the module itself (a helper class such as a mixin): left
         # out; what __init__ needs from it is stood in for.
         return None
+
+
+def _evaluated(node: ast.expr, namespace: dict[str, Any]) -> Any:
+    """A base class written ``Name`` or ``module.Name`` (``nn.Module``)."""
+    match node:
+        case ast.Name(id=name):
+            return namespace.get(name)
+        case ast.Attribute(value=value, attr=attribute):
+            owner = _evaluated(value, namespace)
+            return getattr(owner, attribute, None) if owner is not None else None
+    return None
 
 
 def _kept_body(cls: ast.ClassDef) -> list[ast.stmt]:
