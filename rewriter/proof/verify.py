@@ -33,7 +33,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,14 +229,7 @@ def verify_tree(
             ForkServer(env.python, subprocess_env(tree.root), learned)
         )
         verdicts = _verdicts(tree, series, selected, pristine)
-        to_prove = [
-            v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
-        ]
-        before_ids = [
-            v.patch.id
-            for v in verdicts
-            if _provable(v.pristine_state) and has_proof(v.patch)
-        ]
+        to_prove, before_ids = _proofs_to_run(verdicts)
         applicable = [v.patch.id for v in verdicts if _provable(v.state)]
         tests, absent = select_tests(
             tree.root, targets, applicable, "cpu", tree.version
@@ -245,43 +238,18 @@ def verify_tree(
         scratch = stack.enter_context(
             tempfile.TemporaryDirectory(prefix="deepstack-baseline-")
         )
-        baselines = (
-            companion_baselines(pristine, series, verdicts, Path(scratch), before_ids)
-            if pristine is not None
-            else []
+        baselines, before_ids = _companion_baselines(
+            pristine, series, verdicts, Path(scratch), before_ids
         )
-        for baseline in baselines:
-            for verdict in verdicts:
-                if verdict.patch.id in baseline.proves:
-                    verdict.pristine_baseline = baseline.applied
-        on_baselines = {i for baseline in baselines for i in baseline.proves}
-        before_ids = [i for i in before_ids if i not in on_baselines]
-
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
             after = pool.submit(run_proofs, env, tree.root, to_prove, spawn=forks.run)
-            before_futures: list[Future[dict[str, ProofResult]]] = []
-            if pristine is not None:
-                progress(f"proofs on pristine {pristine.root}: {', '.join(before_ids)}")
-                before_futures.append(
-                    pool.submit(
-                        run_proofs, env, pristine.root, before_ids, spawn=forks.run
-                    )
+            before_futures = [
+                pool.submit(run_proofs, env, root, ids, spawn=forks.run)
+                for root, ids in _pristine_runs(
+                    pristine, before_ids, baselines, progress
                 )
-            for baseline in baselines:
-                progress(
-                    f"proofs on pristine + {', '.join(baseline.applied)}: "
-                    f"{', '.join(baseline.proves)}"
-                )
-                before_futures.append(
-                    pool.submit(
-                        run_proofs,
-                        env,
-                        baseline.tree.root,
-                        baseline.proves,
-                        spawn=forks.run,
-                    )
-                )
+            ]
             if tests:
                 progress(f"{len(tests)} tree test selection(s) with pytest")
             test_future = pool.submit(
@@ -314,6 +282,57 @@ def verify_tree(
         pristine=pristine,
         seconds=round(time.monotonic() - started, 1),
     )
+
+
+def _proofs_to_run(verdicts: list[PatchVerdict]) -> tuple[list[str], list[str]]:
+    """The patches whose proof runs on the tree, and on its pristine release."""
+    return [
+        v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
+    ], [
+        v.patch.id
+        for v in verdicts
+        if _provable(v.pristine_state) and has_proof(v.patch)
+    ]
+
+
+def _companion_baselines(
+    pristine: VllmTree | None,
+    series: Sequence[Patch],
+    verdicts: list[PatchVerdict],
+    scratch: Path,
+    before_ids: list[str],
+) -> tuple[list[Baseline], list[str]]:
+    """The baselines companions are proven on (see :func:`companion_baselines`),
+    each named in its verdicts, and the proofs left for the pristine tree."""
+    if pristine is None:
+        return [], before_ids
+    baselines = companion_baselines(pristine, series, verdicts, scratch, before_ids)
+    for baseline in baselines:
+        for verdict in verdicts:
+            if verdict.patch.id in baseline.proves:
+                verdict.pristine_baseline = baseline.applied
+    on_baselines = {i for baseline in baselines for i in baseline.proves}
+    return baselines, [i for i in before_ids if i not in on_baselines]
+
+
+def _pristine_runs(
+    pristine: VllmTree | None,
+    before_ids: list[str],
+    baselines: list[Baseline],
+    progress: Progress,
+) -> list[tuple[Path, list[str]]]:
+    """The trees the pristine proofs run on, with the proofs of each."""
+    if pristine is None:
+        return []
+    progress(f"proofs on pristine {pristine.root}: {', '.join(before_ids)}")
+    runs = [(pristine.root, before_ids)]
+    for baseline in baselines:
+        progress(
+            f"proofs on pristine + {', '.join(baseline.applied)}: "
+            f"{', '.join(baseline.proves)}"
+        )
+        runs.append((baseline.tree.root, list(baseline.proves)))
+    return runs
 
 
 @dataclass(frozen=True)
