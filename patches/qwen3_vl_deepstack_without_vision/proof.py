@@ -258,7 +258,12 @@ def tiny_vllm_config(limits: dict[str, int]) -> Any:
     # One object serves Qwen3-VL (config.vision_config) and the Omni thinker
     # (hf_config.thinker_config.vision_config).
     hf_config = types.SimpleNamespace(
-        vision_config=vision, text_config=text, audio_config=audio, rms_norm_eps=1e-6
+        vision_config=vision,
+        text_config=text,
+        audio_config=audio,
+        rms_norm_eps=1e-6,
+        # The Omni thinker copies it for its language model from 0.29.0 on.
+        architectures=["TinyDeepstackModel"],
     )
     hf_config.thinker_config = hf_config
     multimodal = MultiModalConfig(limit_per_prompt=dict(limits))

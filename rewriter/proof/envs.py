@@ -69,6 +69,11 @@ CPU_REQUIREMENTS: tuple[str, ...] = (
     # 0.17-0.18 and 0.30+ import these on the way to the sampler.
     "prometheus-client",
     "fastapi",
+    # 0.30+ import these through the model utilities (tool and structured
+    # output parsers), which vllm#49397's proof needs for _mark_tower_model.
+    "partial-json-parser",
+    "xgrammar",
+    "llguidance",
 )
 
 PLUGIN_DIST = "deepstack_patch_vllm_platform"
