@@ -58,7 +58,9 @@ class FunctionCode:
 class SourceReader:
     """Each file of a tree read and parsed at most once (None: unparsable)."""
 
-    def __init__(self, tree: VllmTree, overrides: dict[str, bytes] | None = None):
+    def __init__(
+        self, tree: VllmTree | None, overrides: dict[str, bytes] | None = None
+    ):
         self.tree = tree
         self._overrides = overrides or {}
         self._raw: dict[str, bytes | None] = {}
@@ -68,6 +70,8 @@ class SourceReader:
         if relpath not in self._raw:
             if relpath in self._overrides:
                 self._raw[relpath] = self._overrides[relpath]
+            elif self.tree is None:
+                self._raw[relpath] = None
             else:
                 try:
                     self._raw[relpath] = (self.tree.root / relpath).read_bytes()
@@ -101,6 +105,13 @@ class SourceReader:
         first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
         text = "".join(lines[first - 1 : function.end_lineno or function.lineno])
         return FunctionCode(relpath, symbol, first, text, normalized_code(function))
+
+
+def function_code_in(raw: bytes | None, path: str, symbol: str) -> FunctionCode | None:
+    """The function ``symbol`` of one file's bytes (a git blob, say)."""
+    if raw is None:
+        return None
+    return SourceReader(None, {path: raw}).code(path, symbol)
 
 
 def normalized_code(function: ast.AST) -> str:

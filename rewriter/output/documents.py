@@ -131,3 +131,8 @@ def verify_json(report: Any) -> dict[str, Any]:
         "seconds": report.seconds,
         "ok": report.ok,
     }
+
+
+def watch_json(result: Any) -> dict[str, Any]:
+    """``watch --format json`` of a ``distribution.watch.WatchResult``."""
+    return {"schema": SCHEMA_VERSION, "command": "watch", **result.json()}
