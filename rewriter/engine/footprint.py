@@ -345,3 +345,11 @@ def footprints(
         PatchFootprint(report.patch.id, footprint(report, tree, reader))
         for report in reports
     ]
+
+
+def series_footprints(tree: VllmTree, series: Sequence[Patch]) -> list[PatchFootprint]:
+    """Every patch's footprint in ``tree`` (recognised, nothing rewritten)."""
+    from deepstack_patch.engine.plan import plan_tree
+
+    plan = plan_tree(tree, series, rewrite=False)
+    return footprints(tree, plan.reports)

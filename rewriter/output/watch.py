@@ -74,3 +74,18 @@ def print_watch(console: Console, result: Any, all_diffs: bool = False) -> None:
             else ""
         )
     )
+
+
+def print_footprints(console: Console, tree: Any, found: Any) -> None:
+    """``list --footprint``: per patch, each function with file:line and why."""
+    console.print(f"footprints in vLLM {tree.version} at {escape(str(tree.root))}")
+    for item in found:
+        console.print()
+        console.print(
+            f"[bold]{escape(item.patch_id)}[/]  {len(item.functions)} functions"
+        )
+        for function in item.functions:
+            console.print(
+                f"  {escape(function.symbol)}  {escape(function.path)}:{function.line}"
+                f"  ({escape(function.why)})"
+            )
