@@ -321,7 +321,8 @@ def test_cli_watch_exit_codes_and_json(
     reviewed.write_text(
         "".join(
             f'[[reviewed]]\npatch = "{p}"\nrelease = "0.23.0"\n'
-            'symbol = "TinyDeepstackModel.__init__"\nreason = "r"\nreviewed = "2025-01-01"\n'
+            'symbol = "TinyDeepstackModel.__init__"\nreason = "r"\n'
+            'reviewed = "2025-01-01"\n'
             for p in ("vllm#40932", "vllm#43617")
         )
     )
