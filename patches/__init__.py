@@ -13,6 +13,7 @@ from . import (
     granite4_vision_deepstack_slice,
     qwen3_vl_deepstack_bounds_check,
     qwen3_vl_deepstack_resize,
+    qwen3_vl_deepstack_without_vision,
     sampler_batch_recompile,
 )
 
@@ -23,6 +24,9 @@ SERIES: tuple[Patch, ...] = (
     granite4_vision_deepstack_slice.PATCH,
     # After vllm#40932, which it requires: both rewrite _get_deepstack_input_embeds.
     qwen3_vl_deepstack_resize.PATCH,
+    # vllm#43617's companion: with the buffers always returned, a skipped
+    # vision tower's meta buffers reach the decoder (vllm#49384).
+    qwen3_vl_deepstack_without_vision.PATCH,
 )
 
 

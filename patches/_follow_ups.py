@@ -4,7 +4,9 @@ A dated record, read by hand from the upstream threads (the date is when it
 was read; a status may have changed since). Each patch module takes its
 entry as ``follow_ups``; `list`, `status`, their JSON and the SBOM show them.
 Add an entry when upstream reports a problem with a fix, proposes it again,
-or changes the code it touched.
+or changes the code it touched. A later upstream change that repairs what a
+carried fix broke is not a follow-up but a patch of the series, named in the
+fix's ``companions`` (vllm#49397 for vllm#43617).
 """
 
 from __future__ import annotations
@@ -33,14 +35,6 @@ FOLLOW_UPS: dict[str, tuple[FollowUp, ...]] = {
             "on an image people-detection task under torch.compile, measured "
             "with the official v0.20.2 and v0.27.1 images and v0.27.1 with that "
             "line restored.",
-        ),
-        FollowUp(
-            "vllm#49397",
-            "merged",
-            "2026-11-23",
-            "Skips the zero-backed deepstack buffers this fix keeps when the "
-            "vision tower itself is skipped (StageMissingLayer, vllm#49384 on "
-            "Qwen3-Omni); that later change is not part of this patch.",
         ),
         FollowUp(
             "vllm#44384",

@@ -285,6 +285,9 @@ class Qwen3VLDeepstackResize(Patch):
     symptom = section(__doc__, "Symptom")
     also_changes = section(__doc__, "Fix safety")
     requires = ("vllm#40932",)
+    # Always returning the buffers hands a skipped vision tower's meta
+    # buffers to the decoder (vllm#49384); upstream repaired it in vllm#49397.
+    companions = ("vllm#49397",)
     follow_ups = FOLLOW_UPS["vllm#43617"]
     paths = MODEL_PATHS
     markers = MARKERS

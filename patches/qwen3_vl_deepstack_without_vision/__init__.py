@@ -1,8 +1,695 @@
 """vllm#49397: Qwen3-VL / Qwen3-Omni crash at startup with image and video off.
 
-Symptom: the engine dies in its profiling run with ``RuntimeError: Tensor on
-device meta is not on the expected device cuda:0!`` (vllm#49384) when
-``--limit-mm-per-prompt`` sets image and video to 0
+Symptom: Qwen3-VL / Qwen3-Omni die at startup, in the profiling run, with
+``RuntimeError: Tensor on device meta is not on the expected device cuda:0!``
+(vllm#49384) when ``--limit-mm-per-prompt`` sets image and video to 0
+(Qwen3-Omni served audio-only; Qwen3-VL text-only with prompt or multimodal
+embeddings)
 
-(The recogniser and rewrite follow; this module is being written.)
+Why: the model's ``__init__`` builds its deepstack buffers
+(``self.deepstack_input_embeds``) inside ``with self._mark_tower_model(...)``.
+When every modality of that tower is limited to 0, the context skips the
+tower: its block runs under ``torch.device("meta")``, so the buffers are meta
+tensors. Wherever ``_get_deepstack_input_embeds`` hands them to the decoder
+although no vision payload is stored, the decoder adds a meta tensor to a real
+one. Releases before vllm#40145 (0.17-0.19) and from vllm#43617 on (0.23.0 to
+0.27.1) do that natively; 0.20.0-0.22.1 return ``None`` instead, until
+vllm#43617 is applied to them: this patch is that fix's companion, and the
+series never applies vllm#43617 without it.
+
+Fix safety: In each class whose ``__init__`` builds the buffers inside a tower
+block, the buffer statement (``if self.use_deepstack: ...``) moves out of the
+block to right after it, and the assignments from ``self.use_deepstack`` up to
+the block move after the block too, ``use_deepstack`` becoming ``... and not
+isinstance(self.<tower>, StageMissingLayer)``: with the tower skipped no
+buffer is built and deepstack is off. ``StageMissingLayer`` is imported from
+the model utilities where the file does not import it yet. The comment
+``# register buffer for deepstack`` that upstream dropped goes; other comments
+move with their statements.
+
+Upstream moved the tower block up in the Qwen3-Omni thinker and the
+assignments down in Qwen3-VL; both give the same order, which this rewrite
+writes in both. Classes that inherit ``__init__`` are fixed with their base;
+a class with an ``__init__`` of its own (Qwen3-VL-MoE) is fixed on its own.
 """
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deepstack_patch.engine.prose import section
+from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
+from deepstack_patch.engine.syntax import (
+    finding,
+    is_self_attribute,
+    iter_classes,
+    rewrite_definitions,
+)
+
+from .._deepstack_buffer import BUFFERS, MODEL_PATHS
+
+if TYPE_CHECKING:
+    import libcst
+
+TOWER = "_mark_tower_model"
+GUARD = "StageMissingLayer"
+USE = "use_deepstack"
+IMPORT_SYMBOL = f"import {GUARD}"
+#: Where ``StageMissingLayer`` lives, and how a file beside it names it.
+UTILS = "vllm.model_executor.models.utils"
+MODELS_DIR = "vllm/model_executor/models/"
+#: The comment upstream dropped with the move; others move with their statement.
+DROPPED_COMMENT = "# register buffer for deepstack"
+LINE_LENGTH = 88
+#: Where the examples stand: beside the model utilities.
+MODEL_FILE = MODELS_DIR + "tiny_vl.py"
+
+BEFORE = """
+from .utils import AutoWeightsLoader, PPMissingLayer, maybe_prefix
+
+
+class TinyVL(nn.Module, SupportsMultiModal):
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+
+        self.use_deepstack = hasattr(config.vision_config, "deepstack_visual_indexes")
+        self.deepstack_num_level = (
+            len(config.vision_config.deepstack_visual_indexes)
+            if self.use_deepstack
+            else 0
+        )
+
+        with self._mark_tower_model(vllm_config, {"image", "video"}):
+            self.visual = TinyVisionTower(config.vision_config)
+
+            # register buffer for deepstack
+            if self.use_deepstack:
+                self.deepstack_input_embeds = [
+                    torch.zeros(8, config.text_config.hidden_size)
+                    for _ in range(self.deepstack_num_level)
+                ]
+                # Zero means there is no active deepstack payload to consume.
+                self.deepstack_input_embeds_num_tokens = 0
+
+        with self._mark_language_model(vllm_config):
+            self.language_model = TinyLM(vllm_config)
+"""
+
+AFTER = """
+from .utils import AutoWeightsLoader, PPMissingLayer, StageMissingLayer, maybe_prefix
+
+
+class TinyVL(nn.Module, SupportsMultiModal):
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+
+        with self._mark_tower_model(vllm_config, {"image", "video"}):
+            self.visual = TinyVisionTower(config.vision_config)
+
+        self.use_deepstack = hasattr(
+            config.vision_config, "deepstack_visual_indexes"
+        ) and not isinstance(self.visual, StageMissingLayer)
+        self.deepstack_num_level = (
+            len(config.vision_config.deepstack_visual_indexes)
+            if self.use_deepstack
+            else 0
+        )
+
+        if self.use_deepstack:
+            self.deepstack_input_embeds = [
+                torch.zeros(8, config.text_config.hidden_size)
+                for _ in range(self.deepstack_num_level)
+            ]
+            # Zero means there is no active deepstack payload to consume.
+            self.deepstack_input_embeds_num_tokens = 0
+
+        with self._mark_language_model(vllm_config):
+            self.language_model = TinyLM(vllm_config)
+"""
+
+# The Qwen3-Omni thinker: another tower first, the flag already split over
+# lines, the utilities imported in brackets and the buffer without a blank
+# line before it.
+OMNI_BEFORE = """
+from .utils import (
+    AutoWeightsLoader,
+    WeightsMapper,
+    maybe_prefix,
+)
+
+
+class TinyThinker(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        thinker_config = vllm_config.model_config.hf_config
+        with self._mark_tower_model(vllm_config, "audio"):
+            self.audio_tower = TinyAudioTower(thinker_config.audio_config)
+
+        self.use_deepstack = hasattr(
+            thinker_config.vision_config, "deepstack_visual_indexes"
+        )
+        self.deepstack_num_level = 2 if self.use_deepstack else 0
+
+        with self._mark_tower_model(vllm_config, {"image", "video"}):
+            self.visual = TinyVisionTower(thinker_config.vision_config)
+            if self.use_deepstack:
+                self.deepstack_input_embeds = [torch.zeros(8, 4), torch.zeros(8, 4)]
+"""
+
+OMNI_AFTER = """
+from .utils import (
+    AutoWeightsLoader,
+    StageMissingLayer,
+    WeightsMapper,
+    maybe_prefix,
+)
+
+
+class TinyThinker(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        thinker_config = vllm_config.model_config.hf_config
+        with self._mark_tower_model(vllm_config, "audio"):
+            self.audio_tower = TinyAudioTower(thinker_config.audio_config)
+
+        with self._mark_tower_model(vllm_config, {"image", "video"}):
+            self.visual = TinyVisionTower(thinker_config.vision_config)
+
+        self.use_deepstack = hasattr(
+            thinker_config.vision_config, "deepstack_visual_indexes"
+        ) and not isinstance(self.visual, StageMissingLayer)
+        self.deepstack_num_level = 2 if self.use_deepstack else 0
+
+        if self.use_deepstack:
+            self.deepstack_input_embeds = [torch.zeros(8, 4), torch.zeros(8, 4)]
+"""
+
+# A file that imports nothing from the model utilities, a flag that reads
+# ``or``: the new import goes after the last import, and the old condition is
+# bracketed so that ``and not`` cannot bind inside it.
+NO_UTILS_IMPORT_BEFORE = """
+import torch
+from vllm.config import VllmConfig
+
+
+class VendorVL(nn.Module):
+    def __init__(self, vllm_config):
+        self.use_deepstack = a or b
+        with self._mark_tower_model(vllm_config, {"image"}):
+            self.vision = VendorTower()
+            if self.use_deepstack:
+                self.deepstack_input_embeds = [torch.zeros(4, 4)]
+"""
+
+NO_UTILS_IMPORT_AFTER = """
+import torch
+from vllm.config import VllmConfig
+from vllm.model_executor.models.utils import StageMissingLayer
+
+
+class VendorVL(nn.Module):
+    def __init__(self, vllm_config):
+        with self._mark_tower_model(vllm_config, {"image"}):
+            self.vision = VendorTower()
+        self.use_deepstack = (a or b) and not isinstance(self.vision, StageMissingLayer)
+        if self.use_deepstack:
+            self.deepstack_input_embeds = [torch.zeros(4, 4)]
+"""
+
+# vllm#49397 in 0.28.0 and later; also a vendor's version that sets the flag
+# inside its own ``if``/``else`` around the tower.
+UPSTREAM_FIXED = AFTER
+
+NESTED_TOWER_FIXED = """
+from vllm.model_executor.models.utils import StageMissingLayer
+
+
+class VendorVL(nn.Module):
+    def __init__(self, vllm_config):
+        if vllm_config.text_only:
+            self.visual = StageMissingLayer("vision_tower")
+        else:
+            with self._mark_tower_model(vllm_config, {"image", "video"}):
+                self.visual = VendorTower()
+        self.use_deepstack = not text_only and not isinstance(
+            self.visual, StageMissingLayer
+        )
+        if self.use_deepstack:
+            self.deepstack_input_embeds = [torch.zeros(4, 4)]
+"""
+
+# Before ``_mark_tower_model`` existed a limit of 0 skipped nothing.
+NO_TOWER_CONTEXT = """
+class OldVL(nn.Module):
+    def __init__(self, vllm_config):
+        self.use_deepstack = True
+        self.visual = Tower()
+        self.deepstack_input_embeds = [torch.zeros(4, 4)]
+"""
+
+# The buffers are built in the block without the flag: moved out they would
+# be built for a skipped tower too (real zeros on the wrong device).
+UNGUARDED_BUFFER = """
+class VendorVL(nn.Module):
+    def __init__(self, vllm_config):
+        self.use_deepstack = True
+        with self._mark_tower_model(vllm_config, {"image"}):
+            self.visual = Tower()
+            self.deepstack_input_embeds = [torch.zeros(4, 4)]
+"""
+
+# Built after the block, but a skipped tower does not turn deepstack off.
+AFTER_BLOCK_WITHOUT_GUARD = """
+class VendorVL(nn.Module):
+    def __init__(self, vllm_config):
+        with self._mark_tower_model(vllm_config, {"image"}):
+            self.visual = Tower()
+        self.use_deepstack = True
+        if self.use_deepstack:
+            self.deepstack_input_embeds = [torch.zeros(4, 4)]
+"""
+
+
+class Qwen3VLDeepstackWithoutVision(Patch):
+    id = "vllm#49397"
+    title = "Qwen3-VL deepstack: no buffers when the vision tower is skipped"
+    upstream_url = "https://github.com/vllm-project/vllm/pull/49397"
+    fixed_in = "0.28.0"
+    symptom = section(__doc__, "Symptom")
+    also_changes = section(__doc__, "Fix safety")
+    paths = MODEL_PATHS
+    markers = (BUFFERS.encode(),)
+    parts = {"": "class whose __init__ builds the deepstack buffers"}
+    examples = (
+        Example("Qwen3-VL 0.20.2-0.27.1 shape", BEFORE, AFTER, path=MODEL_FILE),
+        Example("Qwen3-Omni thinker shape", OMNI_BEFORE, OMNI_AFTER, path=MODEL_FILE),
+        Example(
+            "no utilities import, an `or` flag",
+            NO_UTILS_IMPORT_BEFORE,
+            NO_UTILS_IMPORT_AFTER,
+        ),
+        Example(
+            "upstream 0.28.0",
+            UPSTREAM_FIXED,
+            state=PatchState.APPLIED,
+            path=MODEL_FILE,
+        ),
+        Example(
+            "tower block inside if/else", NESTED_TOWER_FIXED, state=PatchState.APPLIED
+        ),
+        Example(
+            "no skippable tower", NO_TOWER_CONTEXT, state=PatchState.NOT_APPLICABLE
+        ),
+        Example("buffer without the flag", UNGUARDED_BUFFER, state=PatchState.DRIFTED),
+        Example(
+            "after the block, no guard",
+            AFTER_BLOCK_WITHOUT_GUARD,
+            state=PatchState.DRIFTED,
+        ),
+    )
+
+    def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
+        found = [
+            _recognise_init(qualname, init)
+            for qualname, init in _buffer_building_inits(tree)
+        ]
+        if any(f.state in (PatchState.NEEDED, PatchState.APPLIED) for f in found):
+            found.append(_recognise_import(tree, path))
+        return found
+
+    def rewrite(
+        self, module: libcst.Module, needed: Sequence[Finding]
+    ) -> libcst.Module:
+        for fix in needed:
+            if fix.symbol == IMPORT_SYMBOL:
+                module = _add_import(module, fix)
+        rewriters = {
+            fix.symbol: (lambda init, fix=fix: _rewrite_init(init, fix, module))
+            for fix in needed
+            if fix.symbol != IMPORT_SYMBOL
+        }
+        return rewrite_definitions(module, rewriters) if rewriters else module
+
+    def prove(self, tree: Path) -> None:
+        from .proof import prove_no_meta_buffers_without_vision
+
+        prove_no_meta_buffers_without_vision(tree)
+
+
+# --- recognise ------------------------------------------------------------
+
+
+def _buffer_building_inits(
+    tree: ast.Module,
+) -> list[tuple[str, ast.FunctionDef]]:
+    """Every ``__init__`` (by class) that assigns ``self.deepstack_input_embeds``."""
+    found = []
+    for qualname, cls in iter_classes(tree):
+        for node in cls.body:
+            match node:
+                case ast.FunctionDef(name="__init__") if _builds_buffers(node):
+                    found.append((qualname, node))
+    return found
+
+
+def _builds_buffers(node: ast.AST) -> bool:
+    return any(_assigns_buffers(statement) for statement in ast.walk(node))
+
+
+def _assigns_buffers(node: ast.AST) -> bool:
+    """``self.deepstack_input_embeds = <buffers>``; setting it to None (a model
+    that keeps its features per step, as MossAudio does) builds nothing."""
+    match node:
+        case (
+            ast.Assign(targets=[target], value=value)
+            | ast.AnnAssign(target=target, value=value)
+        ) if value is not None:
+            return is_self_attribute(target, BUFFERS) and not (
+                isinstance(value, ast.Constant) and value.value is None
+            )
+    return False
+
+
+def _is_tower_block(node: ast.AST) -> bool:
+    """``with self._mark_tower_model(...):`` with nothing else in the header."""
+    match node:
+        case ast.With(items=[ast.withitem(context_expr=ast.Call(func=func))]):
+            return is_self_attribute(func, TOWER)
+    return False
+
+
+def _self_attribute_assigned(statement: ast.stmt) -> str | None:
+    match statement:
+        case ast.Assign(targets=[ast.Attribute(value=ast.Name("self"), attr=name)]):
+            return name
+        case ast.AnnAssign(target=ast.Attribute(value=ast.Name("self"), attr=name)):
+            return name
+    return None
+
+
+def _is_flag_guard(node: ast.AST) -> bool:
+    """``if self.use_deepstack:`` with no ``else``."""
+    match node:
+        case ast.If(test=test, orelse=[]):
+            return is_self_attribute(test, USE)
+    return False
+
+
+def _skips_for_missing(value: ast.AST, tower: str | None = None) -> bool:
+    """``not isinstance(self.<tower>, StageMissingLayer)`` somewhere in ``value``."""
+    for node in ast.walk(value):
+        match node:
+            case ast.UnaryOp(
+                op=ast.Not(),
+                operand=ast.Call(
+                    func=ast.Name("isinstance"),
+                    args=[ast.Attribute(value=ast.Name("self"), attr=attr), guard],
+                ),
+            ) if tower in (None, attr):
+                match guard:
+                    case ast.Name(id=name) | ast.Attribute(attr=name) if name == GUARD:
+                        return True
+    return False
+
+
+def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
+    symbol = f"{qualname}.__init__"
+    expected = (
+        f"expected the buffers (self.{BUFFERS}) built in `if self.{USE}:` inside "
+        f"`with self.{TOWER}(...)`, after `self.{USE} = ...` and the assignments "
+        f"that follow it (needed), or built after the block with `self.{USE}` "
+        f"false for a {GUARD} tower (applied)"
+    )
+
+    def result(state: PatchState, reason: str = "", **details: object) -> Finding:
+        rewrites = () if state is PatchState.NOT_APPLICABLE else None
+        return finding(state, symbol, init, reason, rewrites=rewrites, details=details)
+
+    towers = [node for node in ast.walk(init) if _is_tower_block(node)]
+    if not towers:
+        return result(
+            PatchState.NOT_APPLICABLE,
+            f"no `self.{TOWER}(...)` block: a limit of 0 skips no tower here",
+        )
+    holding = [tower for tower in towers if _builds_buffers(tower)]
+    if not holding:
+        flags = [
+            node
+            for node in ast.walk(init)
+            if isinstance(node, ast.Assign) and _self_attribute_assigned(node) == USE
+        ]
+        if any(_skips_for_missing(flag.value) for flag in flags):
+            return result(PatchState.APPLIED)
+        return result(
+            PatchState.DRIFTED,
+            f"the buffers are built outside the tower block, but a skipped tower "
+            f"does not set self.{USE} false; {expected}",
+        )
+    block = holding[0]
+    if len(holding) > 1 or block not in init.body:
+        return result(
+            PatchState.DRIFTED, f"tower block nested in other code; {expected}"
+        )
+    block_index = init.body.index(block)
+    buffer = [i for i, s in enumerate(block.body) if _builds_buffers(s)]
+    others = [s for i, s in enumerate(block.body) if i not in buffer]
+    towers_built = [_self_attribute_assigned(s) for s in others]
+    if len(buffer) != 1 or not _is_flag_guard(block.body[buffer[0]]):
+        return result(
+            PatchState.DRIFTED,
+            f"the buffers in the tower block (line {block.lineno}) are not built "
+            f"by one `if self.{USE}:`; {expected}",
+        )
+    if len(others) != 1 or towers_built[0] is None:
+        return result(
+            PatchState.DRIFTED,
+            f"the tower block (line {block.lineno}) does more than build one "
+            f"module `self.<tower> = ...`: which module {GUARD} replaces is "
+            f"unclear; {expected}",
+        )
+    flag_index = next(
+        (
+            i
+            for i, s in enumerate(init.body[:block_index])
+            if _self_attribute_assigned(s) == USE
+        ),
+        None,
+    )
+    if flag_index is None or not all(
+        _self_attribute_assigned(s) for s in init.body[flag_index:block_index]
+    ):
+        return result(
+            PatchState.DRIFTED,
+            f"`self.{USE} = ...` is not followed by assignments to self only up "
+            f"to the tower block (line {block.lineno}); {expected}",
+        )
+    return result(
+        PatchState.NEEDED,
+        tower=towers_built[0],
+        column=init.body[flag_index].col_offset,
+        flag_index=flag_index,
+        block_index=block_index,
+        buffer_index=buffer[0],
+    )
+
+
+def _recognise_import(tree: ast.Module, path: str) -> Finding:
+    """Whether ``StageMissingLayer`` is imported, and where the import goes."""
+    imports = [
+        node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)
+    ]
+    binding = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and any(a.name == GUARD and a.asname in (None, GUARD) for a in node.names)
+    ]
+    if binding:
+        return finding(PatchState.APPLIED, IMPORT_SYMBOL, binding[0], rewrites=())
+    beside_utils = path.startswith(MODELS_DIR) and "/" not in path[len(MODELS_DIR) :]
+    for node in imports:
+        if _imports_utils(node, beside_utils):
+            return finding(
+                PatchState.NEEDED,
+                IMPORT_SYMBOL,
+                node,
+                rewrites=(),
+                details={"extend": True, "relative": node.level == 1},
+            )
+    if not imports:
+        return finding(
+            PatchState.DRIFTED,
+            IMPORT_SYMBOL,
+            tree.body[0],
+            f"the file imports nothing: where {GUARD} should be imported is unclear",
+            rewrites=(),
+        )
+    return finding(
+        PatchState.NEEDED, IMPORT_SYMBOL, imports[-1], rewrites=(), details={}
+    )
+
+
+def _imports_utils(node: ast.stmt, beside_utils: bool) -> bool:
+    """``from .utils import a, b`` (in the models folder) or ``from <UTILS> import``."""
+    match node:
+        case ast.ImportFrom(module="utils", level=1, names=names) if beside_utils:
+            return names[0].name != "*"
+        case ast.ImportFrom(module=module, level=0, names=names) if module == UTILS:
+            return names[0].name != "*"
+    return False
+
+
+# --- rewrite --------------------------------------------------------------
+
+
+def _rewrite_init(
+    init: libcst.FunctionDef, fix: Finding, module: libcst.Module
+) -> libcst.FunctionDef:
+    """Tower block, then the flag and what follows it, then the buffers."""
+    import libcst
+
+    body = list(init.body.body)
+    first, block_at = fix.details["flag_index"], fix.details["block_index"]
+    moved = body[first:block_at]
+    block = body[block_at]
+    assert isinstance(block, libcst.With)
+    inside = list(block.body.body)
+    buffer = inside.pop(fix.details["buffer_index"])
+    block = block.with_changes(
+        body=block.body.with_changes(body=inside),
+        leading_lines=moved[0].leading_lines,
+    )
+    flag = _guarded_flag(
+        moved[0], fix.details["tower"], fix.details["column"], module
+    ).with_changes(leading_lines=body[block_at].leading_lines)
+    kept = [
+        line
+        for line in buffer.leading_lines
+        if line.comment is None or line.comment.value != DROPPED_COMMENT
+    ]
+    blank = [line for line in body[block_at].leading_lines if line.comment is None]
+    if blank and not any(line.comment is None for line in kept):
+        kept.insert(0, blank[0])  # the spacing the block had
+    buffer = buffer.with_changes(leading_lines=kept)
+    body[first : block_at + 1] = [block, flag, *moved[1:], buffer]
+    return init.with_deep_changes(init.body, body=body)
+
+
+def _guarded_flag(
+    statement: libcst.BaseStatement, tower: str, column: int, module: libcst.Module
+) -> libcst.BaseStatement:
+    """``self.use_deepstack = <old> and not isinstance(self.<tower>, ...)``,
+    laid out as ruff formats it (upstream's formatter)."""
+    import libcst
+
+    assert isinstance(statement, libcst.SimpleStatementLine)
+    (assign,) = statement.body
+    assert isinstance(assign, libcst.Assign)
+    target = module.code_for_node(assign.targets[0].target)
+    value = assign.value
+    old = module.code_for_node(value)
+    match value:
+        case (
+            libcst.BooleanOperation(operator=libcst.Or())
+            | libcst.IfExp()
+            | (libcst.Lambda() | libcst.NamedExpr())
+        ) if not value.lpar:
+            old = f"({old})"
+    guard = f"not isinstance(self.{tower}, {GUARD})"
+    line = f"{target} = {old} and {guard}"
+    comment = statement.trailing_whitespace.comment
+    if "\n" in old or column + len(line) <= LINE_LENGTH:
+        text = line
+    elif isinstance(value, libcst.Call) and not value.lpar:
+        callee = module.code_for_node(value.func)
+        arguments = module.code_for_node(value).removeprefix(callee)[1:-1]
+        text = (
+            f"{target} = {callee}(\n{module.default_indent}{arguments}\n) and {guard}"
+        )
+    else:
+        inner = module.default_indent
+        text = f"{target} = (\n{inner}{old}\n{inner}and {guard}\n)"
+    if comment is not None:
+        text += f"  {comment.value}"
+    return libcst.parse_statement(text + "\n", config=module.config_for_parsing)
+
+
+def _add_import(module: libcst.Module, fix: Finding) -> libcst.Module:
+    """``StageMissingLayer`` added to the utilities import, sorted as isort
+    sorts (constants, classes, then the rest), or a new import line after the
+    last import."""
+    import libcst
+
+    body = list(module.body)
+    imports = [
+        i
+        for i, statement in enumerate(body)
+        if isinstance(statement, libcst.SimpleStatementLine)
+        and isinstance(statement.body[0], libcst.Import | libcst.ImportFrom)
+    ]
+    if not fix.details.get("extend"):
+        at = imports[-1] + 1
+        new = libcst.parse_statement(
+            f"from {UTILS} import {GUARD}\n", config=module.config_for_parsing
+        )
+        return module.with_changes(body=[*body[:at], new, *body[at:]])
+    relative = fix.details["relative"]
+    for i in imports:
+        statement = body[i]
+        node = statement.body[0]
+        if not isinstance(node, libcst.ImportFrom) or isinstance(
+            node.names, libcst.ImportStar
+        ):
+            continue
+        name = module.code_for_node(node.module) if node.module else ""
+        if (len(node.relative) == 1, name) != (
+            relative,
+            "utils" if relative else UTILS,
+        ):
+            continue
+        body[i] = statement.with_changes(body=[_with_name(node, GUARD)])
+        return module.with_changes(body=body)
+    raise LookupError(f"no import from the model utilities to add {GUARD} to")
+
+
+def _with_name(node: libcst.ImportFrom, name: str) -> libcst.ImportFrom:
+    import libcst
+
+    assert not isinstance(node.names, libcst.ImportStar)
+    names = list(node.names)
+    key = _isort_key(name)
+    at = next(
+        (i for i, alias in enumerate(names) if _isort_key(alias.evaluated_name) > key),
+        len(names),
+    )
+    # Between two names the new one takes the separator its neighbours use
+    # (a space, or a line break in brackets); last, it takes the old last
+    # name's ending (a trailing comma or none).
+    separator = next(
+        (a.comma for a in names if isinstance(a.comma, libcst.Comma)),
+        libcst.Comma(whitespace_after=libcst.SimpleWhitespace(" ")),
+    )
+    if at < len(names):
+        names.insert(at, libcst.ImportAlias(name=libcst.Name(name), comma=separator))
+    else:
+        ending = names[-1].comma
+        names[-1] = names[-1].with_changes(comma=separator)
+        names.append(libcst.ImportAlias(name=libcst.Name(name), comma=ending))
+    return node.with_changes(names=names)
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    """isort's ``force_sort_within_sections=false`` order of imported names."""
+    if name.isupper() and len(name) > 1:
+        return 0, name
+    if name[:1].isupper():
+        return 1, name
+    return 2, name
+
+
+PATCH = Qwen3VLDeepstackWithoutVision()

@@ -1,6 +1,6 @@
 """The ``deepstack-patch`` command line: one module per command, loaded on use.
 
-Exit codes are a contract (README.md, "Exit codes"):
+Exit codes are a contract (docs/output.md, "Exit codes"):
 0 success / nothing needed, 1 ``apply --check`` found needed patches,
 2 drifted targets or an error (nothing written).
 """

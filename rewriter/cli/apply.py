@@ -119,7 +119,11 @@ def _apply_json(result: Any, dry_run: bool, check: bool) -> str:
 
 
 def _print_apply(result: Any) -> None:
-    from deepstack_patch.output.tables import print_plan_table, print_tree_header
+    from deepstack_patch.output.tables import (
+        print_open_follow_ups,
+        print_plan_table,
+        print_tree_header,
+    )
 
     plan = result.plan
     warn_hard_links(result.hard_links)
@@ -147,6 +151,7 @@ def _print_apply(result: Any) -> None:
         console.print(
             "nothing to do: every selected patch is applied or not applicable"
         )
+    print_open_follow_ups(console, plan.reports)
 
 
 def apply_with_commits(

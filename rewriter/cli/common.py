@@ -317,7 +317,7 @@ format_option = click.option(
     type=click.Choice(["text", "json"]),
     default="text",
     show_default=True,
-    help="text for people; json for pipelines (schema in README.md).",
+    help="text for people; json for pipelines (schema in docs/output.md).",
 )
 
 

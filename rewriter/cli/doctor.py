@@ -55,6 +55,7 @@ def doctor(python: Path | None, import_check: bool, output_format: str) -> None:
 
 def _print(diagnosis) -> None:  # noqa: ANN001 - a proof.doctor.Diagnosis
     from deepstack_patch.output.plain import escape, new_table
+    from deepstack_patch.output.tables import print_open_follow_ups
 
     console = stdout_console()
     console.print(f"python  {diagnosis.python} ({diagnosis.python_version})")
@@ -84,6 +85,7 @@ def _print(diagnosis) -> None:  # noqa: ANN001 - a proof.doctor.Diagnosis
             escape("; ".join(verdict.reasons)),
         )
     console.print(table)
+    print_open_follow_ups(console, [verdict.report for verdict in diagnosis.verdicts])
     if diagnosis.live:
         console.print("every needed fix is live")
     else:

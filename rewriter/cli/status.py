@@ -43,9 +43,8 @@ def status(
 
         click.echo(dump_json(plan_json(plan, "status")))
     else:
-        from deepstack_patch.engine.protocol import PatchState
         from deepstack_patch.output.tables import (
-            print_follow_ups,
+            print_open_follow_ups,
             print_plan_table,
             print_tree_header,
         )
@@ -53,8 +52,5 @@ def status(
         console = stdout_console()
         print_tree_header(console, tree)
         print_plan_table(console, plan)
-        # Only where the fix matters to this tree: needed, applied or drifted.
-        for report in plan.reports:
-            if report.selected and report.state is not PatchState.NOT_APPLICABLE:
-                print_follow_ups(console, report.patch, indent=f"{report.patch.id}  ")
+        print_open_follow_ups(console, plan.reports)
     sys.exit(EXIT_ERROR if selected_drifted(plan) else EXIT_OK)

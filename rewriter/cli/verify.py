@@ -1,8 +1,8 @@
 """``deepstack-patch verify``: prove the fixes in a tree (see ``proof/verify.py``).
 
-Exit codes (README.md, "Verify"): 0 every selected check passed; 1 a check
-failed (a proof, fail-to-pass, a tree test, a patch not applied, or --gpu
-without a GPU); 2 a selected patch is drifted, or an error.
+Exit codes (docs/verify.md, "Exit codes and output"): 0 every selected check
+passed; 1 a check failed (a proof, fail-to-pass, a tree test, a patch not
+applied, or --gpu without a GPU); 2 a selected patch is drifted, or an error.
 """
 
 from __future__ import annotations

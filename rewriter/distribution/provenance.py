@@ -11,7 +11,7 @@ Beside every patched output, two documents say what it is and how it was made:
 - ``provenance.intoto.json``, an unsigned in-toto Statement v1 with a SLSA
   provenance v1 predicate: the sha256 of every output file as subjects, the
   release, series and local version as parameters, the upstream artefact and
-  deepstack-patch as resolved dependencies. A pipeline signs it (README,
+  deepstack-patch as resolved dependencies. A pipeline signs it (docs/vendor.md,
   "Provenance").
 
 The SBOM's builder is the only code here that needs ``cyclonedx-python-lib``;
@@ -40,7 +40,7 @@ PROVENANCE_NAME = "provenance.intoto.json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
 #: What a ``backport`` run is, for SLSA's ``buildType`` (its parameters are
-#: documented in README.md, "Provenance"). The project has no web home yet,
+#: documented in docs/vendor.md, "Provenance"). The project has no web home yet,
 #: so this is a URN rather than an address that resolves.
 BACKPORT_BUILD_TYPE = "urn:deepstack-patch:build-type:backport:v1"
 #: The builder when the pipeline does not name itself: set

@@ -205,7 +205,7 @@ def commit_steps(
     """Write and commit each step in order: one commit per patch, all or none.
 
     If a commit fails (a hook, an identity, a full disk), the commits this
-    run made are undone: README promises all the commits or nothing, and a
+    run made are undone: docs/vendor.md promises all the commits or nothing, and a
     half-applied series is what a vendor pipeline must never ship. The
     branch is reset to where it was (the undone commits stay in the reflog)
     and the touched files get their old content in the index and the work

@@ -85,14 +85,17 @@ def apply_tree(
 
 
 def refuse_blocked(plan: Plan) -> None:
-    """A selected patch waits for a required one that is left out: refuse."""
+    """A selected patch waits for a required patch or a companion that is
+    left out: refuse, writing nothing."""
     blocked = [r for r in plan.reports if r.selected and r.blocked_by]
     if blocked:
         first = blocked[0]
+        waits_for = first.blocked_by[0]
+        why = first.blocked_reason.rsplit("; drop --skip ", 1)[0]
         raise DeepstackError(
-            f"{first.patch.id} {first.blocked_reason.split('; ')[0]}; nothing "
-            "was written",
-            f"drop --skip {first.blocked_by[0]}, or also --skip {first.patch.id}",
+            f"{first.patch.id} {why}; nothing was written",
+            f"select {waits_for} too (drop --skip {waits_for}, or add --only "
+            f"{waits_for}), or leave {first.patch.id} out (--skip {first.patch.id})",
         )
 
 

@@ -97,13 +97,15 @@ class Example:
     ``state`` is what the patch must recognise in ``before``. For an example
     that must not be rewritten (already fixed, drifted, not applicable), leave
     ``after`` as ``None``: the harness checks the state and that nothing is
-    rewritten.
+    rewritten. ``path`` is the file the example stands for, relative to the
+    tree (a recogniser may read it: which folder a relative import names).
     """
 
     name: str
     before: str
     after: str | None = None
     state: PatchState = PatchState.NEEDED
+    path: str = "example.py"
 
 
 @dataclass(frozen=True)

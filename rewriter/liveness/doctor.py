@@ -279,6 +279,8 @@ def _check_imports(python: str, root: Path, diagnosis: Diagnosis) -> None:
 
 def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
     """The ``doctor --format json`` document (schema 1)."""
+    from deepstack_patch.output.documents import follow_ups_json
+
     record = diagnosis.record
     return {
         "schema": 1,
@@ -312,6 +314,7 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
                 "counts": v.counts,
                 "reasons": v.reasons,
                 "files": v.report.files,
+                "follow_ups": follow_ups_json(v.report.patch),
             }
             for v in diagnosis.verdicts
         ],

@@ -1,6 +1,6 @@
 """The JSON documents commands print with ``--format json`` (schema 1).
 
-The documents are a contract (documented in README.md); add fields, never
+The documents are a contract (documented in docs/output.md); add fields, never
 rename or remove them without bumping ``SCHEMA_VERSION``.
 """
 
@@ -37,6 +37,7 @@ def patch_json(report: PatchReport) -> dict[str, Any]:
         "state": report.state.value,
         "reason": report.reason,
         "blocked_by": list(report.blocked_by),
+        "companions": list(patch.companions),
         "applied_now": report.applied_now,
         "parts": [
             {"name": part, "state": state.value, "reason": reason}
@@ -82,6 +83,7 @@ def metadata_json(patch: Patch) -> dict[str, Any]:
         "symptom": patch.symptom,
         "also_changes": patch.also_changes,
         "requires": list(patch.requires),
+        "companions": list(patch.companions),
         "supersedes": list(patch.supersedes),
         "parts": {name or "": what for name, what in patch.parts.items()},
         "paths": list(patch.paths),

@@ -10,7 +10,7 @@ from deepstack_patch.output.plain import new_table
 
 if TYPE_CHECKING:
     from deepstack_patch.engine.plan import Plan
-    from deepstack_patch.engine.protocol import Patch
+    from deepstack_patch.engine.protocol import Patch, PatchReport
     from deepstack_patch.engine.tree import VllmTree
     from rich.console import Console
 
@@ -88,10 +88,28 @@ def print_series(console: Console, series: Sequence[Patch]) -> None:
         console.print(f"  changes:  {patch.also_changes}")
         if patch.requires:
             console.print(f"  requires: {', '.join(patch.requires)}")
+        if patch.companions:
+            console.print(
+                f"  companions: {', '.join(patch.companions)} (later upstream "
+                "repairs of this fix; it is never applied without them)"
+            )
+        accompanied = [p.id for p in series if patch.id in p.companions]
+        if accompanied:
+            console.print(f"  companion of: {', '.join(accompanied)}")
         if patch.supersedes:
             console.print(f"  supersedes: {', '.join(patch.supersedes)}")
         console.print(f"  where:    {', '.join(patch.paths)}")
         print_follow_ups(console, patch)
+
+
+def print_open_follow_ups(console: Console, reports: Sequence[PatchReport]) -> None:
+    """One line per follow-up of each selected patch that matters to the tree
+    (needed, applied or drifted): what upstream reported about the fix and has
+    not repaired in a change this series carries. Information only: it never
+    changes a state or an exit code."""
+    for report in reports:
+        if report.selected and report.state is not PatchState.NOT_APPLICABLE:
+            print_follow_ups(console, report.patch, indent=f"{report.patch.id}  ")
 
 
 def print_follow_ups(console: Console, patch: Patch, indent: str = "  ") -> None:

@@ -37,9 +37,10 @@ ENV_FORMAT = 1
 TORCH_PIN = "torch==2.13.0"
 
 #: The smallest set with which a vLLM source tree imports its sampler, model
-#: files and v1 tests on CPU (measured; see README "Verify"). transformers is
-#: pinned as vLLM's CI pins it: with 5.23.0 Granite4Vision's file no longer
-#: imports. Kept equal to the `verify` extra in pyproject.toml (a test checks).
+#: files and v1 tests on CPU (measured; see docs/verify.md, "The managed
+#: environment"). transformers is pinned as vLLM's CI pins it: with 5.23.0
+#: Granite4Vision's file no longer imports. Kept equal to the `verify` extra
+#: in pyproject.toml (a test checks).
 CPU_REQUIREMENTS: tuple[str, ...] = (
     TORCH_PIN,
     "pytest>=8",

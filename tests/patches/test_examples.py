@@ -48,12 +48,12 @@ class Unrelated :
 """
 
 
-def findings_of(patch: Patch, code: str) -> list[Finding]:
-    return patch.recognise(ast.parse(code), "example.py")
+def findings_of(patch: Patch, code: str, path: str = "example.py") -> list[Finding]:
+    return patch.recognise(ast.parse(code), path)
 
 
-def state_of(patch: Patch, code: str) -> PatchState:
-    return combine_states([f.state for f in findings_of(patch, code)])
+def state_of(patch: Patch, code: str, path: str = "example.py") -> PatchState:
+    return combine_states([f.state for f in findings_of(patch, code, path)])
 
 
 @pytest.mark.parametrize(("patch", "example"), CASES)
@@ -65,9 +65,11 @@ def test_the_engines_parse_is_recognised_as_a_plain_parse_is(
     for code in (example.before, example.after):
         if code is None:
             continue
-        engine_tree = SourceFile("example.py", code.encode()).ast
+        engine_tree = SourceFile(example.path, code.encode()).ast
         assert parsed_from(engine_tree) == code.encode()
-        assert patch.recognise(engine_tree, "example.py") == findings_of(patch, code)
+        assert patch.recognise(engine_tree, example.path) == findings_of(
+            patch, code, example.path
+        )
 
 
 def test_every_patch_has_examples() -> None:
@@ -79,7 +81,8 @@ def test_every_patch_has_examples() -> None:
 
 @pytest.mark.parametrize(("patch", "example"), CASES)
 def test_example(patch: Patch, example: Example) -> None:
-    assert state_of(patch, example.before) is example.state
+    path = example.path
+    assert state_of(patch, example.before, path) is example.state
     if example.state is PatchState.NEEDED:
         assert example.after is not None, "a needed example must show its after"
     if example.after is None:
@@ -90,17 +93,17 @@ def test_example(patch: Patch, example: Example) -> None:
         # rewritten has no needed location at all.
         needed = [
             f"{f.symbol} ({f.part or 'the patch'})"
-            for f in findings_of(patch, example.before)
+            for f in findings_of(patch, example.before, path)
             if f.state is PatchState.NEEDED
         ]
         assert not needed, f"needed locations in a must-not-rewrite example: {needed}"
         return
 
-    after = rewrite_text(patch, example.before)
+    after = rewrite_text(patch, example.before, path)
     assert after == example.after
-    compile(after, "example.py", "exec")
-    assert state_of(patch, after) is PatchState.APPLIED
-    assert rewrite_text(patch, after) == after, "a second pass changed the code"
+    compile(after, path, "exec")
+    assert state_of(patch, after, path) is PatchState.APPLIED
+    assert rewrite_text(patch, after, path) == after, "a second pass changed the code"
 
-    wrapped = rewrite_text(patch, PROLOGUE + example.before + EPILOGUE)
+    wrapped = rewrite_text(patch, PROLOGUE + example.before + EPILOGUE, path)
     assert wrapped == PROLOGUE + example.after + EPILOGUE
