@@ -348,15 +348,14 @@ def test_real_releases_the_buffer_construction_of_0_28_0(
 
     first = run_watch(SERIES, "0.27.1", "0.28.0")
     inits = {
-        c.symbol
+        c.symbol: (c.classification, c.carried_by)
         for c in first.changes
         if c.patch_id == "vllm#43617" and c.symbol.endswith(".__init__")
     }
-    assert {
-        "Qwen3VLForConditionalGeneration.__init__",
-        "Qwen3VLMoeForConditionalGeneration.__init__",
-        "Qwen3OmniMoeThinkerForConditionalGeneration.__init__",
-    } <= inits
+    # The buffers are built after the vision tower block: vllm#49397's rewrite.
+    for owner in ("Qwen3VL", "Qwen3VLMoe", "Qwen3OmniMoeThinker"):
+        symbol = f"{owner}ForConditionalGeneration.__init__"
+        assert inits.get(symbol) == (CARRIED, ["vllm#49397"]), symbol
     assert first.changes
     for change in first.changes:  # every change is real code
         assert change.diff.count("\n-") + change.diff.count("\n+") > 0
