@@ -225,8 +225,13 @@ class _Release:
     tree: VllmTree
     reader: SourceReader
     footprints: dict[str, list[FootprintFunction]]
-    patched: dict[str, bytes] | None = None
-    rewriters: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    #: The patches upstream's code has fixed in this release (state applied).
+    applied: frozenset[str] = frozenset()
+    #: The release with some of the series applied in memory, by selection:
+    #: (new file contents, patch ids by (path, symbol) they rewrite).
+    patched: dict[
+        frozenset[str], tuple[dict[str, bytes], dict[tuple[str, str], set[str]]]
+    ] = field(default_factory=dict)
 
 
 def watch(
@@ -267,7 +272,12 @@ def _read_release(version: str, tree: VllmTree, series: Sequence[Patch]) -> _Rel
     plan = plan_tree(tree, series, rewrite=False)
     reader = SourceReader(tree)
     found = footprints(tree, plan.reports, reader)
-    return _Release(version, tree, reader, {f.patch_id: f.functions for f in found})
+    applied = frozenset(
+        r.patch.id for r in plan.reports if r.state is PatchState.APPLIED
+    )
+    return _Release(
+        version, tree, reader, {f.patch_id: f.functions for f in found}, applied
+    )
 
 
 def _compare(
@@ -296,7 +306,7 @@ def _compare(
             why=function.why,
             diff=function_diff(before, after, old.version, new.version),
         )
-        _classify(change, old, after, series, reviewed)
+        _classify(change, old, new, after, series, reviewed)
         changes.append(change)
     return changes
 
@@ -310,11 +320,14 @@ def _same(before: FunctionCode | None, after: FunctionCode | None) -> bool:
 def _classify(
     change: WatchChange,
     old: _Release,
+    new: _Release,
     after: FunctionCode | None,
     series: Sequence[Patch],
     reviewed: Sequence[Reviewed],
 ) -> None:
-    patched_reader, rewriters = _patched(old, series)
+    # Only the fixes the later release has: 0.20.2 has vllm#40932 but not
+    # vllm#43617, so its code is the earlier release with vllm#40932 alone.
+    patched_reader, rewriters = _patched(old, series, new.applied)
     by_series = patched_reader.code(change.path, change.symbol)
     before = old.reader.code(change.path, change.symbol)
     touched = not _same(before, by_series)
@@ -334,14 +347,15 @@ def _classify(
 
 
 def _patched(
-    old: _Release, series: Sequence[Patch]
+    old: _Release, series: Sequence[Patch], selected: frozenset[str]
 ) -> tuple[SourceReader, dict[tuple[str, str], set[str]]]:
-    """The earlier release with the whole series applied, in memory."""
-    if old.patched is None:
-        plan = plan_tree(old.tree, series, rewrite=True)
-        old.patched = {edit.relpath: edit.new for edit in plan.edits}
+    """The earlier release with the ``selected`` patches applied, in memory."""
+    if selected not in old.patched:
+        plan = plan_tree(old.tree, series, set(selected), rewrite=True)
         rewriters: dict[tuple[str, str], set[str]] = {}
         for report in plan.reports:
+            if not report.selected:
+                continue
             for location in report.locations:
                 if location.state is not PatchState.NEEDED:
                     continue
@@ -349,9 +363,10 @@ def _patched(
                 for symbol in (finding.symbol, *finding.rewrites, ""):
                     key = (location.path, symbol)
                     rewriters.setdefault(key, set()).add(report.patch.id)
-        old.rewriters = rewriters
-    reader = SourceReader(old.tree, old.patched)
-    return reader, old.rewriters
+        edits = {edit.relpath: edit.new for edit in plan.edits}
+        old.patched[selected] = (edits, rewriters)
+    edits, rewriters = old.patched[selected]
+    return SourceReader(old.tree, edits), rewriters
 
 
 # Upstream's squash-merge subjects end in the pull request: "Fix x (#12345)".
