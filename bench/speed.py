@@ -1,7 +1,8 @@
 """Cold-process wall times of the commands pipelines run, as ratios to a floor.
 
     python bench/speed.py [--release 0.20.0 --release 0.20.2] [--runs 5]
-                          [--all-releases] [--no-matrix] [--no-import] [--verify]
+                          [--all-releases] [--no-releases] [--no-matrix]
+                          [--no-import] [--no-wheel] [--verify]
 
 The floor is measured in the same run, on the same files: a fresh Python
 process that reads and ``ast.parse``s the files the series parses in that
@@ -29,7 +30,10 @@ wall time of ``deepstack-patch --version`` beside a bare ``python -c pass``)
 and ``matrix`` over every release in targets.toml as users run it (target
 1.5 s), and without the recognition cache beside the parse of every file that
 run reads (no target: on 2 cores it cannot take less than half that parse);
-``verify`` comes last (``--verify``, target 15 s). The load average is printed
+``verify`` comes last (``--verify``, target 15 s). ``wheel --wheel`` on the
+official 0.20.2 wheel (244 MB, 3,144 members; ``--no-wheel`` skips it) is
+paired with a fresh process that copies the same file into the same folder,
+its floor: target at most 15x. The load average is printed
 beside every block: other processes on the machine make every wall time
 slower, so CPU seconds (user + system, children included) are printed beside
 them.
@@ -62,6 +66,10 @@ FLOOR_CODE = (
 RATIO_TARGETS = {"status": 2.5, "apply --check": 2.5, "no-op apply": 2.5, "apply": 8.0}
 IMPORT_TARGET_MS = 60.0
 MATRIX_TARGET_S = 1.5
+#: ``wheel`` as a multiple of copying the wheel file in a fresh process.
+WHEEL_TARGET = 15.0
+WHEEL_RELEASE = "0.20.2"
+COPY_CODE = "import shutil, sys\nshutil.copyfile(sys.argv[1], sys.argv[2])\n"
 
 
 NO_CACHE = {**os.environ, "DEEPSTACK_PATCH_NO_CACHE": "1"}
@@ -326,6 +334,55 @@ def matrix_figure(runs: int) -> bool:
     return met
 
 
+def wheel_figure(runs: int, work: Path) -> bool:
+    """``wheel --wheel`` on the official wheel against a cold copy of it.
+
+    The floor is a fresh Python process copying the wheel into the folder
+    ``wheel`` writes to: reading and writing every byte once is the least a
+    patched wheel costs. Both outputs are removed after each run, so every
+    run writes a new file.
+    """
+    from deepstack_patch.fetch.wheels import cached_wheels, download_wheel, find_wheel
+
+    found = cached_wheels(WHEEL_RELEASE)
+    wheel = found[0] if found else download_wheel(find_wheel(WHEEL_RELEASE))
+    out = work / "wheel-out"
+
+    def fresh(command: list[str]) -> float:
+        out.mkdir()
+        seconds = timed(command)
+        shutil.rmtree(out)
+        return seconds
+
+    medians = rounds(
+        runs,
+        {
+            "wheel": lambda: fresh(
+                [*TOOL, "wheel", "--wheel", str(wheel), "--out", str(out)]
+            )
+        },
+        floor=lambda: fresh(
+            [sys.executable, "-c", COPY_CODE, str(wheel), str(out / wheel.name)]
+        ),
+    )
+    size = wheel.stat().st_size / 1e6
+    print(f"\nwheel, vLLM {WHEEL_RELEASE} ({size:.0f} MB, {load()})")
+    print(
+        f"  cold copy (floor)        {medians['floor']:7.3f} s wall, "
+        f"{medians['floor cpu']:.3f} s CPU"
+    )
+    ratio = medians["wheel ratio"]
+    met = ratio <= WHEEL_TARGET
+    print(
+        f"  wheel                    {medians['wheel']:7.3f} s wall, "
+        f"{medians['wheel cpu']:.3f} s CPU; {ratio:.2f}x floor "
+        f"({medians['wheel cpu ratio']:.2f}x CPU, medians "
+        f"{medians['wheel'] / medians['floor']:.2f}x), target {WHEEL_TARGET:.0f}x  "
+        + ("ok" if met else "OVER")
+    )
+    return met
+
+
 def compile_tool() -> None:
     """Byte-compile the tool's modules, as installing it with pip does.
 
@@ -352,6 +409,16 @@ def main() -> None:
         "targets.toml (partial extractions; no full apply)",
     )
     parser.add_argument("--no-matrix", action="store_true")
+    parser.add_argument(
+        "--no-releases",
+        action="store_true",
+        help="skip the per-release status/apply figures",
+    )
+    parser.add_argument(
+        "--no-wheel",
+        action="store_true",
+        help=f"skip wheel on vLLM {WHEEL_RELEASE}'s official wheel (244 MB)",
+    )
     parser.add_argument("--no-import", action="store_true")
     parser.add_argument(
         "--verify",
@@ -366,7 +433,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="deepstack-bench-") as scratch:
         work = Path(scratch)
-        if options.all_releases:
+        if options.all_releases and not options.no_releases:
             from deepstack_patch.engine.targets import load_targets
 
             for version in load_targets().releases:
@@ -374,7 +441,7 @@ def main() -> None:
                 where = f"partial extraction, {load()}"
                 medians = measure_release(pristine, work, runs, full_apply=False)
                 met = print_release(version, medians, where) and met
-        else:
+        elif not options.no_releases:
             for version in options.releases or ["0.20.0", "0.20.2"]:
                 pristine = full_tree(version, work)
                 medians = measure_release(pristine, work, runs, full_apply=True)
@@ -385,6 +452,8 @@ def main() -> None:
             met = import_figures(runs) and met
         if not options.no_matrix:
             met = matrix_figure(runs) and met
+        if not options.no_wheel:
+            met = wheel_figure(runs, work) and met
         if options.verify:
             version = (options.releases or ["0.20.2"])[-1]
             tree = full_tree(version, work)

@@ -1,3 +1,3 @@
-from deepstack_patch.cli import main
+from deepstack_patch.entry import main
 
 main()

@@ -4,7 +4,8 @@
 gives byte for byte the tree `apply` gives; `apply --commit` makes one commit
 per patch with provenance trailers and never commits anything else;
 `backport` writes its outputs; `matrix` holds the real releases to
-targets.toml; emitted CI pipelines are YAML that names every release.
+targets.toml; an emitted CI job's own backport command writes every file the
+job attests and keeps (test_pipelines.py checks the pipelines offline).
 
 `patch` and `git` may write into files in place, so the trees they patch are
 real copies, never the hard-link copies of conftest.py.
@@ -13,6 +14,7 @@ real copies, never the hard-link copies of conftest.py.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -478,6 +480,47 @@ def test_backport_refuses_a_foreign_out_folder(tmp_path: Path) -> None:
     assert (tmp_path / "keep.txt").read_text() == "mine\n"
 
 
+def test_an_emitted_job_attests_and_keeps_what_its_backport_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GitHub job's own backport command, run here: the attested subject
+    is the tarball it writes, and every kept path but verify.xml (verify's,
+    not run here) names files it wrote."""
+    code, output = run("matrix", "--emit", "github-actions", "--output", "-")
+    assert code == 0, output
+    job = yaml.safe_load(output)["jobs"]["backport"]
+    (row,) = [
+        r for r in job["strategy"]["matrix"]["include"] if r["release"] == RELEASE
+    ]
+    backport = shlex.split(row["run"].splitlines()[0])
+    assert backport[:2] == ["deepstack-patch", "backport"], backport
+    monkeypatch.chdir(tmp_path)
+    code, output = run(*backport[1:])
+    assert code == 0, output
+
+    (attest,) = [
+        step
+        for step in job["steps"]
+        if step.get("uses", "").startswith("actions/attest-build-provenance@")
+    ]
+    assert attest["with"]["subject-path"] == "${{ matrix.tarball }}"
+    tarball = tmp_path / row["tarball"]
+    report = json.loads((tarball.parent / "report.json").read_text())
+    assert Path(report["outputs"]["sdist"]) == tarball.resolve()
+    assert tarball.is_file()
+
+    (upload,) = [
+        step
+        for step in job["steps"]
+        if step.get("uses", "").startswith("actions/upload-artifact@")
+    ]
+    kept = upload["with"]["path"].replace("${{ matrix.release }}", RELEASE)
+    missing = [
+        path for path in kept.splitlines() if not list(tmp_path.glob(path.rstrip("/")))
+    ]
+    assert missing == [f"backport-{RELEASE}/verify.xml"]
+
+
 # --- matrix --------------------------------------------------------------------
 
 
@@ -510,28 +553,6 @@ def test_matrix_exits_1_when_a_state_differs(tmp_path: Path) -> None:
     assert "needed ≠ applied" in flat(output) and "differ from the targets" in flat(
         output
     )
-
-
-@pytest.mark.parametrize("kind", ["github-actions", "buildkite"])
-def test_emitted_pipeline_is_yaml_naming_every_release(
-    kind: str, tmp_path: Path
-) -> None:
-    pipeline = tmp_path / "pipeline.yml"
-    code, output = run("matrix", "--emit", kind, "--output", str(pipeline))
-    assert code == 0, output
-    document = yaml.safe_load(pipeline.read_text())
-    if kind == "github-actions":
-        job = document["jobs"]["backport"]
-        rows = job["strategy"]["matrix"]["include"]
-        assert [row["release"] for row in rows] == TARGETS.releases
-        scripts = [row["run"] for row in rows]
-    else:
-        (group,) = document["steps"]
-        assert [s["label"].split()[-1] for s in group["steps"]] == TARGETS.releases
-        scripts = ["\n".join(s["commands"]) for s in group["steps"]]
-    for release, script in zip(TARGETS.releases, scripts, strict=True):
-        assert f"deepstack-patch backport --release {release} " in script
-        assert "deepstack-patch verify --vllm-src " in script
 
 
 @pytest.mark.verify

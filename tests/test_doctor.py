@@ -44,16 +44,20 @@ def make_site(folder: Path, model: str, *, dist: bool = True) -> Path:
     return folder
 
 
-def doctor(*pythonpath: Path, args: tuple[str, ...] = ()) -> tuple[int, dict]:
+def doctor(
+    *pythonpath: Path, args: tuple[str, ...] = (), error_document: bool = False
+) -> tuple[int, dict]:
+    """Exit code and JSON document; on exit 2 the words printed, unless
+    ``error_document`` (doctor still prints its document, with ``error``)."""
     env = {
         "PYTHONPATH": ":".join(map(str, pythonpath)),
         # doctor warms the live check's cache: keep it out of the user's.
         "DEEPSTACK_PATCH_CACHE": str(pythonpath[0].parent / "cache"),
     }
     result = CliRunner(env=env).invoke(main, ["doctor", "--format", "json", *args])
-    if result.exit_code == 2:
+    if result.exit_code == 2 and not error_document:
         return 2, {"output": " ".join(result.output.split())}
-    return result.exit_code, json.loads(result.output)
+    return result.exit_code, json.loads(result.stdout)
 
 
 def granite_verdict(document: dict) -> dict:
@@ -200,6 +204,58 @@ def test_import_check_compares_the_live_functions(tmp_path: Path) -> None:
     assert imported and all(entry["live"] for entry in imported), imported
 
 
+#: A stand-in for torch: a dependency vLLM imports that this Python lacks.
+ABSENT_DEPENDENCY = "deepstack_test_absent_dependency"
+
+
+def test_an_interpreter_that_cannot_import_vllm_is_told_apart_from_not_live(
+    tmp_path: Path,
+) -> None:
+    site = make_site(tmp_path / "site", granite.AFTER)
+    model = site / MODEL
+    model.write_text(f"import {ABSENT_DEPENDENCY}\n" + granite.AFTER)
+    code, document = doctor(site, args=("--import",), error_document=True)
+    assert code == 2, document
+    assert document["fix_command"] is None, document["fix_command"]
+    error = document["error"]
+    assert "files are patched" in error["message"], error
+    assert f"No module named '{ABSENT_DEPENDENCY}'" in error["message"], error
+    assert "install vLLM's dependencies" in error["hint"], error
+    assert "apply" not in error["hint"], error
+    verdict = granite_verdict(document)
+    assert verdict["state"] == "applied"
+    assert verdict["import_failed"] is True, verdict
+    assert not any("and live" in reason for reason in verdict["reasons"]), verdict
+
+
+def test_cannot_import_vllm_in_text(tmp_path: Path) -> None:
+    site = make_site(tmp_path / "site", granite.AFTER)
+    (site / MODEL).write_text(f"import {ABSENT_DEPENDENCY}\n" + granite.AFTER)
+    env = {
+        "PYTHONPATH": str(site),
+        "DEEPSTACK_PATCH_CACHE": str(tmp_path / "cache"),
+    }
+    result = CliRunner(env=env).invoke(main, ["doctor", "--import"])
+    assert result.exit_code == 2, result.output
+    stderr = " ".join(result.stderr.split())
+    assert "error: the files are patched" in stderr, stderr
+    assert f"No module named '{ABSENT_DEPENDENCY}'" in stderr, stderr
+    assert "hint: install vLLM's dependencies" in stderr, stderr
+    assert "apply" not in result.output, result.output
+
+
+def test_a_fix_that_is_needed_still_says_apply_when_imports_fail(
+    tmp_path: Path,
+) -> None:
+    """A needed fix is not live whatever the import says: apply is the advice."""
+    site = make_site(
+        tmp_path / "site", f"import {ABSENT_DEPENDENCY}\n" + granite.BEFORE
+    )
+    code, document = doctor(site, args=("--import",))
+    assert code == 1, document
+    assert "apply --installed" in document["fix_command"]
+
+
 def test_no_vllm_is_an_error(tmp_path: Path) -> None:
     code, document = doctor(tmp_path)
     assert code == 2
@@ -249,6 +305,26 @@ def test_official_wheel_doctor_before_and_after_apply(tmp_path: Path) -> None:
     assert after["record"]["applied"] == record["applied"]
     assert {GRANITE, "vllm#43617"} <= set(after["record"]["applied"])
     assert after["record"]["changed_since"] == []
+
+    # The wheel went in with --no-deps: this Python cannot import vLLM (no
+    # torch). --import says so, as an error about the environment, not as
+    # fixes that are not live to apply again.
+    imported = CliRunner().invoke(
+        main, ["doctor", "--python", str(python), "--import", "--format", "json"]
+    )
+    assert imported.exit_code == 2, imported.output
+    document = json.loads(imported.stdout)
+    assert document["fix_command"] is None, document
+    assert "No module named 'torch'" in document["error"]["message"], document
+    assert "install vLLM's dependencies" in document["error"]["hint"], document
+    checked = [p for p in document["patches"] if p["counts"]]
+    assert checked and all(p["import_failed"] for p in checked), checked
+    text = CliRunner().invoke(main, ["doctor", "--python", str(python), "--import"])
+    assert text.exit_code == 2, text.output
+    stderr = " ".join(text.stderr.split())
+    assert "error: the files are patched" in stderr, stderr
+    assert "torch is missing" in stderr, stderr
+    assert "apply --installed" not in text.output, text.output
 
     # A later layer puts the official qwen3_vl.py back: doctor names it.
     qwen = "vllm/model_executor/models/qwen3_vl.py"

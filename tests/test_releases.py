@@ -110,6 +110,9 @@ def test_rewrites_equal_upstream(
     earlier: set[str] = set()
     previous: dict[str, bytes] = {}
     compared = 0
+    # A model file upstream's fixed release does not have (a class the patch
+    # fixes by its shape, added after upstream's fix): nothing to compare.
+    without_upstream: list[str] = []
     for patch in SERIES:
         plan = plan_tree(tree, SERIES, earlier | {patch.id})
         current = {edit.relpath: edit.new for edit in plan.edits}
@@ -117,13 +120,21 @@ def test_rewrites_equal_upstream(
         for loc in plan.report(patch.id).locations:
             if loc.state is not PatchState.NEEDED:
                 continue
-            fixed = _functions((release_tree(patch.fixed_in) / loc.path).read_bytes())
+            fixed_file = release_tree(patch.fixed_in) / loc.path
+            if not fixed_file.exists():
+                without_upstream.append(f"{patch.id} {loc.path}")
+                continue
+            fixed = _functions(fixed_file.read_bytes())
             seen = _functions(
                 previous.get(loc.path) or (pristine / loc.path).read_bytes()
             )
             patched = _functions(current[loc.path])
             base_file = release_tree(base) / loc.path if base else None
-            base_functions = _functions(base_file.read_bytes()) if base_file else {}
+            base_functions = (
+                _functions(base_file.read_bytes())
+                if base_file and base_file.exists()
+                else {}
+            )
             for name in loc.finding.rewrites:
                 if name not in fixed:
                     continue  # upstream moved or renamed it: nothing to compare
@@ -136,7 +147,9 @@ def test_rewrites_equal_upstream(
                 )
         earlier.add(patch.id)
         previous = current
-    assert compared, f"no rewritten function of {version} was compared with upstream"
+    assert compared or without_upstream, (
+        f"no rewritten function of {version} was compared with upstream"
+    )
 
 
 def _upstream_base(patch_id: str, fixed_in: str) -> str | None:

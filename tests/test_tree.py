@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import VllmTree, glob_matcher
 
 PATTERNS = [
     "vllm/models/**/*.py",
@@ -50,3 +50,39 @@ def test_glob_agrees_with_pathlib(tmp_path: Path) -> None:
         assert tree.glob((pattern,)) == expected, pattern
         compared += len(expected)
     assert compared > 20
+
+
+def test_glob_matcher_picks_what_glob_finds(tmp_path: Path) -> None:
+    """``glob_matcher`` chooses archive members before there is a tree: on
+    regular files it agrees with ``VllmTree.glob``, pattern by pattern and
+    for the series' patterns together."""
+    from deepstack_patch.patches import SERIES
+
+    names = [
+        "vllm/__init__.py",
+        "vllm/models/x.py",
+        "vllm/models/ab.py",
+        "vllm/models/a/y.py",
+        "vllm/models/a/.hidden/z.py",
+        "vllm/models/.dot.py",
+        "vllm/models/b/notes.txt",
+        "vllm/model_executor/models/qwen3_vl.py",
+        "vllm/model_executor/models/deep/er.py",
+        "vllm/config/compilation.py",
+        "vllm/config/sub/no.py",
+        "vllm/v1/sample/ops/logprobs.py",
+        "outside/o.py",
+    ]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    tree = VllmTree.open(tmp_path)
+    series_patterns = [pattern for patch in SERIES for pattern in patch.paths]
+    compared = 0
+    for patterns in [*([p] for p in PATTERNS), series_patterns]:
+        matches = glob_matcher(patterns)
+        assert matches is not None
+        assert sorted(n for n in names if matches(n)) == tree.glob(patterns), patterns
+        compared += len(tree.glob(patterns))
+    assert compared > 20
+    assert glob_matcher(["vllm/[ab]*.py"]) is None

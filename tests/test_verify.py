@@ -9,6 +9,7 @@ set explicitly.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 from deepstack_patch.cli import main
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.protocol import Finding, Patch, PatchState
 from deepstack_patch.engine.targets import PatchTargets, Targets, load_targets
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.output import documents
@@ -532,3 +533,99 @@ def test_what_the_fork_server_learned_is_kept_per_interpreter_and_release(
     assert path == verify.learned_preload(one, "0.20.2")
     assert path != verify.learned_preload(one, "0.20.1")
     assert path != verify.learned_preload(other, "0.20.2")
+
+
+class _ReturnsOne(Patch):
+    """A toy fix: ``def NAME(): return 0`` becomes ``return 1``."""
+
+    title = symptom = "toy"
+    upstream_url = "https://example.invalid"
+    fixed_in = "9.9.9"
+    paths = ("vllm/toy.py",)
+    markers = (b"def ",)
+    parts = {"toy": "toy function"}
+
+    def __init__(
+        self, patch_id: str, requires: tuple[str, ...] = (), companions=()
+    ) -> None:
+        self.id = patch_id
+        self.requires = requires
+        self.companions = companions
+        self.function = patch_id.replace("#", "_")
+
+    def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
+        for node in tree.body:
+            match node:
+                case ast.FunctionDef(
+                    name=self.function, body=[ast.Return(ast.Constant(value))]
+                ):
+                    state = PatchState.APPLIED if value == 1 else PatchState.NEEDED
+                    lines = (node.lineno, node.end_lineno or node.lineno)
+                    return [
+                        Finding(state, self.function, node.lineno, lines, part="toy")
+                    ]
+        return []
+
+    def rewrite(self, module, needed):  # type: ignore[no-untyped-def]
+        import libcst
+
+        old = f"def {self.function}():\n    return 0\n"
+        new = f"def {self.function}():\n    return 1\n"
+        return libcst.parse_module(module.code.replace(old, new))
+
+
+def test_companion_pristine_proof_runs_with_its_fix_applied_alone(
+    tmp_path: Path,
+) -> None:
+    """The baseline of a companion's pristine proof is the pristine tree with
+    the fix naming it (and the fix's needed requirement) applied, not the
+    companion; a patch that is no companion keeps the pristine tree."""
+    root = make_tree(tmp_path / "pristine", [])
+    source = "".join(
+        f"def {name}():\n    return 0\n\n\n"
+        for name in ("base", "fix", "repair", "other")
+    )
+    (root / "vllm" / "toy.py").write_text(source)
+    base = _ReturnsOne("base")
+    fix = _ReturnsOne("fix", requires=("base",), companions=("repair",))
+    repair = _ReturnsOne("repair")
+    other = _ReturnsOne("other")
+    series = [base, fix, repair, other]
+    pristine = VllmTree.open(root)
+    found = verify._verdicts(pristine, series, {p.id for p in series}, pristine)
+    assert [v.pristine_state for v in found] == [PatchState.NEEDED] * 4
+
+    baselines = verify.companion_baselines(
+        pristine, series, found, tmp_path / "scratch", ["base", "fix", "repair"]
+    )
+
+    assert [(b.applied, b.proves) for b in baselines] == [(("base", "fix"), ["repair"])]
+    patched = (baselines[0].tree.root / "vllm" / "toy.py").read_text()
+    assert "def fix():\n    return 1" in patched
+    assert "def base():\n    return 1" in patched
+    assert "def repair():\n    return 0" in patched
+    assert "def other():\n    return 0" in patched
+    assert (root / "vllm" / "toy.py").read_text() == source, "pristine changed"
+
+
+def test_no_baseline_where_the_fix_is_not_needed_on_the_pristine_tree(
+    tmp_path: Path,
+) -> None:
+    """Where upstream shipped the fix, the companion's bug shows natively."""
+    root = make_tree(tmp_path / "pristine", [])
+    (root / "vllm" / "toy.py").write_text(
+        "def fix():\n    return 1\n\n\ndef repair():\n    return 0\n"
+    )
+    series = [_ReturnsOne("fix", companions=("repair",)), _ReturnsOne("repair")]
+    pristine = VllmTree.open(root)
+    found = verify._verdicts(pristine, series, {"fix", "repair"}, pristine)
+    assert [v.pristine_state for v in found] == [
+        PatchState.APPLIED,
+        PatchState.NEEDED,
+    ]
+    assert (
+        verify.companion_baselines(
+            pristine, series, found, tmp_path / "scratch", ["fix", "repair"]
+        )
+        == []
+    )

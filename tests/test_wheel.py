@@ -8,6 +8,8 @@ member by member with the official wheel and with `apply` on its files.
 
 from __future__ import annotations
 
+import base64
+import csv
 import hashlib
 import json
 import shutil
@@ -23,6 +25,8 @@ from deepstack_patch.cli import main
 from deepstack_patch.fetch.wheels import choose_wheel, download_wheel, find_wheel
 from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
 from wheel.wheelfile import WheelFile
+
+from tests.support.zips import compressed_bytes, entry
 
 RELEASE = "0.20.2"
 MODEL = "vllm/model_executor/models/granite4_vision.py"
@@ -82,6 +86,9 @@ def test_small_wheel_is_patched_and_versioned(tmp_path: Path) -> None:
     assert len(document["outputs"]["wheel_sha256"]) == 64
     sbom = json.loads(Path(document["outputs"]["sbom"]).read_text())
     assert sbom["metadata"]["component"]["version"] == "0.1.0+deepstack.1"
+    (output_hash,) = sbom["metadata"]["component"]["hashes"]
+    assert output_hash["content"] == document["outputs"]["wheel_sha256"]
+    assert output_hash["content"] == hashlib.sha256(written.read_bytes()).hexdigest()
     (ancestor,) = sbom["metadata"]["component"]["pedigree"]["ancestors"]
     assert ancestor["purl"] == "pkg:pypi/vllm@0.1.0"
     assert (
@@ -112,6 +119,115 @@ def test_small_wheel_is_patched_and_versioned(tmp_path: Path) -> None:
                 assert new.read(renamed) == old.read(info)
                 compared += 1
         assert compared == 2
+
+
+def record_rows(archive: zipfile.ZipFile, name: str) -> dict[str, list[str]]:
+    lines = archive.read(name).decode().splitlines()
+    return {row[0]: row[1:] for row in csv.reader(lines)}
+
+
+def fast_deflated_wheel(folder: Path) -> Path:
+    """:func:`small_wheel` deflated at level 1 with a table of 2,000 lines:
+    deflating its members again at the default level would give other bytes,
+    so only a copy of the compressed bytes keeps them."""
+    (folder / "base").mkdir()
+    base = small_wheel(folder / "base")
+    path = folder / base.name
+    table = "".join(f"{i},{i * i}\n" for i in range(2000)).encode()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(table).digest()).rstrip(b"=")
+    record = "vllm-0.1.0.dist-info/RECORD"
+    with zipfile.ZipFile(base) as old, zipfile.ZipFile(path, "w") as new:
+        for info in old.infolist():
+            data = old.read(info)
+            if info.filename == record:
+                info = zipfile.ZipInfo("vllm/data/table.csv", info.date_time)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                new.writestr(info, table, compresslevel=1)
+                row = f"vllm/data/table.csv,sha256={digest.decode()},{len(table)}\n"
+                data += row.encode()
+                info = old.getinfo(record)
+            new.writestr(info, data, compresslevel=1)
+    return path
+
+
+def test_unchanged_members_are_copied_as_compressed(tmp_path: Path) -> None:
+    """Every member but the rewritten ones keeps its compressed bytes and
+    entry (the renamed .dist-info files too), and its official RECORD row."""
+    source = fast_deflated_wheel(tmp_path)
+    code, output = run("wheel", "--wheel", str(source), "--out", str(tmp_path / "o"))
+    assert code == 0, output
+    written = tmp_path / "o" / "vllm-0.1.0+deepstack.1-py3-none-any.whl"
+    rewritten = {MODEL, "vllm/_version.py", "vllm-0.1.0.dist-info/METADATA"}
+    compared = 0
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(written) as new:
+        old_rows = record_rows(old, "vllm-0.1.0.dist-info/RECORD")
+        new_rows = record_rows(new, "vllm-0.1.0+deepstack.1.dist-info/RECORD")
+        for info in old.infolist():
+            if info.filename in rewritten or info.filename.endswith("/RECORD"):
+                continue
+            name = info.filename.replace("vllm-0.1.0.", "vllm-0.1.0+deepstack.1.")
+            copied = new.getinfo(name)
+            assert entry(copied) == entry(info), name
+            assert compressed_bytes(written, copied) == compressed_bytes(source, info)
+            assert new_rows[name] == old_rows[info.filename], name
+            compared += 1
+        for name in rewritten:
+            name = name.replace("vllm-0.1.0.", "vllm-0.1.0+deepstack.1.")
+            assert new_rows[name] != old_rows.get(name), name
+            assert new_rows[name][1] == str(len(new.read(name))), name
+    assert compared == 4  # vllm/__init__.py, the kernel, the table, WHEEL
+
+
+def test_a_damaged_member_leaves_no_partial_wheel(tmp_path: Path) -> None:
+    """The writer fails on the kernel, half way through the members: no wheel
+    and no staging folder are left in --out."""
+    source = small_wheel(tmp_path)
+    with zipfile.ZipFile(source) as old:
+        kernel = old.getinfo("vllm/data/kernel.bin")
+    damaged = bytearray(source.read_bytes())
+    damaged[kernel.header_offset] ^= 0xFF  # its local header's signature
+    source.write_bytes(bytes(damaged))
+    out = tmp_path / "o"
+    code, output = run("wheel", "--wheel", str(source), "--out", str(out))
+    assert code == 2, output
+    assert "not a valid wheel" in output
+    assert "kernel.bin: bad local file header" in " ".join(output.split())
+    assert out.is_dir()  # made for the wheel, then left empty
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (None, "vllm/data/kernel.bin has no hash in RECORD"),
+        ("vllm/data/kernel.bin,sha256=AAAA,1000", "RECORD gives vllm/data/kernel.bin"),
+    ],
+)
+def test_a_copied_member_must_match_its_record_row(
+    tmp_path: Path, row: str | None, message: str
+) -> None:
+    """A copied member is not inflated: its RECORD row must exist and give
+    its size, or the wheel is refused and nothing is written."""
+    source = small_wheel(tmp_path)
+    edited = tmp_path / "edited" / source.name
+    edited.parent.mkdir()
+    record = "vllm-0.1.0.dist-info/RECORD"
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(edited, "w") as new:
+        for info in old.infolist():
+            data = old.read(info)
+            if info.filename == record:
+                kept = [
+                    line
+                    for line in data.decode().splitlines()
+                    if not line.startswith("vllm/data/kernel.bin,")
+                ]
+                data = "\n".join(kept + ([row] if row else []) + [""]).encode()
+            new.writestr(info, data)
+    out = tmp_path / "o"
+    code, output = run("wheel", "--wheel", str(edited), "--out", str(out))
+    assert code == 2, output
+    assert message in " ".join(output.split())
+    assert list(out.iterdir()) == []
 
 
 def test_a_wheel_that_needs_nothing_still_gets_its_version(tmp_path: Path) -> None:
@@ -247,10 +363,65 @@ def test_official_wheel_members_equal_except_the_rewritten(
                 compared_rewritten += 1
             elif name not in rewritten:
                 assert new.read(name) == old.read(info), name
+                if name.startswith("vllm/"):  # nor did apply change it
+                    assert (tree / name).read_bytes() == old.read(info), name
                 compared_other += 1
         assert len(new.namelist()) == len(old.namelist())
     assert compared_rewritten == len(rewritten) - 2 >= 3
     assert compared_other > 1000
+
+
+@pytest.mark.release
+def test_official_wheel_unchanged_members_keep_their_compressed_bytes(
+    official_wheel: Path, patched_wheel: dict
+) -> None:
+    """The members the plan does not change (3,135 of 3,144) are copied as
+    they were compressed: same bytes, CRC, attributes and RECORD row."""
+    new_version = f"{RELEASE}+deepstack.1"
+    rewritten = set(patched_wheel["written"])
+    written = Path(patched_wheel["outputs"]["wheel"])
+    compared = 0
+    with zipfile.ZipFile(official_wheel) as old, zipfile.ZipFile(written) as new:
+        old_rows = record_rows(old, f"vllm-{RELEASE}.dist-info/RECORD")
+        new_rows = record_rows(new, f"vllm-{new_version}.dist-info/RECORD")
+        for info in old.infolist():
+            name = info.filename.replace(f"vllm-{RELEASE}.", f"vllm-{new_version}.")
+            if name in rewritten or name.endswith(".dist-info/RECORD"):
+                continue
+            copied = new.getinfo(name)
+            assert entry(copied) == entry(info), name
+            assert copied.extra == info.extra, name
+            assert compressed_bytes(written, copied) == compressed_bytes(
+                official_wheel, info
+            ), name
+            assert new_rows[name] == old_rows[info.filename], name
+            compared += 1
+    assert compared > 3000
+    assert compared == patched_wheel["copied_members"]
+
+
+@pytest.mark.release
+def test_official_wheel_passes_zipfile_and_wheel_unpack(
+    patched_wheel: dict, tmp_path: Path
+) -> None:
+    """Two readers other than ours: the zip layer's CRCs (``zipfile -t``) and
+    every member's RECORD hash (``wheel unpack``)."""
+    written = patched_wheel["outputs"]["wheel"]
+    tested = subprocess.run(
+        [sys.executable, "-m", "zipfile", "-t", written],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert tested.returncode == 0, tested.stderr
+    assert "Done testing" in tested.stdout
+    unpacked = tmp_path / "unpacked"
+    done = subprocess.run(
+        [sys.executable, "-m", "wheel", "unpack", "-d", str(unpacked), written],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    folder = unpacked / f"vllm-{RELEASE}+deepstack.1"
+    assert (folder / "vllm" / "_version.py").is_file()
+    shutil.rmtree(unpacked)  # 550 MB
 
 
 @pytest.mark.release

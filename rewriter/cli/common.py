@@ -46,7 +46,10 @@ def stderr_console() -> Console:
 
 
 def interrupted() -> NoReturn:
-    """Ctrl-C: one line, and 130 (never 1, which means "needed" or "differs")."""
+    """Ctrl-C: one line, and 130 (never 1, which means "needed" or "differs").
+
+    deepstack_patch.entry says the same for a Ctrl-C before this module loads.
+    """
     sys.stderr.write("interrupted\n")
     sys.exit(EXIT_INTERRUPTED)
 
@@ -69,8 +72,6 @@ def os_error(exc: OSError) -> DeepstackError:
 
 def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
     """``error:`` and ``hint:`` on stderr (and JSON on stdout with --format json)."""
-    from deepstack_patch.output.plain import escape
-
     if wants_json(words):
         import json  # only here: the command line's import stays light
 
@@ -85,12 +86,20 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
             },
         }
         click.echo(json.dumps(document, indent=2))
+    print_error(exc)
+    sys.exit(EXIT_ERROR)
+
+
+def print_error(exc: DeepstackError) -> None:
+    """``error:`` and ``hint:`` on stderr, for a command that also has a
+    document of its own to print (doctor's diagnosis)."""
+    from deepstack_patch.output.plain import escape
+
     console = stderr_console()
     console.print(f"[bold red]error:[/] {escape(exc.located)}")
     if exc.hint:
         # Escaped: hints quote things like 'deepstack-patch[verify]'.
         console.print(f"[bold]hint:[/] {escape(exc.hint)}")
-    sys.exit(EXIT_ERROR)
 
 
 def wants_json(words: Sequence[str]) -> bool:

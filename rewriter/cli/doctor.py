@@ -7,10 +7,12 @@ from pathlib import Path
 
 import click
 from deepstack_patch.cli.common import (
+    EXIT_ERROR,
     EXIT_NEEDED,
     EXIT_OK,
     format_option,
     load_series,
+    print_error,
     stdout_console,
 )
 
@@ -40,7 +42,8 @@ def doctor(python: Path | None, import_check: bool, output_format: str) -> None:
 
     \b
     Exit codes: 0 every needed fix is live; 1 one is not (the output says
-    which and why); 2 an error.
+    which and why); 2 an error, or with --import the files are patched but
+    that Python cannot import vLLM (a dependency such as torch missing).
     """
     from deepstack_patch.liveness.doctor import diagnose, diagnosis_json
     from deepstack_patch.output.documents import dump_json
@@ -50,7 +53,15 @@ def doctor(python: Path | None, import_check: bool, output_format: str) -> None:
         click.echo(dump_json(diagnosis_json(diagnosis)))
     else:
         _print(diagnosis)
-    sys.exit(EXIT_OK if diagnosis.live else EXIT_NEEDED)
+    match diagnosis.outcome:
+        case "live":
+            sys.exit(EXIT_OK)
+        case "not-live":
+            sys.exit(EXIT_NEEDED)
+        case "cannot-import":
+            # The files are patched; the environment, not the tree, is at fault.
+            print_error(diagnosis.import_error)
+            sys.exit(EXIT_ERROR)
 
 
 def _print(diagnosis) -> None:  # noqa: ANN001 - a proof.doctor.Diagnosis
@@ -78,6 +89,8 @@ def _print(diagnosis) -> None:  # noqa: ANN001 - a proof.doctor.Diagnosis
         table.add_column(column)
     for verdict in diagnosis.verdicts:
         live = "yes" if verdict.live else ("-" if not verdict.counts else "NO")
+        if verdict.import_failed:
+            live = "?"  # patched files, running code unknown
         table.add_row(
             verdict.report.patch.id,
             str(verdict.report.state),
@@ -86,7 +99,9 @@ def _print(diagnosis) -> None:  # noqa: ANN001 - a proof.doctor.Diagnosis
         )
     console.print(table)
     print_open_follow_ups(console, [verdict.report for verdict in diagnosis.verdicts])
-    if diagnosis.live:
-        console.print("every needed fix is live")
-    else:
-        console.print(f"not live; to fix: {escape(diagnosis.fix_command)}")
+    match diagnosis.outcome:
+        case "live":
+            console.print("every needed fix is live")
+        case "not-live":
+            console.print(f"not live; to fix: {escape(diagnosis.fix_command)}")
+        # cannot-import: the error and its hint follow on stderr.

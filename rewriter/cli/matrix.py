@@ -64,6 +64,17 @@ from deepstack_patch.engine.errors import DeepstackError
     help="With --emit: the shell command that installs deepstack-patch in a CI "
     "job (default: pip install of the checked-out repository).",
 )
+@click.option(
+    "--attest/--no-attest",
+    default=True,
+    show_default=True,
+    help="With --emit github-actions: sign each verified patched tarball with "
+    "GitHub's artifact attestation (actions/attest-build-provenance), which "
+    "gives the job the permissions id-token: write, attestations: write and "
+    "contents: read. Attestations in private repositories need GitHub "
+    "Enterprise Cloud; without it, use --no-attest. Buildkite pipelines keep "
+    "only the unsigned provenance.intoto.json.",
+)
 @select_options
 @format_option
 def matrix(
@@ -74,6 +85,7 @@ def matrix(
     emit: str | None,
     output: Path | None,
     install: str | None,
+    attest: bool,
     only: tuple[str, ...],
     skip: tuple[str, ...],
     output_format: str,
@@ -102,7 +114,7 @@ def matrix(
             "e.g. --emit buildkite --output .buildkite/deepstack.yml",
         )
     if emit and output:
-        sys.exit(_emit(emit, output, releases, targets, install))
+        sys.exit(_emit(emit, output, releases, targets, install, attest))
     result = _check_with_progress(releases, series, selected, targets, jobs, verify)
     patch_ids = [patch.id for patch in series if patch.id in selected]
     if output_format == "json":
@@ -133,11 +145,16 @@ def matrix(
 
 
 def _emit(
-    emit: str, output: Path, releases: list[str], targets: Any, install: str | None
+    emit: str,
+    output: Path,
+    releases: list[str],
+    targets: Any,
+    install: str | None,
+    attest: bool,
 ) -> int:
     from deepstack_patch.distribution.pipelines import DEFAULT_INSTALL, emit_pipeline
 
-    text = emit_pipeline(emit, releases, targets, install or DEFAULT_INSTALL)
+    text = emit_pipeline(emit, releases, targets, install or DEFAULT_INSTALL, attest)
     if str(output) == "-":
         sys.stdout.write(text)
     else:

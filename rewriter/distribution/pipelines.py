@@ -2,7 +2,10 @@
 
 ``matrix --emit`` writes a GitHub Actions workflow or a Buildkite pipeline
 whose jobs run on separate CI workers; each job installs deepstack-patch,
-backports one release and verifies it, and keeps the outputs as artifacts.
+backports one release and verifies it, and keeps the outputs as artifacts:
+the patched tarball, the series, report.json, verify.xml, the SBOM and the
+unsigned in-toto statement. A GitHub job also has GitHub sign the tarball
+(``actions/attest-build-provenance``) once it is verified.
 """
 
 from __future__ import annotations
@@ -11,23 +14,59 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from deepstack_patch.distribution.provenance import PROVENANCE_NAME, SBOM_NAME
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.targets import Targets
 
 DEFAULT_INSTALL = "python -m pip install '.[verify,vendor]'"
+#: The local version label every emitted job gives its release.
+LABEL = "deepstack.1"
 
 #: What every job keeps, relative to its backport folder.
-ARTIFACTS = ("*.tar.gz", "series/", "report.json", "verify.xml")
+ARTIFACTS = (
+    "*.tar.gz",
+    "series/",
+    "report.json",
+    "verify.xml",
+    SBOM_NAME,
+    PROVENANCE_NAME,
+)
+
+#: GitHub's artifact attestation: a SLSA provenance statement for the subject,
+#: signed with a Sigstore certificate for the workflow's OIDC identity and
+#: stored by GitHub (`gh attestation verify` checks it).
+ATTEST_ACTION = "actions/attest-build-provenance@v2"
+#: What the attest step needs of the job's token: an OIDC token to be issued
+#: a signing certificate, the right to store the attestation, and (since a
+#: job's `permissions` turn every unnamed one off) reading the repository for
+#: actions/checkout.
+ATTEST_PERMISSIONS = {
+    "id-token": "write",
+    "attestations": "write",
+    "contents": "read",
+}
+
+
+def backport_folder(version: str) -> str:
+    """The folder, relative to the job's workspace, one job backports into."""
+    return f"backport-{version}"
+
+
+def backport_tarball(version: str, label: str = LABEL) -> str:
+    """The patched sdist `backport` writes there, relative to the workspace."""
+    from deepstack_patch.distribution.sdist import local_version
+
+    return f"{backport_folder(version)}/vllm-{local_version(version, label)}.tar.gz"
 
 
 def _release_commands(
-    version: str, skip: Sequence[str], label: str = "deepstack.1"
+    version: str, skip: Sequence[str], label: str = LABEL
 ) -> list[str]:
     """The shell commands one CI job runs for one release."""
     from deepstack_patch.distribution.sdist import local_version
 
     skips = "".join(f" --skip {shlex.quote(patch_id)}" for patch_id in skip)
-    out = f"backport-{version}"
+    out = backport_folder(version)
     tree = f"{out}/vllm-{local_version(version, label)}"
     return [
         f"deepstack-patch backport --release {version} --out {out} "
@@ -51,17 +90,19 @@ def _skipped(targets: Targets) -> Callable[[str], list[str]]:
 
 
 def github_actions(
-    releases: Sequence[str], targets: Targets, install: str
+    releases: Sequence[str], targets: Targets, install: str, attest: bool = True
 ) -> dict[str, Any]:
+    """One matrix job per release; with ``attest``, the job signs its tarball."""
     skipped = _skipped(targets)
     include = [
         {
             "release": version,
             "run": "\n".join(_release_commands(version, skipped(version))),
+            "tarball": backport_tarball(version),
         }
         for version in releases
     ]
-    folder = "backport-${{ matrix.release }}"
+    folder = backport_folder("${{ matrix.release }}")
     steps = [
         {"uses": "actions/checkout@v4"},
         {"uses": "actions/setup-python@v5", "with": {"python-version": "3.12"}},
@@ -75,6 +116,8 @@ def github_actions(
         },
         {"name": "Install deepstack-patch", "run": install},
         {"name": "Backport and verify", "run": "${{ matrix.run }}"},
+        # Without `if:`, only a tarball whose release verified is signed.
+        *([_attest_step()] if attest else []),
         {
             "uses": "actions/upload-artifact@v4",
             "if": "always()",
@@ -84,6 +127,8 @@ def github_actions(
             },
         },
     ]
+    # Least privilege: the token gets only what the steps need.
+    permissions = ATTEST_PERMISSIONS if attest else {"contents": "read"}
     return {
         "name": "deepstack-patch backports",
         "on": {"workflow_dispatch": {}, "push": {"branches": ["main"]}},
@@ -92,10 +137,19 @@ def github_actions(
                 "name": "vLLM ${{ matrix.release }}",
                 "runs-on": "ubuntu-latest",
                 "timeout-minutes": 90,
+                "permissions": dict(permissions),
                 "strategy": {"fail-fast": False, "matrix": {"include": include}},
                 "steps": steps,
             }
         },
+    }
+
+
+def _attest_step() -> dict[str, Any]:
+    return {
+        "name": "Attest the patched tarball",
+        "uses": ATTEST_ACTION,
+        "with": {"subject-path": "${{ matrix.tarball }}"},
     }
 
 
@@ -109,7 +163,7 @@ def buildkite(
             "key": "backport-" + version.replace(".", "-"),
             "commands": [install, *_release_commands(version, skipped(version))],
             "artifact_paths": [
-                f"backport-{version}/{a}" + ("*" if a.endswith("/") else "")
+                f"{backport_folder(version)}/{a}" + ("*" if a.endswith("/") else "")
                 for a in ARTIFACTS
             ],
             "timeout_in_minutes": 90,
@@ -124,22 +178,32 @@ def buildkite(
     return {"steps": [group]}
 
 
-PIPELINES = {"github-actions": github_actions, "buildkite": buildkite}
+PIPELINES = ("github-actions", "buildkite")
 
 
 def emit_pipeline(
-    kind: str, releases: Sequence[str], targets: Targets, install: str
+    kind: str,
+    releases: Sequence[str],
+    targets: Targets,
+    install: str,
+    attest: bool = True,
 ) -> str:
     """A GitHub Actions workflow or a Buildkite pipeline, one job per release.
 
     Patches targets.toml expects drifted on a release are skipped in that
     release's job: a drifted patch makes backport refuse the whole release.
+    ``attest`` adds GitHub's signed attestation of each tarball; Buildkite
+    has no such step, so it only keeps the unsigned statement.
     """
     import yaml
 
-    if kind not in PIPELINES:  # click's Choice keeps this unreachable from the CLI
-        raise DeepstackError(f"--emit {kind}: unknown pipeline kind")
-    document = PIPELINES[kind](releases, targets, install)
+    match kind:
+        case "github-actions":
+            document = github_actions(releases, targets, install, attest)
+        case "buildkite":
+            document = buildkite(releases, targets, install)
+        case _:  # click's Choice keeps this unreachable from the CLI
+            raise DeepstackError(f"--emit {kind}: unknown pipeline kind")
     header = (
         "# Generated by `deepstack-patch matrix --emit "
         f"{kind}`: one backport job per vLLM release.\n"

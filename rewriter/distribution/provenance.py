@@ -255,14 +255,17 @@ def write_sbom(
     upstream: UpstreamArtefact,
     applied: Sequence[AppliedPatch],
     output: Path | None = None,
+    output_sha256: str = "",
 ) -> Path:
-    """Write the SBOM of ``output`` (the patched tarball or wheel) to ``path``."""
+    """Write the SBOM of ``output`` (the patched tarball or wheel) to ``path``;
+    give ``output_sha256`` when the caller has hashed ``output`` already (a
+    wheel is 244 MB)."""
     text = sbom_document(
         release=release,
         local_version=local_version,
         upstream=upstream,
         applied=applied,
-        output_sha256=sha256_file(output) if output else "",
+        output_sha256=output_sha256 or (sha256_file(output) if output else ""),
     )
     _write_atomically(path, text + "\n")
     return path
@@ -384,12 +387,15 @@ def write_backport_provenance(
     file, report.json and the SBOM: every file a build consumes, but not the
     extracted tree (the tarball holds it).
     """
+    # report.json's outputs are absolute: the statement names every subject
+    # relative to ``out``, which a pipeline gives relative (--out backport-V).
+    out = out.resolve()
     outputs = report["outputs"]
     series_dir = Path(outputs["series"])
     names = list(outputs["series_files"])
     by_id = {patch.id: patch for patch in series}
     patches = [by_id[patch_id] for patch_id in report["applied"]]
-    applied = read_applied(series_dir, patches, names, out.resolve())
+    applied = read_applied(series_dir, patches, names, out)
     upstream = UpstreamArtefact(archive.name, sha256_file(archive), "sdist")
     tarball = Path(outputs["sdist"])
     sbom = write_sbom(
@@ -408,7 +414,7 @@ def write_backport_provenance(
             Path(outputs["report"]),
             sbom,
         ],
-        root=out.resolve(),
+        root=out,
         release=report["release"],
         local_version=report["local_version"],
         series=[p["id"] for p in report["patches"] if p["selected"]],

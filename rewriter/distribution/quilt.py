@@ -22,6 +22,7 @@ from deepstack_patch import __version__
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import FileEdit, Plan, plan_tree
 from deepstack_patch.engine.protocol import Patch
+from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.output.diffs import unified_diff
 
@@ -43,46 +44,34 @@ def plan_steps(
     series: Sequence[Patch],
     selected: set[str],
     progress: Callable[[str], None] | None = None,
+    cache: RecognitionCache | None = None,
 ) -> tuple[Plan, list[PatchStep]]:
     """The plan of the whole selection, and its per-patch steps in series order.
 
-    When the plan has a drifted patch the steps are empty: callers refuse.
+    Each step is cut from the stages the plan kept of every file (the file as
+    each patch left it, each rewrite checked on its predecessors' output as
+    the plan made it), so the series is planned once. When the plan has a
+    drifted patch the steps are empty: callers refuse.
     """
-    full = plan_tree(tree, series, selected, progress=progress)
+    full = plan_tree(tree, series, selected, progress=progress, cache=cache)
     if any(r.selected and r.state.value == "drifted" for r in full.reports):
         return full, []
-    needed = {report.patch.id for report in full.needed}
-    current: dict[str, bytes] = {}
-    prefix: set[str] = set()
-    steps: list[PatchStep] = []
-    for patch in series:
-        if patch.id not in selected:
-            continue
-        prefix.add(patch.id)
-        if patch.id not in needed:
-            continue
-        # The prefix plan is the tree as patches 1..N leave it; its own
-        # recognition re-checks each patch on its predecessors' output.
-        plan = full if prefix == selected else plan_tree(tree, series, set(prefix))
-        edits = []
-        for edit in plan.edits:
-            before = current.get(edit.relpath, edit.old)
-            if edit.new != before:
-                edits.append(FileEdit(edit.relpath, before, edit.new, [patch.id]))
-            current[edit.relpath] = edit.new
-        if edits:
-            steps.append(PatchStep(patch, edits))
-    final = {edit.relpath: edit.new for edit in full.edits}
-    if current != final:
-        differing = sorted(set(current) ^ set(final)) or sorted(
-            path for path in final if current.get(path) != final[path]
-        )
-        raise DeepstackError(
-            "the patches applied one by one do not give the tree the whole "
-            f"series gives (in {', '.join(differing)})",
-            "two patches of the series interact in a way the series order does "
-            "not capture; report it with `deepstack-patch status --format json`",
-        )
+    edits_of: dict[str, list[FileEdit]] = {}
+    for edit in full.edits:
+        before = edit.old
+        for patch_id, after in edit.stages:
+            if after != before:
+                edits_of.setdefault(patch_id, []).append(
+                    FileEdit(edit.relpath, before, after, [patch_id])
+                )
+            before = after
+        if before != edit.new:
+            raise DeepstackError(
+                f"{edit.relpath}: the patches' stages do not end in the file the "
+                "series writes",
+                "report it with `deepstack-patch status --format json`",
+            )
+    steps = [PatchStep(p, edits_of[p.id]) for p in series if p.id in edits_of]
     return full, steps
 
 

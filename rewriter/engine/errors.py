@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 
@@ -51,10 +52,7 @@ def os_error_hint(exc: OSError, folder: Path) -> str:
                 "or remount it writable"
             )
         case errno.EACCES | errno.EPERM:
-            return (
-                f"{folder} is not writable: chmod u+w {folder}, or choose "
-                "another folder"
-            )
+            return permission_hint(folder, "choose another folder")
         case errno.ENOTEMPTY | errno.EEXIST | errno.ENOENT:
             return (
                 f"another program changed {folder} during the run; "
@@ -70,3 +68,63 @@ def writable_folder_of(path: Path) -> Path:
         if candidate.is_dir():
             return candidate
     return path
+
+
+#: The way round a site-packages folder this user may not write that needs
+#: nobody's rights at run time: change the install where its image is built.
+IMAGE_BUILD = (
+    "run it in the image build instead "
+    "(e.g. RUN deepstack-patch apply --installed in the Dockerfile)"
+)
+
+
+def permission_hint(
+    path: Path,
+    instead: str,
+    *,
+    status: os.stat_result | None = None,
+    euid: int | None = None,
+) -> str:
+    """The fix to try when this user may not write ``path``; ``instead`` is
+    the way round it that needs no one's rights (e.g. patch a copy).
+
+    ``chmod u+w`` is advice only for the owner, and for root, who may chmod
+    anything: anyone else cannot do it, so is told whose ``path`` is and to
+    run as that user. ``status`` and ``euid`` stand in for ``path``'s stat
+    and this process's user (tests).
+    """
+    if euid is None and hasattr(os, "geteuid"):
+        euid = os.geteuid()
+    if status is None:
+        try:
+            status = path.stat()
+        except OSError:
+            status = None
+    if status is None or euid is None:  # whose it is cannot be known
+        return f"{path} is not writable by this user: make it writable, or {instead}"
+    if euid in (0, status.st_uid):
+        return f"{path} is not writable: chmod u+w {path}, or {instead}"
+    owner = _user_name(status.st_uid)
+    match status.st_uid:
+        case 0:
+            run_as = "sudo deepstack-patch …"
+        case uid if owner.startswith("uid "):
+            run_as = f"sudo -u '#{uid}' deepstack-patch …"
+        case _:
+            run_as = f"sudo -u {owner} deepstack-patch …"
+    return (
+        f"{path} belongs to {owner}, and deepstack-patch runs as "
+        f"{_user_name(euid)}: run it as {owner} ({run_as}), or {instead}"
+    )
+
+
+def _user_name(uid: int) -> str:
+    """The user's name, or ``uid N`` where the system has none for it."""
+    try:
+        import pwd
+    except ImportError:  # not a POSIX system
+        return f"uid {uid}"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"

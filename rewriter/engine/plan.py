@@ -31,12 +31,18 @@ from deepstack_patch.engine.tree import VllmTree
 
 @dataclass
 class FileEdit:
-    """The new content of one file, with the patches that changed it."""
+    """The new content of one file, with the patches that changed it.
+
+    ``stages`` holds the file as each of those patches left it, in series
+    order (the last is ``new``): per-patch outputs (a quilt series, one commit
+    per patch) are cut from it without planning the series again.
+    """
 
     relpath: str
     old: bytes
     new: bytes
     patch_ids: list[str] = field(default_factory=list)
+    stages: list[tuple[str, bytes]] = field(default_factory=list, compare=False)
 
 
 @dataclass
@@ -191,6 +197,7 @@ def _plan_file(
             return cached, None
     current = original
     changed_by: list[str] = []
+    stages: list[tuple[str, bytes]] = []
     found: list[list[Finding]] = []
     rewritten = False
     for patch in touching:
@@ -204,6 +211,7 @@ def _plan_file(
             try:
                 current = _rewrite(patch, current, needed)
                 changed_by.append(patch.id)
+                stages.append((patch.id, current.raw))
             except RewriteRefused as refusal:
                 findings = [
                     _as_drifted(f, str(refusal)) if f in needed else f for f in findings
@@ -212,7 +220,7 @@ def _plan_file(
     if cache is not None and not rewritten:
         cache.store(relpath, original.raw, touching, found)
     if changed_by and current.raw != original.raw:
-        return found, FileEdit(relpath, original.raw, current.raw, changed_by)
+        return found, FileEdit(relpath, original.raw, current.raw, changed_by, stages)
     return found, None
 
 

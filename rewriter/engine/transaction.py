@@ -25,7 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.errors import (
+    IMAGE_BUILD,
+    DeepstackError,
+    permission_hint,
+)
 from deepstack_patch.engine.plan import FileEdit
 
 #: Test hook: called with each target path just before its rename.
@@ -140,11 +144,19 @@ def _checked_target(root: Path, edit: FileEdit) -> Path:
     for path, what in ((target.parent, "its folder"), (target, "the file")):
         if not _writable(path):
             raise DeepstackError(
-                f"{edit.relpath}: {what} is read-only ({path})",
-                f"make it writable (chmod u+w {path}) or patch a copy of the tree",
+                f"{edit.relpath}: {what} is read-only for this user ({path})",
+                permission_hint(path, _way_round(root)),
             )
     _remove_stale_stages(target)
     return target
+
+
+def _way_round(root: Path) -> str:
+    """What works without write access to ``root``: an install (a dist-info
+    beside vllm/) is patched where its image is built; a tree, as a copy."""
+    if any(root.glob("vllm-*.dist-info")):
+        return IMAGE_BUILD
+    return "patch a copy of the tree"
 
 
 def _writable(path: Path) -> bool:
@@ -255,8 +267,8 @@ def _checked_extra(root: Path, change: ExtraChange) -> Path:
     folder = _existing_ancestor(target.parent)
     if not _writable(folder):
         raise DeepstackError(
-            f"{change.relpath}: its folder {folder} is read-only",
-            f"make it writable (chmod u+w {folder}) or work on a copy",
+            f"{change.relpath}: its folder {folder} is read-only for this user",
+            permission_hint(folder, _way_round(root)),
         )
     if folder == target.parent:
         _remove_stale_stages(target)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +131,18 @@ def _walk_glob(root: Path, pattern: str) -> Iterator[str]:
             relpath = f"{prefix}/{below}{name}" if prefix else f"{below}{name}"
             if matches(relpath):
                 yield relpath
+
+
+def glob_matcher(patterns: Iterable[str]) -> Callable[[str], bool] | None:
+    """Whether a relative path can be one of :meth:`VllmTree.glob`'s files for
+    ``patterns``: to choose what to extract from an archive before there is a
+    tree. None when a pattern has a character class (``[ab]``), which only
+    pathlib's rules decide."""
+    patterns = list(patterns)
+    if any("[" in pattern for pattern in patterns):
+        return None
+    combined = re.compile("|".join(_glob_regex(p).pattern for p in patterns))
+    return lambda relpath: combined.match(relpath) is not None
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:

@@ -41,6 +41,9 @@ class Verdict:
     #: False where a patch not being live is no failure (not needed, skipped).
     counts: bool
     reasons: list[str] = field(default_factory=list)
+    #: ``--import`` could not import a module holding the fix in that
+    #: interpreter: the files are patched, whether the code runs is unknown.
+    import_failed: bool = False
 
 
 @dataclass
@@ -63,6 +66,30 @@ class Diagnosis:
     @property
     def live(self) -> bool:
         return all(v.live or not v.counts for v in self.verdicts)
+
+    @property
+    def outcome(self) -> str:
+        """``live``; ``not-live`` (applying helps); or ``cannot-import``: every
+        fix that is not shown live is in the files, but that interpreter cannot
+        import vLLM, so only its environment can be fixed, not the files."""
+        failing = [v for v in self.verdicts if v.counts and not v.live]
+        if not failing:
+            return "live"
+        if all(v.import_failed for v in failing):
+            return "cannot-import"
+        return "not-live"
+
+    @property
+    def import_error(self) -> DeepstackError | None:
+        """Why the outcome is ``cannot-import``, with the environment to fix."""
+        if self.outcome != "cannot-import":
+            return None
+        first = next(a for a in self.imported or [] if not a.get("imported", True))
+        return DeepstackError(
+            f"the files are patched, but {self.python} cannot import vLLM "
+            f"(here: {first['why']}), so whether the fixes run is unknown",
+            _environment_hint(first, self.python),
+        )
 
 
 def diagnose(
@@ -256,6 +283,26 @@ def _verdict(report: PatchReport, diagnosis: Diagnosis) -> Verdict:
     return Verdict(report, not reasons, True, reasons or ["applied, and live"])
 
 
+def _environment_hint(failure: dict[str, Any], python: str) -> str:
+    """What makes ``python`` import vLLM: never applying again (the files are
+    patched already)."""
+    missing = failure.get("missing") or ""
+    without_import = (
+        "doctor without --import checks the files and bytecode without importing"
+    )
+    if missing and missing.partition(".")[0] != "vllm":
+        return (
+            f"install vLLM's dependencies in that environment ({missing} is "
+            "missing there), or give the interpreter that runs vLLM with "
+            f"--python; {without_import}"
+        )
+    return (
+        f"run {python} -c 'import {failure['module']}' to see the whole error, "
+        "and fix that environment, or give the interpreter that runs vLLM with "
+        f"--python; {without_import}"
+    )
+
+
 def _check_imports(python: str, root: Path, diagnosis: Diagnosis) -> None:
     functions = [
         [loc.path, loc.finding.symbol]
@@ -268,13 +315,32 @@ def _check_imports(python: str, root: Path, diagnosis: Diagnosis) -> None:
         python, {"ask": "import", "root": str(root), "functions": functions}
     )
     diagnosis.imported = answer
-    failing = {(a["path"], a["symbol"]): a["why"] for a in answer if not a["live"]}
+    failing = {(a["path"], a["symbol"]): a for a in answer if not a["live"]}
     for verdict in diagnosis.verdicts:
-        for loc in verdict.report.locations:
-            why = failing.get((loc.path, loc.finding.symbol))
-            if why and loc.state is PatchState.APPLIED:
-                verdict.live = False
-                verdict.reasons.append(f"imported {loc.finding.symbol}: {why}")
+        found = [
+            failing[loc.path, loc.finding.symbol]
+            for loc in verdict.report.locations
+            if loc.state is PatchState.APPLIED
+            and (loc.path, loc.finding.symbol) in failing
+        ]
+        if not found:
+            continue
+        # "applied, and live" no longer holds.
+        verdict.live, verdict.reasons = False, []
+        for failure in found:
+            if failure.get("imported", True):
+                verdict.reasons.append(
+                    f"imported {failure['symbol']}: {failure['why']}"
+                )
+            else:
+                verdict.reasons.append(
+                    f"applied in the files; cannot import {failure['module']} "
+                    f"here: {failure['why']}"
+                )
+        # One line per module (its functions fail alike when it cannot import).
+        verdict.reasons = list(dict.fromkeys(verdict.reasons))
+        # Only when nothing that did import was found to differ.
+        verdict.import_failed = all(not f.get("imported", True) for f in found)
 
 
 def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
@@ -282,7 +348,8 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
     from deepstack_patch.output.documents import follow_ups_json
 
     record = diagnosis.record
-    return {
+    error = diagnosis.import_error
+    document: dict[str, Any] = {
         "schema": 1,
         "command": "doctor",
         "live": diagnosis.live,
@@ -312,6 +379,7 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
                 "state": str(v.report.state),
                 "live": v.live,
                 "counts": v.counts,
+                "import_failed": v.import_failed,
                 "reasons": v.reasons,
                 "files": v.report.files,
                 "follow_ups": follow_ups_json(v.report.patch),
@@ -320,5 +388,15 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         ],
         "imported": diagnosis.imported,
         "notes": diagnosis.notes,
-        "fix_command": None if diagnosis.live else diagnosis.fix_command,
+        "fix_command": diagnosis.fix_command
+        if diagnosis.outcome == "not-live"
+        else None,
     }
+    if error is not None:  # the error document's shape, beside the diagnosis
+        document["error"] = {
+            "message": error.message,
+            "path": error.path,
+            "line": error.line,
+            "hint": error.hint,
+        }
+    return document

@@ -209,6 +209,20 @@ def _import(request):
         entry = {"path": relpath, "symbol": qualname}
         try:
             module = importlib.import_module(module_name)
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            # Not a verdict on the fix: this interpreter cannot run vLLM at all
+            # (a dependency such as torch missing, a library that will not load).
+            entry["live"] = False
+            entry["imported"] = False
+            entry["module"] = module_name
+            entry["why"] = f"{type(exc).__name__}: {exc}"
+            missing = getattr(exc, "name", None)
+            if isinstance(exc, ModuleNotFoundError) and missing:
+                entry["missing"] = missing
+            answer.append(entry)
+            continue
+        entry["imported"] = True
+        try:
             target = module
             for part in qualname.split("."):
                 target = getattr(target, part)

@@ -160,6 +160,14 @@ def print_verify_report(console: Console, report: Any) -> None:
         table.add_row(*cells, tests, verdict_cell)
     console.print(table)
     for verdict in report.verdicts:
+        if verdict.pristine_baseline:
+            console.print(
+                f"{verdict.patch.id} pristine proof ran on pristine + "
+                f"{', '.join(verdict.pristine_baseline)} (the fix that names it "
+                "as companion, applied alone: what that fix would ship without it)",
+                highlight=False,
+            )
+    for verdict in report.verdicts:
         for label, proof in (
             ("proof", verdict.proof),
             ("pristine", verdict.pristine_proof),

@@ -18,6 +18,9 @@ class PatchVerdict:
     proof: ProofResult | None = None
     pristine_state: PatchState | None = None
     pristine_proof: ProofResult | None = None
+    #: The fixes applied to the pristine tree before ``pristine_proof`` ran
+    #: (this patch is their companion); empty: the pristine tree as released.
+    pristine_baseline: tuple[str, ...] = ()
     tests: list[TestCase] = field(default_factory=list)
     #: What applies the patch to this tree (an installed vLLM needs --installed).
     apply_command: str = "deepstack-patch apply"
@@ -69,6 +72,7 @@ class PatchVerdict:
             "pristine_proof": self.pristine_proof.json()
             if self.pristine_proof
             else None,
+            "pristine_baseline": list(self.pristine_baseline),
             "fail_to_pass": self.fail_to_pass or None,
             "tree_tests": [t.nodeid for t in self.tests],
             "ok": not self.problems,

@@ -8,7 +8,11 @@ deepstack-patch's platform plugin:
   vLLM takes seconds): ``proofs.py`` and ``runner.py``;
 - the tree's ``cpu_tests`` from targets.toml, with pytest reporting through
   a plugin of ours (``tree_tests.py``, ``results.py``), never its stdout;
-- with a pristine tree, the proofs again on it: fail-to-pass;
+- with a pristine tree, the proofs again on it: fail-to-pass. A companion
+  (``Patch.companions``) repairs what its fix breaks, so its bug is latent on
+  the pristine tree wherever the fix is needed: its pristine proof runs on
+  the pristine tree with the fixes that name it applied alone
+  (:func:`companion_baselines`);
 - with ``--gpu``, the tree's ``gpu_tests`` under the official wheel's compiled
   extensions, or a skip with the reason when there is no GPU (``gpu.py``).
 
@@ -23,12 +27,17 @@ call; :func:`verify_tree` runs the checks with an environment at hand.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepstack_patch.engine.apply import WRITE, apply_tree
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.plan import plan_tree
@@ -215,7 +224,10 @@ def verify_tree(
     # checks import from the environment (forkserver.py), started first so
     # that it does while the trees are planned here.
     learned = learned_preload(env, tree.version)
-    with ForkServer(env.python, subprocess_env(tree.root), learned) as forks:
+    with contextlib.ExitStack() as stack:
+        forks = stack.enter_context(
+            ForkServer(env.python, subprocess_env(tree.root), learned)
+        )
         verdicts = _verdicts(tree, series, selected, pristine)
         to_prove = [
             v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
@@ -230,16 +242,46 @@ def verify_tree(
             tree.root, targets, applicable, "cpu", tree.version
         )
 
+        scratch = stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="deepstack-baseline-")
+        )
+        baselines = (
+            companion_baselines(pristine, series, verdicts, Path(scratch), before_ids)
+            if pristine is not None
+            else []
+        )
+        for baseline in baselines:
+            for verdict in verdicts:
+                if verdict.patch.id in baseline.proves:
+                    verdict.pristine_baseline = baseline.applied
+        on_baselines = {i for baseline in baselines for i in baseline.proves}
+        before_ids = [i for i in before_ids if i not in on_baselines]
+
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
             after = pool.submit(run_proofs, env, tree.root, to_prove, spawn=forks.run)
+            before_futures: list[Future[dict[str, ProofResult]]] = []
             if pristine is not None:
                 progress(f"proofs on pristine {pristine.root}: {', '.join(before_ids)}")
-            before_future = (
-                pool.submit(run_proofs, env, pristine.root, before_ids, spawn=forks.run)
-                if pristine is not None
-                else None
-            )
+                before_futures.append(
+                    pool.submit(
+                        run_proofs, env, pristine.root, before_ids, spawn=forks.run
+                    )
+                )
+            for baseline in baselines:
+                progress(
+                    f"proofs on pristine + {', '.join(baseline.applied)}: "
+                    f"{', '.join(baseline.proves)}"
+                )
+                before_futures.append(
+                    pool.submit(
+                        run_proofs,
+                        env,
+                        baseline.tree.root,
+                        baseline.proves,
+                        spawn=forks.run,
+                    )
+                )
             if tests:
                 progress(f"{len(tests)} tree test selection(s) with pytest")
             test_future = pool.submit(
@@ -252,7 +294,9 @@ def verify_tree(
                 spawn=forks.run,
             )
             proofs = after.result()
-            proofs_before = before_future.result() if before_future else {}
+            proofs_before = {
+                i: r for future in before_futures for i, r in future.result().items()
+            }
             cpu_run = test_future.result()
 
     for verdict in verdicts:
@@ -270,6 +314,92 @@ def verify_tree(
         pristine=pristine,
         seconds=round(time.monotonic() - started, 1),
     )
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The tree companions' pristine proofs run on: pristine plus ``applied``."""
+
+    tree: VllmTree
+    #: The fixes (and their requirements) applied alone, in series order.
+    applied: tuple[str, ...]
+    #: The companions proven here.
+    proves: list[str]
+
+
+def companion_baselines(
+    pristine: VllmTree,
+    series: Sequence[Patch],
+    verdicts: Sequence[PatchVerdict],
+    scratch: Path,
+    provable: Sequence[str],
+) -> list[Baseline]:
+    """For each companion among ``provable``: the pristine tree (hard-linked
+    into ``scratch``) with the selected fixes that name it applied, where they
+    are needed, without it.
+
+    A companion's bug is what its fix exposes (vllm#43617 makes buffers built
+    on the meta device reach the decoder): on a release where the fix is
+    needed, the pristine tree hides it and the proof passes there. Its
+    fail-to-pass is judged against what the fix alone would ship instead.
+    """
+    pristine_states = {v.patch.id: v.pristine_state for v in verdicts}
+    by_id = {patch.id: patch for patch in series}
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for companion_id in provable:
+        fixes = [
+            patch.id
+            for patch in series
+            if companion_id in patch.companions
+            and pristine_states.get(patch.id) is PatchState.NEEDED
+        ]
+        if not fixes:
+            continue
+        needed = set(fixes)
+        pending = list(fixes)
+        while pending:  # the fixes' own requirements that are needed, too
+            for required in by_id[pending.pop()].requires:
+                if (
+                    required not in needed
+                    and pristine_states.get(required) is PatchState.NEEDED
+                ):
+                    needed.add(required)
+                    pending.append(required)
+        applied = tuple(patch.id for patch in series if patch.id in needed)
+        groups.setdefault(applied, []).append(companion_id)
+    baselines = []
+    for number, (applied, companions) in enumerate(groups.items()):
+        root = _link_copy(pristine.root, scratch / f"baseline-{number}")
+        tree = VllmTree.open(root)
+        # The series holds only these fixes: applying a fix without its
+        # companion is refused everywhere else, and rightly so.
+        alone = [by_id[patch_id] for patch_id in applied]
+        apply_tree(tree, alone, set(applied), WRITE)
+        baselines.append(Baseline(tree, applied, companions))
+    return baselines
+
+
+def _link_copy(source: Path, destination: Path) -> Path:
+    """A copy of ``source`` made of hard links where possible.
+
+    Safe to patch: the transaction replaces files (rename), never writes
+    into them, so the pristine tree's files are never changed.
+    """
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(
+        source,
+        destination,
+        copy_function=link,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(".git", "__pycache__"),
+    )
+    return destination
 
 
 def learned_preload(env: ProofEnv, version: str) -> Path | None:
