@@ -39,6 +39,7 @@ COMMANDS = {
     "wheel": "wheel:wheel",
     "doctor": "doctor:doctor",
     "revert": "revert:revert",
+    "watch": "watch:watch",
 }
 
 

@@ -171,6 +171,11 @@ class Patch:
     examples: ClassVar[tuple[Example, ...]] = ()
     #: What upstream reported or proposed about this fix after it shipped.
     follow_ups: ClassVar[tuple[FollowUp, ...]] = ()
+    #: Qualified names (``Class.method``) `watch` follows besides the
+    #: footprint read from the code (see :mod:`deepstack_patch.engine.footprint`):
+    #: code the fix depends on that neither its rewrites nor the writers of
+    #: the state they read reach, searched in the files ``paths`` match.
+    also_watch: ClassVar[tuple[str, ...]] = ()
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
         """Report the state of every target location in one parsed file.

@@ -276,6 +276,53 @@ def find_release(version: str, index_url: str | None = None) -> SourceRelease:
     )
 
 
+def source_versions(index_url: str | None = None) -> list[str]:
+    """Every final release of vLLM the index has a source archive of, in order.
+
+    Pre-releases, development and local versions are left out: a watch
+    follows what upstream released.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    page = _project_page(index_url)
+    versions = set()
+    for package in page.packages:
+        if package.package_type != "sdist" or not package.version:
+            continue
+        try:
+            version = Version(package.version)
+        except InvalidVersion:
+            continue
+        if not (version.is_prerelease or version.is_devrelease or version.local):
+            versions.add(version)
+    return [str(v) for v in sorted(versions)]
+
+
+def _project_page(index_url: str | None = None):  # noqa: ANN202 - pypi_simple's type
+    import requests
+    from pypi_simple import NoSuchProjectError, PyPISimple
+
+    settings = pip_settings()
+    if index_url:
+        settings = PipSettings(**{**settings.__dict__, "index_url": index_url})
+    shown = strip_credentials(settings.index_url)
+    try:
+        with PyPISimple(
+            endpoint=settings.index_url, session=index_session(settings)
+        ) as client:
+            return client.get_project_page(PROJECT, timeout=settings.timeout)
+    except NoSuchProjectError:
+        raise DeepstackError(
+            f"the package index {shown} has no project {PROJECT!r}",
+            "set PIP_INDEX_URL (or pip's index-url) to an index that mirrors vLLM",
+        ) from None
+    except requests.RequestException as exc:
+        raise DeepstackError(
+            f"cannot read the package index {shown}: {_short(exc)}",
+            _network_hint(exc, settings),
+        ) from None
+
+
 def _short(exc: Exception) -> str:
     text = str(exc)
     return text if len(text) < 300 else text[:300] + "..."

@@ -29,6 +29,7 @@ from deepstack_patch.fetch.index import (
     configured_index_url,
     find_release,
     pip_settings,
+    source_versions,
 )
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "find_release",
     "pip_settings",
     "release_archive",
+    "release_versions",
 ]
 
 
@@ -83,3 +85,46 @@ def fetch_release(
     if note:
         note(f"extracting {archive.name} into {out}")
     return extract_release(archive, version, out)
+
+
+#: The index's list of vLLM releases, kept in the cache (see release_versions).
+VERSIONS_FILE = "index/vllm-source-versions.json"
+
+
+def release_versions(
+    until: str | None, note: Callable[[str], None] | None = None
+) -> list[str]:
+    """The final vLLM releases with a source archive, oldest first.
+
+    The list is kept in the cache. When it already holds ``until`` the range
+    up to it cannot grow (releases are never withdrawn from an index), so the
+    index is not asked: a repeated watch makes no network request. Without
+    ``until`` the newest releases matter, so the index is asked, and the
+    cached list serves only when the index cannot be reached.
+    """
+    import json
+
+    from deepstack_patch.engine.errors import DeepstackError
+
+    path = cache_dir() / VERSIONS_FILE
+    try:
+        cached: list[str] | None = json.loads(path.read_text())["versions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        cached = None
+    if cached is not None and until is not None and until in cached:
+        if note:
+            note(f"the list of vLLM releases from the cache ({path}; index not asked)")
+        return cached
+    try:
+        versions = source_versions()
+    except DeepstackError as exc:
+        if cached is None:
+            raise
+        if note:
+            note(f"warning: {exc.message}; using the cached list of releases")
+        return cached
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps({"versions": versions}, indent=1))
+    partial.replace(path)
+    return versions

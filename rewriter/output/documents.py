@@ -133,3 +133,27 @@ def verify_json(report: Any) -> dict[str, Any]:
         "seconds": report.seconds,
         "ok": report.ok,
     }
+
+
+def watch_json(result: Any) -> dict[str, Any]:
+    """``watch --format json`` of a ``distribution.watch.WatchResult``."""
+    return {"schema": SCHEMA_VERSION, "command": "watch", **result.json()}
+
+
+def footprint_json(tree: VllmTree, found: Sequence[Any]) -> dict[str, Any]:
+    """``list --footprint --format json``: engine.footprint.PatchFootprint list."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "command": "list",
+        "tree": tree_json(tree),
+        "footprints": [
+            {
+                "id": item.patch_id,
+                "functions": [
+                    {"path": f.path, "line": f.line, "symbol": f.symbol, "why": f.why}
+                    for f in item.functions
+                ],
+            }
+            for item in found
+        ],
+    }
