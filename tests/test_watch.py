@@ -206,11 +206,51 @@ def test_the_fix_plus_more_is_new(tmp_path: Path) -> None:
     setter = [
         c for c in result.changes if c.symbol.endswith("_set_deepstack_input_embeds")
     ]
-    # vllm#40932 watches _set_ too: it writes the counter _get_ reads.
+    # vllm#40932 watches _set_ only for its writes of the state its _get_
+    # reads: they moved into _resize_ exactly as vllm#43617 writes it (carried);
+    # vllm#43617 rewrites the whole of _set_, and the extra `* 2` is new.
     assert [(c.patch_id, c.classification, c.series_rewrites) for c in setter] == [
-        ("vllm#40932", NEW, True),
+        ("vllm#40932", CARRIED, False),
         ("vllm#43617", NEW, True),
     ]
+
+
+# A write of the buffers moved into a block, and an unrelated line added.
+INIT_WRITE_MOVED = """
+    def __init__(self, config):
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        with self._mark_tower_model(config, {"image"}):
+            self.deepstack_input_embeds = [torch.zeros(8, self.hidden_size)]
+"""
+
+INIT_UNRELATED_LINE = """
+    def __init__(self, config):
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.other = config.other
+        self.deepstack_input_embeds = [torch.zeros(8, self.hidden_size)]
+"""
+
+
+def test_a_writer_counts_only_for_its_watched_writes(tmp_path: Path) -> None:
+    """``__init__`` is in vllm#43617's footprint for writing the state the
+    rewritten methods read: a write moved into a block is reported, a line
+    that writes other state is not."""
+    result = watched(
+        tmp_path,
+        {
+            "0.22.0": with_init(resize.BEFORE, INIT),
+            "0.22.1": with_init(resize.BEFORE, INIT_UNRELATED_LINE),
+            "0.23.0": with_init(resize.BEFORE, INIT_WRITE_MOVED),
+        },
+    )
+    inits = [
+        (c.patch_id, c.release)
+        for c in result.changes
+        if c.symbol == "TinyDeepstackModel.__init__" and c.patch_id == "vllm#43617"
+    ]
+    assert inits == [("vllm#43617", "0.23.0")]
 
 
 def test_releases_between() -> None:

@@ -287,11 +287,20 @@ def _compare(
     series: Sequence[Patch],
     reviewed: Sequence[Reviewed],
 ) -> list[WatchChange]:
-    watched = {(f.path, f.symbol): f for f in old.footprints[patch.id]}
-    watched.update({(f.path, f.symbol): f for f in new.footprints[patch.id]})
+    entries: dict[tuple[str, str], list[FootprintFunction]] = {}
+    for f in [*old.footprints[patch.id], *new.footprints[patch.id]]:
+        entries.setdefault((f.path, f.symbol), []).append(f)
     changes = []
-    for (path, symbol), function in sorted(watched.items()):
-        before, after = old.reader.code(path, symbol), new.reader.code(path, symbol)
+    for (path, symbol), both in sorted(entries.items()):
+        function = both[-1]
+        # Watched whole in either release: the whole function; else its writes.
+        attributes = (
+            ()
+            if any(not f.attributes for f in both)
+            else tuple(sorted({a for f in both for a in f.attributes}))
+        )
+        before = old.reader.code(path, symbol, attributes)
+        after = new.reader.code(path, symbol, attributes)
         if _same(before, after):
             continue
         kind = "added" if before is None else "removed" if after is None else "changed"
@@ -306,7 +315,7 @@ def _compare(
             why=function.why,
             diff=function_diff(before, after, old.version, new.version),
         )
-        _classify(change, old, new, after, series, reviewed)
+        _classify(change, old, new, after, attributes, series, reviewed)
         changes.append(change)
     return changes
 
@@ -322,14 +331,15 @@ def _classify(
     old: _Release,
     new: _Release,
     after: FunctionCode | None,
+    attributes: tuple[str, ...],
     series: Sequence[Patch],
     reviewed: Sequence[Reviewed],
 ) -> None:
     # Only the fixes the later release has: 0.20.2 has vllm#40932 but not
     # vllm#43617, so its code is the earlier release with vllm#40932 alone.
     patched_reader, rewriters = _patched(old, series, new.applied)
-    by_series = patched_reader.code(change.path, change.symbol)
-    before = old.reader.code(change.path, change.symbol)
+    by_series = patched_reader.code(change.path, change.symbol, attributes)
+    before = old.reader.code(change.path, change.symbol, attributes)
     touched = not _same(before, by_series)
     if touched and _same(by_series, after):
         change.classification = CARRIED

@@ -36,12 +36,20 @@ DECLARED = "declared by the patch (also_watch)"
 
 @dataclass(frozen=True)
 class FootprintFunction:
-    """One function of a footprint, where it is in one tree."""
+    """One function of a footprint, where it is in one tree.
+
+    ``attributes`` are the ``self.<attr>`` it is watched for writing: of such
+    a function only those writes count, each with the blocks around it (an
+    ``__init__`` that builds a buffer inside ``with`` and later after it has
+    changed; one that gained an unrelated line has not). Empty: the whole
+    function counts (rewritten or declared).
+    """
 
     path: str
     symbol: str
     line: int
     why: str
+    attributes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,8 +103,12 @@ class SourceReader:
             return None
         return next((f for name, f in iter_functions(module) if name == symbol), None)
 
-    def code(self, relpath: str, symbol: str) -> FunctionCode | None:
-        """The function ``symbol`` of ``relpath``, or None where it is absent."""
+    def code(
+        self, relpath: str, symbol: str, attributes: Sequence[str] = ()
+    ) -> FunctionCode | None:
+        """The function ``symbol`` of ``relpath``, or None where it is absent;
+        with ``attributes``, its normalized code is only its writes of them
+        (see :class:`FootprintFunction`)."""
         function = self.function(relpath, symbol)
         raw = self.raw(relpath)
         if function is None or raw is None:
@@ -104,7 +116,12 @@ class SourceReader:
         lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
         first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
         text = "".join(lines[first - 1 : function.end_lineno or function.lineno])
-        return FunctionCode(relpath, symbol, first, text, normalized_code(function))
+        normalized = (
+            normalized_writes(function, attributes)
+            if attributes
+            else normalized_code(function)
+        )
+        return FunctionCode(relpath, symbol, first, text, normalized)
 
 
 def function_code_in(raw: bytes | None, path: str, symbol: str) -> FunctionCode | None:
@@ -121,6 +138,52 @@ def normalized_code(function: ast.AST) -> str:
     dropped here too, because they document the code rather than change it.
     """
     return ast.dump(_WithoutDocstrings().visit(copy.deepcopy(function)))
+
+
+def normalized_writes(function: FunctionNode, attributes: Sequence[str]) -> str:
+    """Each statement of ``function`` that writes one of ``self.<attributes>``,
+    in order, with the headers of the blocks that enclose it (``with``,
+    ``if``, ``for``, ``try``): what such a write depends on, and nothing else
+    the function does."""
+    wanted = set(attributes)
+    writes: list[str] = []
+
+    def visit(body: Sequence[ast.stmt], context: tuple[str, ...]) -> None:
+        for statement in body:
+            if isinstance(
+                statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+            ):
+                continue  # a nested definition's self is not this one's
+            blocks = [
+                getattr(statement, name)
+                for name in ("body", "orelse", "finalbody")
+                if isinstance(getattr(statement, name, None), list)
+            ]
+            blocks += [h.body for h in getattr(statement, "handlers", [])]
+            if not blocks:
+                if _writes(statement) & wanted:
+                    writes.append(" > ".join([*context, ast.dump(statement)]))
+                continue
+            header = _header(statement)
+            for block in blocks:
+                visit(block, (*context, header))
+
+    visit(function.body, ())
+    return "\n".join(writes)
+
+
+def _writes(statement: ast.stmt) -> set[str]:
+    module = ast.Module(body=[statement], type_ignores=[])
+    return self_attributes_assigned(module)  # type: ignore[arg-type]
+
+
+def _header(statement: ast.stmt) -> str:
+    """A block statement without its bodies: ``with x:``, ``if c:``."""
+    bare = copy.copy(statement)
+    for name in ("body", "orelse", "finalbody", "handlers"):
+        if isinstance(getattr(bare, name, None), list):
+            setattr(bare, name, [])
+    return ast.dump(bare)
 
 
 class _WithoutDocstrings(ast.NodeTransformer):
@@ -214,10 +277,18 @@ def footprint(
     files = tree.glob(patch.paths)
     found: dict[tuple[str, str], FootprintFunction] = {}
 
-    def add(path: str, symbol: str, function: FunctionNode, why: str) -> None:
+    def add(
+        path: str,
+        symbol: str,
+        function: FunctionNode,
+        why: str,
+        attributes: tuple[str, ...] = (),
+    ) -> None:
         key = (path, symbol)
         if key not in found:
-            found[key] = FootprintFunction(path, symbol, function.lineno, why)
+            found[key] = FootprintFunction(
+                path, symbol, function.lineno, why, attributes
+            )
 
     rewritten: list[tuple[str, str, FunctionNode]] = []
     for location in report.locations:
@@ -240,7 +311,8 @@ def footprint(
             written = sorted(self_attributes_assigned(node) & read)
             if written:
                 names = ", ".join(f"self.{name}" for name in written)
-                add(cls.path, f"{cls.symbol}.{node.name}", node, f"writes {names}")
+                symbol = f"{cls.symbol}.{node.name}"
+                add(cls.path, symbol, node, f"writes {names}", tuple(written))
     return sorted(found.values(), key=lambda f: (f.path, f.line, f.symbol))
 
 
