@@ -10,7 +10,6 @@ The same matrix as a CI pipeline is ``pipelines.py``.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from typing import Any
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.targets import Targets
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import VllmTree, glob_regex
 
 
 @dataclass
@@ -117,21 +116,6 @@ def verify_release_tree(
 _ALWAYS_EXTRACTED = ("PKG-INFO", "vllm/__init__.py", "vllm/_version.py")
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """A tree glob (``**`` spans folders, ``*`` does not) as a regex."""
-    parts = []
-    for piece in re.split(r"(\*\*/|\*|\?)", pattern):
-        if piece == "**/":
-            parts.append("(?:[^/]+/)*")
-        elif piece == "*":
-            parts.append("[^/]*")
-        elif piece == "?":
-            parts.append("[^/]")
-        else:
-            parts.append(re.escape(piece))
-    return re.compile("".join(parts) + r"\Z")
-
-
 def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTree:
     """A cached, read-only extraction of what status reads from ``archive``.
 
@@ -142,7 +126,7 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
 
     # Only what status reads: the patches' files and the version metadata
     # (thousands of tests, kernels and docs are left in the archive).
-    wanted = [_glob_regex(p) for p in patterns]
+    wanted = [glob_regex(p) for p in patterns]
     return extract_release(
         archive,
         version,

@@ -116,7 +116,7 @@ def _walk_glob(root: Path, pattern: str) -> Iterator[str]:
         if path.exists() and (path.is_file() or path.is_symlink()):
             yield pattern
         return
-    matches = _glob_regex(pattern).match
+    matches = glob_regex(pattern).match
     # Without "**" a match lies this many folders below the fixed part.
     depth = None if "**" in parts[fixed:] else len(parts) - fixed - 1
     base = os.path.join(root, *parts[:fixed])
@@ -141,11 +141,11 @@ def glob_matcher(patterns: Iterable[str]) -> Callable[[str], bool] | None:
     patterns = list(patterns)
     if any("[" in pattern for pattern in patterns):
         return None
-    combined = re.compile("|".join(_glob_regex(p).pattern for p in patterns))
+    combined = re.compile("|".join(glob_regex(p).pattern for p in patterns))
     return lambda relpath: combined.match(relpath) is not None
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
+def glob_regex(pattern: str) -> re.Pattern[str]:
     """A tree glob (``**/`` spans folders, ``*`` does not) as a regex."""
     pieces = []
     for piece in re.split(r"(\*\*/|\*|\?)", pattern):
@@ -158,6 +158,31 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
         else:
             pieces.append(re.escape(piece))
     return re.compile("".join(pieces) + r"\Z")
+
+
+def link_copy(source: Path, destination: Path) -> Path:
+    """A copy of the tree ``source`` at ``destination``, made of hard links
+    where the file system allows (else copies); ``.git`` and bytecode left out.
+
+    Safe to patch: the engine replaces files (write, then rename), never
+    writes into them, so the source tree's files never change.
+    """
+    import shutil
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(
+        source,
+        destination,
+        copy_function=link,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(".git", "__pycache__"),
+    )
+    return destination
 
 
 def dist_info_beside(root: Path) -> Path | None:

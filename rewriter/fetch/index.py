@@ -234,29 +234,8 @@ class SourceRelease:
 
 def find_release(version: str, index_url: str | None = None) -> SourceRelease:
     """Look up ``vllm-<version>.tar.gz`` and its sha256 on the index."""
-    import requests
-    from pypi_simple import NoSuchProjectError, PyPISimple
-
-    settings = pip_settings()
-    if index_url:
-        settings = PipSettings(**{**settings.__dict__, "index_url": index_url})
-    shown = strip_credentials(settings.index_url)
     filename = f"{PROJECT}-{version}.tar.gz"
-    try:
-        with PyPISimple(
-            endpoint=settings.index_url, session=index_session(settings)
-        ) as client:
-            page = client.get_project_page(PROJECT, timeout=settings.timeout)
-    except NoSuchProjectError:
-        raise DeepstackError(
-            f"the package index {shown} has no project {PROJECT!r}",
-            "set PIP_INDEX_URL (or pip's index-url) to an index that mirrors vLLM",
-        ) from None
-    except requests.RequestException as exc:
-        raise DeepstackError(
-            f"cannot read the package index {shown}: {_short(exc)}",
-            _network_hint(exc, settings),
-        ) from None
+    page, shown = _project_page(index_url)
     for package in page.packages:
         if package.filename == filename:
             sha256 = package.digests.get("sha256")
@@ -284,7 +263,7 @@ def source_versions(index_url: str | None = None) -> list[str]:
     """
     from packaging.version import InvalidVersion, Version
 
-    page = _project_page(index_url)
+    page, _shown = _project_page(index_url)
     versions = set()
     for package in page.packages:
         if package.package_type != "sdist" or not package.version:
@@ -298,7 +277,9 @@ def source_versions(index_url: str | None = None) -> list[str]:
     return [str(v) for v in sorted(versions)]
 
 
-def _project_page(index_url: str | None = None):  # noqa: ANN202 - pypi_simple's type
+def _project_page(index_url: str | None = None) -> tuple[Any, str]:
+    """vLLM's project page on the index pip is configured for (or
+    ``index_url``), and that index's address without credentials."""
     import requests
     from pypi_simple import NoSuchProjectError, PyPISimple
 
@@ -310,7 +291,7 @@ def _project_page(index_url: str | None = None):  # noqa: ANN202 - pypi_simple's
         with PyPISimple(
             endpoint=settings.index_url, session=index_session(settings)
         ) as client:
-            return client.get_project_page(PROJECT, timeout=settings.timeout)
+            return client.get_project_page(PROJECT, timeout=settings.timeout), shown
     except NoSuchProjectError:
         raise DeepstackError(
             f"the package index {shown} has no project {PROJECT!r}",

@@ -20,7 +20,7 @@ from typing import Any
 
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.targets import Targets
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import VllmTree, link_copy
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
 
 Progress = Callable[[str], None]
@@ -79,20 +79,7 @@ def overlay_tree(
     """
     if dest.exists():
         shutil.rmtree(dest)
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-
-    shutil.copytree(
-        tree,
-        dest,
-        copy_function=link,
-        symlinks=True,
-        ignore=shutil.ignore_patterns(".git", "__pycache__"),
-    )
+    link_copy(tree, dest)
     for relpath in files:
         target = dest / relpath
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,6 @@ call; :func:`verify_tree` runs the checks with an environment at hand.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +41,7 @@ from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.targets import Targets
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import VllmTree, link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 from deepstack_patch.proof.forkserver import ForkServer
 from deepstack_patch.proof.gpu import GpuStage, gpu_stage
@@ -388,7 +386,7 @@ def companion_baselines(
         groups.setdefault(applied, []).append(companion_id)
     baselines = []
     for number, (applied, companions) in enumerate(groups.items()):
-        root = _link_copy(pristine.root, scratch / f"baseline-{number}")
+        root = link_copy(pristine.root, scratch / f"baseline-{number}")
         tree = VllmTree.open(root)
         # The series holds only these fixes: applying a fix without its
         # companion is refused everywhere else, and rightly so.
@@ -396,29 +394,6 @@ def companion_baselines(
         apply_tree(tree, alone, set(applied), WRITE)
         baselines.append(Baseline(tree, applied, companions))
     return baselines
-
-
-def _link_copy(source: Path, destination: Path) -> Path:
-    """A copy of ``source`` made of hard links where possible.
-
-    Safe to patch: the transaction replaces files (rename), never writes
-    into them, so the pristine tree's files are never changed.
-    """
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-
-    shutil.copytree(
-        source,
-        destination,
-        copy_function=link,
-        symlinks=True,
-        ignore=shutil.ignore_patterns(".git", "__pycache__"),
-    )
-    return destination
 
 
 def learned_preload(env: ProofEnv, version: str) -> Path | None:
