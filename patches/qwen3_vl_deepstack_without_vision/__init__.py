@@ -22,7 +22,10 @@ block, the buffer statement (``if self.use_deepstack: ...``) moves out of the
 block to right after it, and the assignments from ``self.use_deepstack`` up to
 the block move after the block too, ``use_deepstack`` becoming ``... and not
 isinstance(self.<tower>, StageMissingLayer)``: with the tower skipped no
-buffer is built and deepstack is off. ``StageMissingLayer`` is imported from
+buffer is built and deepstack is off. A later ``if`` in ``__init__`` that
+reads the flag (CohereCompass's check of the pipeline split, 0.30.0 on)
+reads the old condition instead, so a tower skipped on a later pipeline
+stage does not switch that check off. ``StageMissingLayer`` is imported from
 the model utilities where the file does not import it yet. The comment
 ``# register buffer for deepstack`` that upstream dropped goes; other comments
 move with their statements.
@@ -217,6 +220,43 @@ class VendorVL(nn.Module):
             self.deepstack_input_embeds = [torch.zeros(4, 4)]
 """
 
+# CohereCompass (0.30.0 on): a later check of the pipeline split reads the
+# flag; it keeps the old condition, which a skipped tower does not change.
+LATER_CHECK_BEFORE = """
+import torch
+
+
+class TinyCompass(nn.Module):
+    def __init__(self, vllm_config, config):
+        self.use_deepstack = bool(config.deepstack_visual_indexes)
+        with self._mark_tower_model(vllm_config, {"image"}):
+            self.visual = Tower()
+            if self.use_deepstack:
+                self.deepstack_input_embeds = [torch.zeros(4, 4)]
+
+        if not get_pp_group().is_first_rank and self.use_deepstack:
+            assert self.language_model.start_layer >= 2
+"""
+
+LATER_CHECK_AFTER = """
+import torch
+from vllm.model_executor.models.utils import StageMissingLayer
+
+
+class TinyCompass(nn.Module):
+    def __init__(self, vllm_config, config):
+        with self._mark_tower_model(vllm_config, {"image"}):
+            self.visual = Tower()
+        self.use_deepstack = bool(
+            config.deepstack_visual_indexes
+        ) and not isinstance(self.visual, StageMissingLayer)
+        if self.use_deepstack:
+            self.deepstack_input_embeds = [torch.zeros(4, 4)]
+
+        if not get_pp_group().is_first_rank and bool(config.deepstack_visual_indexes):
+            assert self.language_model.start_layer >= 2
+"""
+
 # vllm#49397 in 0.28.0 and later; also a vendor's version that sets the flag
 # inside its own ``if``/``else`` around the tower.
 UPSTREAM_FIXED = AFTER
@@ -289,6 +329,7 @@ class Qwen3VLDeepstackWithoutVision(Patch):
             NO_UTILS_IMPORT_BEFORE,
             NO_UTILS_IMPORT_AFTER,
         ),
+        Example("a later check of the flag", LATER_CHECK_BEFORE, LATER_CHECK_AFTER),
         Example(
             "upstream 0.28.0",
             UPSTREAM_FIXED,
@@ -482,8 +523,20 @@ def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
             f"`self.{USE} = ...` is not followed by assignments to self only up "
             f"to the tower block (line {block.lineno}); {expected}",
         )
+    # Later checks of the flag (CohereCompass asserts the pipeline split
+    # `if not first rank and self.use_deepstack`) meant "the model has
+    # deepstack": with the tower skipped on a later pipeline stage they would
+    # read false and check nothing, so they keep the flag's old condition.
+    later_checks = tuple(
+        i
+        for i, statement in enumerate(init.body)
+        if i > block_index
+        and isinstance(statement, ast.If)
+        and any(is_self_attribute(n, USE) for n in ast.walk(statement.test))
+    )
     return result(
         PatchState.NEEDED,
+        later_checks=later_checks,
         tower=towers_built[0],
         column=init.body[flag_index].col_offset,
         flag_index=flag_index,
@@ -524,8 +577,37 @@ def _rewrite_init(
     if blank and not any(line.comment is None for line in kept):
         kept.insert(0, blank[0])  # the spacing the block had
     buffer = buffer.with_changes(leading_lines=kept)
+    for index in fix.details["later_checks"]:
+        body[index] = _checks_old_flag(body[index], moved[0], module)
     body[first : block_at + 1] = [block, flag, *moved[1:], buffer]
     return init.with_deep_changes(init.body, body=body)
+
+
+def _checks_old_flag(
+    check: libcst.BaseStatement, flag: libcst.BaseStatement, module: libcst.Module
+) -> libcst.BaseStatement:
+    """``if ... self.use_deepstack ...:`` reading the flag's old condition."""
+    import libcst
+
+    assert isinstance(check, libcst.If) and isinstance(flag, libcst.SimpleStatementLine)
+    (assign,) = flag.body
+    assert isinstance(assign, libcst.Assign)
+    old = assign.value
+    if not isinstance(old, libcst.Call | libcst.Name | libcst.Attribute) or old.lpar:
+        old = old.with_changes(lpar=[libcst.LeftParen()], rpar=[libcst.RightParen()])
+
+    class OldFlag(libcst.CSTTransformer):
+        def leave_Attribute(
+            self, original: libcst.Attribute, updated: libcst.Attribute
+        ) -> libcst.BaseExpression:
+            match updated:
+                case libcst.Attribute(
+                    value=libcst.Name(value="self"), attr=libcst.Name(value=name)
+                ) if name == USE:
+                    return old
+            return updated
+
+    return check.with_changes(test=check.test.visit(OldFlag()))
 
 
 def _guarded_flag(
