@@ -152,7 +152,11 @@ class WatchResult:
 
 def default_reviewed_path() -> Path:
     """The watch.toml shipped with the package (the repo's top-level one)."""
-    return Path(str(resources.files("deepstack_patch").joinpath("watch.toml")))
+    # Resolved: in a checkout the packaged name is a link to the top-level file,
+    # which is the one to edit.
+    return Path(
+        str(resources.files("deepstack_patch").joinpath("watch.toml"))
+    ).resolve()
 
 
 def load_reviewed(path: Path | None = None) -> list[Reviewed]:
