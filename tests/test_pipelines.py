@@ -99,7 +99,7 @@ def test_emitted_pipeline_is_yaml_naming_every_release(kind: str) -> None:
         assert [row["release"] for row in rows] == TARGETS.releases
         scripts = [row["run"] for row in rows]
     else:
-        (group,) = document["steps"]
+        group = document["steps"][0]
         assert [s["label"].split()[-1] for s in group["steps"]] == TARGETS.releases
         scripts = ["\n".join(s["commands"]) for s in group["steps"]]
     for release, script in zip(TARGETS.releases, scripts, strict=True):
@@ -113,6 +113,8 @@ def test_emitted_pipeline_is_yaml_naming_every_release(kind: str) -> None:
         pytest.param("github-actions", (), id="github-actions"),
         pytest.param("github-actions", ("--no-attest",), id="github-no-attest"),
         pytest.param("buildkite", (), id="buildkite"),
+        pytest.param("buildkite", ("--no-watch",), id="buildkite-no-watch"),
+        pytest.param("github-actions", ("--no-watch",), id="github-no-watch"),
     ],
 )
 def test_emitted_pipeline_is_valid_by_the_service_schema(
@@ -186,7 +188,7 @@ def test_github_upload_keeps_the_sbom_and_the_statement() -> None:
 
 
 def test_buildkite_artifact_paths_keep_the_sbom_and_the_statement() -> None:
-    (group,) = emitted("buildkite")["steps"]
+    group = emitted("buildkite")["steps"][0]
     assert [step["label"].split()[-1] for step in group["steps"]] == TARGETS.releases
     for release, step in zip(TARGETS.releases, group["steps"], strict=True):
         for name in ("sbom.cdx.json", "provenance.intoto.json", "report.json"):
@@ -262,3 +264,35 @@ def test_emitted_pipeline_file_round_trips(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(pipeline.read_text()) == emitted("github-actions")
+
+
+# --- the scheduled watch of upstream -------------------------------------------
+
+
+def test_github_schedule_runs_the_watch_instead_of_the_backports() -> None:
+    document = emitted("github-actions")
+    assert document["on"]["schedule"] == [{"cron": "17 5 * * 1"}]
+    assert github_job(document)["if"] == "github.event_name != 'schedule'"
+    watch = document["jobs"]["watch"]
+    assert watch["if"] == "github.event_name == 'schedule'"
+    assert watch["permissions"] == {"contents": "read"}
+    (run,) = [
+        step["run"] for step in watch["steps"] if step.get("name") == "Watch upstream"
+    ]
+    assert run == f"deepstack-patch watch --since {TARGETS.releases[0]}"
+
+
+def test_buildkite_schedule_runs_the_watch_instead_of_the_backports() -> None:
+    group, watch = emitted("buildkite")["steps"]
+    assert group["if"] == 'build.source != "schedule"'
+    assert watch["if"] == 'build.source == "schedule"'
+    assert (
+        watch["commands"][-1] == f"deepstack-patch watch --since {TARGETS.releases[0]}"
+    )
+
+
+@pytest.mark.parametrize("kind", ["github-actions", "buildkite"])
+def test_no_watch_leaves_the_schedule_out(kind: str) -> None:
+    document = emitted(kind, "--no-watch")
+    text = yaml.safe_dump(document)
+    assert "watch" not in text and "schedule" not in text

@@ -75,6 +75,16 @@ from deepstack_patch.engine.errors import DeepstackError
     "Enterprise Cloud; without it, use --no-attest. Buildkite pipelines keep "
     "only the unsigned provenance.intoto.json.",
 )
+@click.option(
+    "--watch/--no-watch",
+    default=True,
+    show_default=True,
+    help="With --emit: a scheduled run (GitHub: weekly, Mondays 05:17 UTC; "
+    "Buildkite: a schedule you set in the pipeline's settings) runs "
+    "`deepstack-patch watch --since <oldest release>` instead of the "
+    "backports, and fails when upstream changed the code a carried fix depends "
+    "on in a way nobody reviewed (see docs/watch.md).",
+)
 @select_options
 @format_option
 def matrix(
@@ -86,6 +96,7 @@ def matrix(
     output: Path | None,
     install: str | None,
     attest: bool,
+    watch: bool,
     only: tuple[str, ...],
     skip: tuple[str, ...],
     output_format: str,
@@ -114,7 +125,7 @@ def matrix(
             "e.g. --emit buildkite --output .buildkite/deepstack.yml",
         )
     if emit and output:
-        sys.exit(_emit(emit, output, releases, targets, install, attest))
+        sys.exit(_emit(emit, output, releases, targets, install, attest, watch))
     result = _check_with_progress(releases, series, selected, targets, jobs, verify)
     patch_ids = [patch.id for patch in series if patch.id in selected]
     if output_format == "json":
@@ -151,10 +162,12 @@ def _emit(
     targets: Any,
     install: str | None,
     attest: bool,
+    watch: bool,
 ) -> int:
     from deepstack_patch.distribution.pipelines import DEFAULT_INSTALL, emit_pipeline
 
-    text = emit_pipeline(emit, releases, targets, install or DEFAULT_INSTALL, attest)
+    install = install or DEFAULT_INSTALL
+    text = emit_pipeline(emit, releases, targets, install, attest, watch)
     if str(output) == "-":
         sys.stdout.write(text)
     else:

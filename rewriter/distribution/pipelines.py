@@ -5,7 +5,10 @@ whose jobs run on separate CI workers; each job installs deepstack-patch,
 backports one release and verifies it, and keeps the outputs as artifacts:
 the patched tarball, the series, report.json, verify.xml, the SBOM and the
 unsigned in-toto statement. A GitHub job also has GitHub sign the tarball
-(``actions/attest-build-provenance``) once it is verified.
+(``actions/attest-build-provenance``) once it is verified. With ``watch``,
+a scheduled run (weekly on GitHub; on Buildkite, a schedule set in the
+pipeline's settings) runs ``deepstack-patch watch`` instead, and fails when
+upstream changed the code a carried fix depends on in a way nobody reviewed.
 """
 
 from __future__ import annotations
@@ -45,6 +48,16 @@ ATTEST_PERMISSIONS = {
     "attestations": "write",
     "contents": "read",
 }
+
+
+#: When the emitted GitHub workflow runs the watch of upstream (UTC, Mondays).
+WATCH_CRON = "17 5 * * 1"
+
+
+def watch_command(since: str) -> str:
+    """The watch a scheduled run makes: every release since ``since`` up to the
+    newest on the index; exit 1 (a failed job) when a change is new."""
+    return f"deepstack-patch watch --since {shlex.quote(since)}"
 
 
 def backport_folder(version: str) -> str:
@@ -90,9 +103,14 @@ def _skipped(targets: Targets) -> Callable[[str], list[str]]:
 
 
 def github_actions(
-    releases: Sequence[str], targets: Targets, install: str, attest: bool = True
+    releases: Sequence[str],
+    targets: Targets,
+    install: str,
+    attest: bool = True,
+    watch: bool = True,
 ) -> dict[str, Any]:
-    """One matrix job per release; with ``attest``, the job signs its tarball."""
+    """One matrix job per release; with ``attest``, the job signs its tarball;
+    with ``watch``, a weekly scheduled run watches upstream instead."""
     skipped = _skipped(targets)
     include = [
         {
@@ -104,17 +122,7 @@ def github_actions(
     ]
     folder = backport_folder("${{ matrix.release }}")
     steps = [
-        {"uses": "actions/checkout@v4"},
-        {"uses": "actions/setup-python@v5", "with": {"python-version": "3.12"}},
-        {
-            "name": "Cache release tarballs",
-            "uses": "actions/cache@v4",
-            "with": {
-                "path": "~/.cache/deepstack-patch",
-                "key": "deepstack-patch-${{ matrix.release }}",
-            },
-        },
-        {"name": "Install deepstack-patch", "run": install},
+        *_github_setup("deepstack-patch-${{ matrix.release }}", install),
         {"name": "Backport and verify", "run": "${{ matrix.run }}"},
         # Without `if:`, only a tarball whose release verified is signed.
         *([_attest_step()] if attest else []),
@@ -129,20 +137,56 @@ def github_actions(
     ]
     # Least privilege: the token gets only what the steps need.
     permissions = ATTEST_PERMISSIONS if attest else {"contents": "read"}
-    return {
-        "name": "deepstack-patch backports",
-        "on": {"workflow_dispatch": {}, "push": {"branches": ["main"]}},
-        "jobs": {
-            "backport": {
-                "name": "vLLM ${{ matrix.release }}",
-                "runs-on": "ubuntu-latest",
-                "timeout-minutes": 90,
-                "permissions": dict(permissions),
-                "strategy": {"fail-fast": False, "matrix": {"include": include}},
-                "steps": steps,
-            }
-        },
+    backport: dict[str, Any] = {
+        "name": "vLLM ${{ matrix.release }}",
+        "runs-on": "ubuntu-latest",
+        "timeout-minutes": 90,
+        "permissions": dict(permissions),
+        "strategy": {"fail-fast": False, "matrix": {"include": include}},
+        "steps": steps,
     }
+    triggers: dict[str, Any] = {"workflow_dispatch": {}, "push": {"branches": ["main"]}}
+    jobs = {"backport": backport}
+    if watch:
+        triggers["schedule"] = [{"cron": WATCH_CRON}]
+        backport["if"] = "github.event_name != 'schedule'"
+        jobs["watch"] = {
+            "name": "Watch upstream",
+            "if": "github.event_name == 'schedule'",
+            "runs-on": "ubuntu-latest",
+            "timeout-minutes": 60,
+            "permissions": {"contents": "read"},
+            "steps": [
+                # A cache entry never changes once saved: a key per run, restored
+                # from the newest, keeps each week's new releases.
+                *_github_setup(
+                    "deepstack-patch-watch-${{ github.run_id }}",
+                    install,
+                    restore="deepstack-patch-watch-",
+                ),
+                {"name": "Watch upstream", "run": watch_command(releases[0])},
+            ],
+        }
+    return {"name": "deepstack-patch backports", "on": triggers, "jobs": jobs}
+
+
+def _github_setup(
+    cache_key: str, install: str, restore: str | None = None
+) -> list[dict[str, Any]]:
+    """Checkout, Python, the cache of release tarballs, and the install."""
+    cache = {"path": "~/.cache/deepstack-patch", "key": cache_key}
+    if restore:
+        cache["restore-keys"] = restore
+    return [
+        {"uses": "actions/checkout@v4"},
+        {"uses": "actions/setup-python@v5", "with": {"python-version": "3.12"}},
+        {
+            "name": "Cache release tarballs",
+            "uses": "actions/cache@v4",
+            "with": cache,
+        },
+        {"name": "Install deepstack-patch", "run": install},
+    ]
 
 
 def _attest_step() -> dict[str, Any]:
@@ -154,8 +198,10 @@ def _attest_step() -> dict[str, Any]:
 
 
 def buildkite(
-    releases: Sequence[str], targets: Targets, install: str
+    releases: Sequence[str], targets: Targets, install: str, watch: bool = True
 ) -> dict[str, Any]:
+    """One step per release; with ``watch``, a build that a schedule started
+    (set in the pipeline's settings) watches upstream instead."""
     skipped = _skipped(targets)
     steps = [
         {
@@ -170,12 +216,22 @@ def buildkite(
         }
         for version in releases
     ]
-    group = {
+    group: dict[str, Any] = {
         "group": ":package: deepstack-patch backports",
         "key": "deepstack-backports",
         "steps": steps,
     }
-    return {"steps": [group]}
+    if not watch:
+        return {"steps": [group]}
+    group["if"] = 'build.source != "schedule"'
+    watch_step = {
+        "label": ":eyes: watch upstream",
+        "key": "watch-upstream",
+        "if": 'build.source == "schedule"',
+        "commands": [install, watch_command(releases[0])],
+        "timeout_in_minutes": 60,
+    }
+    return {"steps": [group, watch_step]}
 
 
 PIPELINES = ("github-actions", "buildkite")
@@ -187,6 +243,7 @@ def emit_pipeline(
     targets: Targets,
     install: str,
     attest: bool = True,
+    watch: bool = True,
 ) -> str:
     """A GitHub Actions workflow or a Buildkite pipeline, one job per release.
 
@@ -199,9 +256,9 @@ def emit_pipeline(
 
     match kind:
         case "github-actions":
-            document = github_actions(releases, targets, install, attest)
+            document = github_actions(releases, targets, install, attest, watch)
         case "buildkite":
-            document = buildkite(releases, targets, install)
+            document = buildkite(releases, targets, install, watch)
         case _:  # click's Choice keeps this unreachable from the CLI
             raise DeepstackError(f"--emit {kind}: unknown pipeline kind")
     header = (
