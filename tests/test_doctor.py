@@ -508,3 +508,25 @@ def test_live_check_finds_stale_bytecode(tmp_path: Path) -> None:
     )
     checked = run_check(site)
     assert f"{GRANITE}: stale bytecode {pyc}" in checked.stderr
+
+
+def test_doctor_names_the_open_follow_ups_of_the_fixes_it_reports(
+    tmp_path: Path,
+) -> None:
+    """One line per follow-up of a fix that matters here (text), and the
+    follow-ups in JSON; they never change the exit code."""
+    site = make_site(tmp_path / "site", granite.AFTER)
+    code, document = doctor(site)
+    assert code == 0
+    assert [f["reference"] for f in granite_verdict(document)["follow_ups"]] == [
+        "vllm#49094"
+    ]
+    env = {
+        "PYTHONPATH": str(site),
+        "DEEPSTACK_PATCH_CACHE": str(tmp_path / "cache"),
+    }
+    text = CliRunner(env=env).invoke(main, ["doctor"])
+    assert text.exit_code == 0, text.output
+    lines = [line for line in text.output.splitlines() if "follow-up:" in line]
+    assert lines == [line for line in lines if line.startswith(f"{GRANITE}  ")]
+    assert len(lines) == 1 and "vllm#49094" in lines[0]

@@ -585,3 +585,20 @@ def test_backport_writes_a_valid_sbom_and_statement(tmp_path: Path) -> None:
     assert parameters["release"] == "0.20.2"
     assert parameters["localVersion"] == "0.20.2+deepstack.1"
     assert parameters["series"] == [p.id for p in SERIES]
+
+
+def test_apply_names_the_follow_ups_of_the_fixes_it_reports(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "vllm/model_executor/models").mkdir(parents=True)
+    (tree / "vllm/__init__.py").write_text("")
+    (tree / "PKG-INFO").write_text(
+        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.20.2\n"
+    )
+    (tree / "vllm/model_executor/models/granite4_vision.py").write_text(granite.BEFORE)
+    code, output = run("apply", "--vllm-src", str(tree))
+    assert code == 0, output
+    lines = [line for line in output.splitlines() if "follow-up:" in line]
+    assert len(lines) == 1 and lines[0].startswith("vllm#40917  follow-up: vllm#49094")
+    code, output = run("apply", "--vllm-src", str(tree), "--format", "json")
+    by_id = {p["id"]: p for p in json.loads(output)["patches"]}
+    assert [f["reference"] for f in by_id["vllm#40917"]["follow_ups"]] == ["vllm#49094"]

@@ -109,16 +109,29 @@ def print_open_follow_ups(console: Console, reports: Sequence[PatchReport]) -> N
     changes a state or an exit code."""
     for report in reports:
         if report.selected and report.state is not PatchState.NOT_APPLICABLE:
-            print_follow_ups(console, report.patch, indent=f"{report.patch.id}  ")
+            print_follow_ups(
+                console, report.patch, indent=f"{report.patch.id}  ", shorten=True
+            )
 
 
-def print_follow_ups(console: Console, patch: Patch, indent: str = "  ") -> None:
-    """One entry per follow-up: reference, status when recorded, the sentence."""
+#: How much of a follow-up's sentence the one-line form keeps (`list` and the
+#: JSON documents keep all of it).
+SHORT_SUMMARY = 90
+
+
+def print_follow_ups(
+    console: Console, patch: Patch, indent: str = "  ", shorten: bool = False
+) -> None:
+    """One entry per follow-up: reference, status when recorded, the sentence
+    (with ``shorten``, its first words, so that each stays on one line)."""
     for follow_up in patch.follow_ups:
+        summary = follow_up.summary
+        if shorten and len(summary) > SHORT_SUMMARY:
+            summary = summary[:SHORT_SUMMARY].rsplit(" ", 1)[0] + " ..."
         console.print(
             f"{indent}follow-up: [bold]{follow_up.reference}[/] "
             f"({follow_up.status} when recorded on {follow_up.recorded}) "
-            f"{follow_up.summary}"
+            f"{summary}"
             + (f" [dim]{follow_up.url}[/]" if follow_up.url else ""),
             highlight=False,
         )
