@@ -555,8 +555,14 @@ def test_backport_writes_a_valid_sbom_and_statement(tmp_path: Path) -> None:
     assert component["version"] == "0.20.2+deepstack.1"
     assert component["hashes"][0]["content"] == report["outputs"]["sdist_sha256"]
     entries = component["pedigree"]["patches"]
-    # Exactly the backports the report says were applied: three on 0.20.2.
-    assert len(report["applied"]) == 3
+    # Exactly the backports the report says were applied: four on 0.20.2,
+    # vllm#49397 with the fix it accompanies.
+    assert sorted(report["applied"]) == [
+        "vllm#38040",
+        "vllm#40917",
+        "vllm#43617",
+        "vllm#49397",
+    ]
     assert sorted(e["resolves"][0]["id"] for e in entries) == sorted(report["applied"])
     for entry in entries:
         series_file = out / entry["diff"]["url"]
