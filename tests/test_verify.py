@@ -394,10 +394,18 @@ def test_fail_to_pass(
     pristine = release_tree(release)
     tree = patched_copy(release)
     _apply(tree)
+    # Releases where only vllm#49397 is needed (0.23.0 on) are verified for
+    # it alone: the other patches' proofs and the tree tests were written for
+    # the releases that need them and do not all fit those later shapes.
+    selected = (
+        set(NEEDED[release])
+        if NEEDED[release] == ["vllm#49397"]
+        else {p.id for p in SERIES}
+    )
     report = verify.verify_tree(
         VllmTree.open(tree),
         SERIES,
-        {p.id for p in SERIES},
+        selected,
         proof_env,
         TARGETS,
         pristine=VllmTree.open(pristine),

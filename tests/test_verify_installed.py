@@ -22,6 +22,7 @@ from click.testing import CliRunner, Result
 from deepstack_patch.cli import main
 from deepstack_patch.engine.installed import InstalledVllm
 from deepstack_patch.liveness import installed_check
+from deepstack_patch.patches import SERIES
 from deepstack_patch.proof import installed_tests
 from deepstack_patch.proof.installed_tests import (
     installed_gpu_stage,
@@ -305,7 +306,11 @@ def test_official_wheel_proofs_fail_before_apply_and_verify_passes_after(
     assert before["environment"]["python"] == str(python)
     assert before["environment"]["managed"] is False
     proofs = {p["id"]: p["proof"]["status"] for p in before["patches"]}
-    assert {proofs[patch_id] for patch_id in needed} == {"failed"}, proofs
+    # A companion's bug is latent until the fix it accompanies is applied
+    # (0.20.2 returns None while nothing is stored): its proof passes here.
+    companions = {c for p in SERIES for c in p.companions}
+    assert {proofs[i] for i in needed if i not in companions} == {"failed"}, proofs
+    assert {proofs[i] for i in needed if i in companions} <= {"passed"}, proofs
     fix = f"run `deepstack-patch apply --installed --python {python}` first"
     problems = {p["id"]: p["problems"] for p in before["patches"]}
     assert all(any(fix in why for why in problems[i]) for i in needed), problems

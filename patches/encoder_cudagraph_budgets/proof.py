@@ -55,7 +55,18 @@ def _build_manager(
 
     class Model:
         def get_encoder_cudagraph_config(self) -> object:
-            return SimpleNamespace(modalities=["image"], max_frames_per_video=1)
+            # 0.30.0 on also read the encoder's paths (one, with the
+            # budgets as they are) and no extra capture axis.
+            return SimpleNamespace(
+                modalities=["image"],
+                max_frames_per_video=1,
+                paths={
+                    "default": SimpleNamespace(
+                        min_token_budget=None, allow_zero_tokens=False
+                    )
+                },
+                capture_axes=(),
+            )
 
         def get_encoder_cudagraph_budget_range(self, vllm_config: object) -> tuple:
             return low, high
@@ -196,12 +207,20 @@ def _prove_qwen3_vl(tree: Path, patch: Patch) -> list[str]:
         problems.append("no Qwen3-VL prepare_encoder_cudagraph_capture_inputs found")
     else:
         merge = 2
+        # From 0.23.0 the capture inputs keep no grid (`values` only): the
+        # grid is what the method hands the tower's metadata.
+        grids: list[Any] = []
+
+        def metadata(grid: Any, **kwargs: Any) -> dict[str, Any]:
+            grids.append(grid)
+            return {}
+
         visual = SimpleNamespace(
             spatial_merge_size=merge,
             patch_embed=SimpleNamespace(
                 proj=SimpleNamespace(in_channels=1), patch_size=1, temporal_patch_size=1
             ),
-            prepare_encoder_metadata=lambda grid, **kwargs: {},
+            prepare_encoder_metadata=metadata,
         )
         budget, batch = 100, 8
         arguments = {
@@ -216,7 +235,8 @@ def _prove_qwen3_vl(tree: Path, patch: Patch) -> list[str]:
             SimpleNamespace(visual=visual),
             **{k: v for k, v in arguments.items() if k in accepted},
         )
-        grid = inputs.mm_kwargs["image_grid_thw"]
+        mm_kwargs = getattr(inputs, "mm_kwargs", None)
+        grid = mm_kwargs["image_grid_thw"] if mm_kwargs is not None else grids[-1]
         per_item = [t * (h // merge) * (w // merge) for t, h, w in grid]
         if min(per_item) * batch < budget:
             problems.append(

@@ -57,9 +57,20 @@ def import_from_tree(relpath: str) -> ModuleType | None:
     The reason is printed to stderr (verify shows it with the proof), so a
     fallback to :func:`function_from_tree` is never silent.
     """
+    import logging
+    import warnings
+
     name = module_name(relpath)
+    # What libraries log once per process on import (transformers: "requires
+    # torchvision, falling back ...") lands in whichever process imports
+    # them first: a job, or verify's fork server when it preloads them. Kept
+    # out, a proof's output is the same either way.
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
     try:
-        return importlib.import_module(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return importlib.import_module(name)
     except Exception as exc:  # any import failure means: fall back
         print(
             f"note: {name} does not import here ({type(exc).__name__}: {exc}); "
@@ -67,6 +78,8 @@ def import_from_tree(relpath: str) -> ModuleType | None:
             file=sys.stderr,
         )
         return None
+    finally:
+        logging.disable(previous)
 
 
 def function_from_tree(
