@@ -54,15 +54,12 @@ from deepstack_patch.engine.syntax import (
 
 from .._deepstack_buffer import BUFFERS, MODEL_PATHS
 from .imports import GUARD, IMPORT_SYMBOL, MODELS_DIR, add_import, recognise_import
+from .rewrite import USE, rewrite_init
 
 if TYPE_CHECKING:
     import libcst
 
 TOWER = "_mark_tower_model"
-USE = "use_deepstack"
-#: The comment upstream dropped with the move; others move with their statement.
-DROPPED_COMMENT = "# register buffer for deepstack"
-LINE_LENGTH = 88
 #: Where the examples stand: beside the model utilities.
 MODEL_FILE = MODELS_DIR + "tiny_vl.py"
 
@@ -364,7 +361,7 @@ class Qwen3VLDeepstackWithoutVision(Patch):
             if fix.symbol == IMPORT_SYMBOL:
                 module = add_import(module, fix)
         rewriters = {
-            fix.symbol: (lambda init, fix=fix: _rewrite_init(init, fix, module))
+            fix.symbol: (lambda init, fix=fix: rewrite_init(init, fix, module))
             for fix in needed
             if fix.symbol != IMPORT_SYMBOL
         }
@@ -473,12 +470,7 @@ def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
         )
     holding = [tower for tower in towers if _builds_buffers(tower)]
     if not holding:
-        flags = [
-            node
-            for node in ast.walk(init)
-            if isinstance(node, ast.Assign) and _self_attribute_assigned(node) == USE
-        ]
-        if any(_skips_for_missing(flag.value) for flag in flags):
+        if _flag_skips_missing_tower(init):
             return result(PatchState.APPLIED)
         return result(
             PatchState.DRIFTED,
@@ -523,20 +515,9 @@ def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
             f"`self.{USE} = ...` is not followed by assignments to self only up "
             f"to the tower block (line {block.lineno}); {expected}",
         )
-    # Later checks of the flag (CohereCompass asserts the pipeline split
-    # `if not first rank and self.use_deepstack`) meant "the model has
-    # deepstack": with the tower skipped on a later pipeline stage they would
-    # read false and check nothing, so they keep the flag's old condition.
-    later_checks = tuple(
-        i
-        for i, statement in enumerate(init.body)
-        if i > block_index
-        and isinstance(statement, ast.If)
-        and any(is_self_attribute(n, USE) for n in ast.walk(statement.test))
-    )
     return result(
         PatchState.NEEDED,
-        later_checks=later_checks,
+        later_checks=_later_flag_checks(init, block_index),
         tower=towers_built[0],
         column=init.body[flag_index].col_offset,
         flag_index=flag_index,
@@ -545,108 +526,30 @@ def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
     )
 
 
-# --- rewrite --------------------------------------------------------------
-
-
-def _rewrite_init(
-    init: libcst.FunctionDef, fix: Finding, module: libcst.Module
-) -> libcst.FunctionDef:
-    """Tower block, then the flag and what follows it, then the buffers."""
-    import libcst
-
-    body = list(init.body.body)
-    first, block_at = fix.details["flag_index"], fix.details["block_index"]
-    moved = body[first:block_at]
-    block = body[block_at]
-    assert isinstance(block, libcst.With)
-    inside = list(block.body.body)
-    buffer = inside.pop(fix.details["buffer_index"])
-    block = block.with_changes(
-        body=block.body.with_changes(body=inside),
-        leading_lines=moved[0].leading_lines,
+def _flag_skips_missing_tower(init: ast.FunctionDef) -> bool:
+    """``self.use_deepstack = ... not isinstance(self.<tower>, StageMissingLayer)``."""
+    return any(
+        _skips_for_missing(node.value)
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign) and _self_attribute_assigned(node) == USE
     )
-    flag = _guarded_flag(
-        moved[0], fix.details["tower"], fix.details["column"], module
-    ).with_changes(leading_lines=body[block_at].leading_lines)
-    kept = [
-        line
-        for line in buffer.leading_lines
-        if line.comment is None or line.comment.value != DROPPED_COMMENT
-    ]
-    blank = [line for line in body[block_at].leading_lines if line.comment is None]
-    if blank and not any(line.comment is None for line in kept):
-        kept.insert(0, blank[0])  # the spacing the block had
-    buffer = buffer.with_changes(leading_lines=kept)
-    for index in fix.details["later_checks"]:
-        body[index] = _checks_old_flag(body[index], moved[0], module)
-    body[first : block_at + 1] = [block, flag, *moved[1:], buffer]
-    return init.with_deep_changes(init.body, body=body)
 
 
-def _checks_old_flag(
-    check: libcst.BaseStatement, flag: libcst.BaseStatement, module: libcst.Module
-) -> libcst.BaseStatement:
-    """``if ... self.use_deepstack ...:`` reading the flag's old condition."""
-    import libcst
+def _later_flag_checks(init: ast.FunctionDef, block_index: int) -> tuple[int, ...]:
+    """The ``if`` statements after the tower block that read the flag.
 
-    assert isinstance(check, libcst.If) and isinstance(flag, libcst.SimpleStatementLine)
-    (assign,) = flag.body
-    assert isinstance(assign, libcst.Assign)
-    old = assign.value
-    if not isinstance(old, libcst.Call | libcst.Name | libcst.Attribute) or old.lpar:
-        old = old.with_changes(lpar=[libcst.LeftParen()], rpar=[libcst.RightParen()])
-
-    class OldFlag(libcst.CSTTransformer):
-        def leave_Attribute(
-            self, original: libcst.Attribute, updated: libcst.Attribute
-        ) -> libcst.BaseExpression:
-            match updated:
-                case libcst.Attribute(
-                    value=libcst.Name(value="self"), attr=libcst.Name(value=name)
-                ) if name == USE:
-                    return old
-            return updated
-
-    return check.with_changes(test=check.test.visit(OldFlag()))
-
-
-def _guarded_flag(
-    statement: libcst.BaseStatement, tower: str, column: int, module: libcst.Module
-) -> libcst.BaseStatement:
-    """``self.use_deepstack = <old> and not isinstance(self.<tower>, ...)``,
-    laid out as ruff formats it (upstream's formatter)."""
-    import libcst
-
-    assert isinstance(statement, libcst.SimpleStatementLine)
-    (assign,) = statement.body
-    assert isinstance(assign, libcst.Assign)
-    target = module.code_for_node(assign.targets[0].target)
-    value = assign.value
-    old = module.code_for_node(value)
-    match value:
-        case (
-            libcst.BooleanOperation(operator=libcst.Or())
-            | libcst.IfExp()
-            | (libcst.Lambda() | libcst.NamedExpr())
-        ) if not value.lpar:
-            old = f"({old})"
-    guard = f"not isinstance(self.{tower}, {GUARD})"
-    line = f"{target} = {old} and {guard}"
-    comment = statement.trailing_whitespace.comment
-    if "\n" in old or column + len(line) <= LINE_LENGTH:
-        text = line
-    elif isinstance(value, libcst.Call) and not value.lpar:
-        callee = module.code_for_node(value.func)
-        arguments = module.code_for_node(value).removeprefix(callee)[1:-1]
-        text = (
-            f"{target} = {callee}(\n{module.default_indent}{arguments}\n) and {guard}"
-        )
-    else:
-        inner = module.default_indent
-        text = f"{target} = (\n{inner}{old}\n{inner}and {guard}\n)"
-    if comment is not None:
-        text += f"  {comment.value}"
-    return libcst.parse_statement(text + "\n", config=module.config_for_parsing)
+    Such a check (CohereCompass asserts the pipeline split with `if not first
+    rank and self.use_deepstack`) means "the model has deepstack": with the
+    tower skipped on a later pipeline stage it would read false and check
+    nothing, so the rewrite keeps the flag's old condition there.
+    """
+    return tuple(
+        i
+        for i, statement in enumerate(init.body)
+        if i > block_index
+        and isinstance(statement, ast.If)
+        and any(is_self_attribute(n, USE) for n in ast.walk(statement.test))
+    )
 
 
 PATCH = Qwen3VLDeepstackWithoutVision()
