@@ -33,6 +33,7 @@ from typing import Any
 
 from deepstack_patch import __version__
 from deepstack_patch.engine.protocol import Patch
+from deepstack_patch.fetch.cache import sha256_of
 
 SBOM_NAME = "sbom.cdx.json"
 PROVENANCE_NAME = "provenance.intoto.json"
@@ -91,14 +92,6 @@ def read_applied(
         )
         for patch, name in zip(patches, names, strict=True)
     ]
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def follow_up_lines(patch: Patch) -> list[str]:
@@ -265,7 +258,7 @@ def write_sbom(
         local_version=local_version,
         upstream=upstream,
         applied=applied,
-        output_sha256=output_sha256 or (sha256_file(output) if output else ""),
+        output_sha256=output_sha256 or (sha256_of(output) if output else ""),
     )
     _write_atomically(path, text + "\n")
     return path
@@ -326,7 +319,7 @@ def provenance_statement(
         "subject": [
             {
                 "name": path.relative_to(root).as_posix(),
-                "digest": {"sha256": sha256_file(path)},
+                "digest": {"sha256": sha256_of(path)},
             }
             for path in subjects
         ],
@@ -396,7 +389,7 @@ def write_backport_provenance(
     by_id = {patch.id: patch for patch in series}
     patches = [by_id[patch_id] for patch_id in report["applied"]]
     applied = read_applied(series_dir, patches, names, out)
-    upstream = UpstreamArtefact(archive.name, sha256_file(archive), "sdist")
+    upstream = UpstreamArtefact(archive.name, sha256_of(archive), "sdist")
     tarball = Path(outputs["sdist"])
     sbom = write_sbom(
         out / SBOM_NAME,

@@ -52,6 +52,7 @@ from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.tree import VllmTree, glob_matcher
+from deepstack_patch.fetch.cache import sha256_of
 
 if TYPE_CHECKING:
     from wheel.wheelfile import WheelFile
@@ -144,7 +145,6 @@ def _write_provenance(
     from deepstack_patch.distribution.provenance import (
         UpstreamArtefact,
         read_applied,
-        sha256_file,
         write_sbom,
     )
 
@@ -156,7 +156,7 @@ def _write_provenance(
         out_dir / f"{stem}.cdx.json",
         release=result.release,
         local_version=result.version,
-        upstream=UpstreamArtefact(wheel.name, sha256_file(wheel), "wheel"),
+        upstream=UpstreamArtefact(wheel.name, sha256_of(wheel), "wheel"),
         applied=read_applied(
             result.series, [step.patch for step in steps], names, out_dir
         ),
@@ -300,7 +300,7 @@ def _write(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     result.path = target.resolve()
-    result.sha256 = _sha256(target)
+    result.sha256 = sha256_of(target)
 
 
 def _record_rows(source: WheelFile, record: str) -> dict[str, tuple[str, str]]:
@@ -365,11 +365,3 @@ def _same_attributes(info: zipfile.ZipInfo, name: str) -> zipfile.ZipInfo:
     copied.create_system = info.create_system
     copied.comment = info.comment
     return copied
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

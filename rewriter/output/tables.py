@@ -131,8 +131,7 @@ def print_follow_ups(
         console.print(
             f"{indent}follow-up: [bold]{follow_up.reference}[/] "
             f"({follow_up.status} when recorded on {follow_up.recorded}) "
-            f"{summary}"
-            + (f" [dim]{follow_up.url}[/]" if follow_up.url else ""),
+            f"{summary}" + (f" [dim]{follow_up.url}[/]" if follow_up.url else ""),
             highlight=False,
         )
 
