@@ -64,7 +64,7 @@ def doctor(python: Path | None, import_check: bool, output_format: str) -> None:
             sys.exit(EXIT_ERROR)
 
 
-def _print(diagnosis) -> None:  # noqa: ANN001 - a proof.doctor.Diagnosis
+def _print(diagnosis) -> None:  # noqa: ANN001 - a liveness.doctor.Diagnosis
     from deepstack_patch.output.plain import escape, new_table
     from deepstack_patch.output.tables import print_open_follow_ups
 
