@@ -73,6 +73,10 @@ class SourceReader:
         self._overrides = overrides or {}
         self._raw: dict[str, bytes | None] = {}
         self._parsed: dict[str, ast.Module | None] = {}
+        # A watch asks for the same functions once per patch and per release
+        # pair: each file's functions are indexed, and each code made, once.
+        self._functions: dict[str, dict[str, FunctionNode]] = {}
+        self._codes: dict[tuple[str, str, tuple[str, ...]], FunctionCode | None] = {}
 
     def raw(self, relpath: str) -> bytes | None:
         if relpath not in self._raw:
@@ -98,10 +102,13 @@ class SourceReader:
         return self._parsed[relpath]
 
     def function(self, relpath: str, symbol: str) -> FunctionNode | None:
-        module = self.parsed(relpath)
-        if module is None:
-            return None
-        return next((f for name, f in iter_functions(module) if name == symbol), None)
+        if relpath not in self._functions:
+            module = self.parsed(relpath)
+            found: dict[str, FunctionNode] = {}
+            for name, function in iter_functions(module) if module else ():
+                found.setdefault(name, function)  # the first, as a search finds
+            self._functions[relpath] = found
+        return self._functions[relpath].get(symbol)
 
     def code(
         self, relpath: str, symbol: str, attributes: Sequence[str] = ()
@@ -109,6 +116,14 @@ class SourceReader:
         """The function ``symbol`` of ``relpath``, or None where it is absent;
         with ``attributes``, its normalized code is only its writes of them
         (see :class:`FootprintFunction`)."""
+        key = (relpath, symbol, tuple(attributes))
+        if key not in self._codes:
+            self._codes[key] = self._code(relpath, symbol, attributes)
+        return self._codes[key]
+
+    def _code(
+        self, relpath: str, symbol: str, attributes: Sequence[str]
+    ) -> FunctionCode | None:
         function = self.function(relpath, symbol)
         raw = self.raw(relpath)
         if function is None or raw is None:
