@@ -133,6 +133,17 @@ class FollowUp:
         return ""
 
 
+@dataclass(frozen=True)
+class RecordedTest:
+    """A test file that comes with a patch, as the fix's pull request added or
+    changed it (a derived patch records its diff's test files). ``path`` is
+    relative to the tree root; ``content`` is the whole file after the fix.
+    `verify` copies it into the tree and runs it fail-to-pass."""
+
+    path: str
+    content: str
+
+
 class Patch:
     """One upstream fix. Subclasses fill in the metadata and the two hooks.
 
@@ -176,6 +187,12 @@ class Patch:
     #: code the fix depends on that neither its rewrites nor the writers of
     #: the state they read reach, searched in the files ``paths`` match.
     also_watch: ClassVar[tuple[str, ...]] = ()
+    #: Where the patch comes from, as `list` shows it: ``built-in`` for the
+    #: series this tool ships; a data file or module of a ``--patches``
+    #: folder, or an installed entry point, for patches from elsewhere.
+    origin: str = "built-in"
+    #: Tests that come with the patch (a derived patch's recorded tests).
+    recorded_tests: tuple[RecordedTest, ...] = ()
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
         """Report the state of every target location in one parsed file.
