@@ -5,11 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from deepstack_patch.cli.common import format_option, load_series, stdout_console
+from deepstack_patch.cli.common import (
+    format_option,
+    load_series,
+    patches_option,
+    stdout_console,
+)
 from deepstack_patch.engine.errors import DeepstackError
 
 
 @click.command("list")
+@patches_option
 @click.option(
     "--footprint",
     is_flag=True,

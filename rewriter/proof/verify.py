@@ -40,6 +40,7 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.engine.series import patch_sources
 from deepstack_patch.engine.targets import Targets
 from deepstack_patch.engine.tree import VllmTree, link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
@@ -228,6 +229,7 @@ def verify_tree(
         )
         verdicts = _verdicts(tree, series, selected, pristine)
         to_prove, before_ids = _proofs_to_run(verdicts)
+        sources = patch_sources(series)
         applicable = [v.patch.id for v in verdicts if _provable(v.state)]
         tests, absent = select_tests(
             tree.root, targets, applicable, "cpu", tree.version
@@ -241,9 +243,13 @@ def verify_tree(
         )
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
-            after = pool.submit(run_proofs, env, tree.root, to_prove, spawn=forks.run)
+            after = pool.submit(
+                run_proofs, env, tree.root, to_prove, spawn=forks.run, sources=sources
+            )
             before_futures = [
-                pool.submit(run_proofs, env, root, ids, spawn=forks.run)
+                pool.submit(
+                    run_proofs, env, root, ids, spawn=forks.run, sources=sources
+                )
                 for root, ids in _pristine_runs(
                     pristine, before_ids, baselines, progress
                 )
