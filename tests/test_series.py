@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from deepstack_patch.cli import main
 from deepstack_patch.engine import series as series_module
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.engine.protocol import Patch, RecordedTest
+from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.series import (
     ENTRY_POINT_GROUP,
     assemble_series,
@@ -523,11 +523,157 @@ def test_the_live_check_sees_entry_points(site: Path) -> None:
     assert ids == [*(p.id for p in SERIES), "acme#7"]
 
 
-# -- recorded tests ------------------------------------------------------------
+# -- recorded tests: verify's proof of a patch without prove() --------------
+
+#: A recorded test as a fix's pull request would add it.
+TOY_TEST = """
+from vllm.toy import answer
 
 
-def test_recorded_tests_are_data_of_the_patch(vendor: Path) -> None:
-    (patch,) = patches_from_folder(vendor)
-    assert patch.recorded_tests == ()
-    patch.recorded_tests = (RecordedTest("tests/test_toy.py", "def test(): pass\n"),)
-    assert patch.recorded_tests[0].path == "tests/test_toy.py"
+def test_answer_is_42():
+    assert answer() == 42
+"""
+
+#: One that cannot run on the CPU.
+NEEDS_CUDA = """
+import pytest
+
+
+def test_on_the_gpu():
+    pytest.skip("needs CUDA")
+"""
+
+
+def with_recorded_test(folder: Path, patch_id: str, source: str) -> Path:
+    """A toy patch module whose patch records ``source`` as its test."""
+    path = toy_module(folder, "recorded.py", patch_id)
+    path.write_text(
+        path.read_text()
+        + "\nfrom deepstack_patch.engine.protocol import RecordedTest\n"
+        + f"PATCH.recorded_tests = (RecordedTest('tests/test_toy.py', {source!r}),)\n"
+    )
+    return folder
+
+
+def verify_toy(tmp_path: Path, source: str, python: Path | None = None) -> object:
+    """verify_tree on a toy tree with the fix applied, against its pristine tree."""
+    from deepstack_patch.engine.tree import VllmTree
+    from deepstack_patch.proof import envs, verify
+
+    from tests.support import TARGETS
+
+    folder = with_recorded_test(tmp_path / "vendor", "acme#12", source)
+    series = assemble_series(SERIES, patches_from_folder(folder))
+    pristine = make_tree(tmp_path / "pristine", 41)
+    fixed = make_tree(tmp_path / "fixed", 42)
+    report = verify.verify_tree(
+        VllmTree.open(fixed),
+        series,
+        {"acme#12"},
+        envs.ProofEnv(python or Path(sys.executable)),
+        TARGETS,
+        pristine=VllmTree.open(pristine),
+    )
+    for tree in (pristine, fixed):  # the tests ran in copies
+        assert not (tree / "tests").exists()
+    (verdict,) = report.verdicts
+    return report, verdict
+
+
+def test_verify_runs_recorded_tests_fail_to_pass(tmp_path: Path) -> None:
+    report, verdict = verify_toy(tmp_path, TOY_TEST)
+    assert verdict.state.value == "applied" and verdict.pristine_state.value == "needed"
+    assert verdict.pristine_proof.status == "failed", verdict.pristine_proof.message
+    assert "tests/test_toy.py::test_answer_is_42: failed" in (
+        verdict.pristine_proof.message
+    )
+    assert verdict.proof.status == "passed", verdict.proof.message
+    assert verdict.proof.message == "recorded tests: 1 passed"
+    assert verdict.fail_to_pass == "proven" and report.ok and report.exit_code == 0
+
+
+def test_recorded_tests_that_cannot_run_are_no_proof(tmp_path: Path) -> None:
+    report, verdict = verify_toy(tmp_path, NEEDS_CUDA)
+    assert verdict.proof.status == "missing"
+    assert verdict.proof.message.startswith(
+        "no proof: they cannot run in the CPU proof environment"
+    )
+    assert "needs CUDA" in verdict.proof.message
+    assert verdict.fail_to_pass == "not-proven"
+    assert not report.ok and report.exit_code == 1  # never a silent pass
+
+
+def test_a_patch_with_neither_prove_nor_recorded_tests_has_no_proof(
+    tmp_path: Path, vendor: Path
+) -> None:
+    from deepstack_patch.engine.tree import VllmTree
+    from deepstack_patch.proof import envs, verify
+
+    from tests.support import TARGETS
+
+    series = assemble_series(SERIES, patches_from_folder(vendor))
+    report = verify.verify_tree(
+        VllmTree.open(make_tree(tmp_path / "fixed", 42)),
+        series,
+        {"acme#12"},
+        envs.ProofEnv(Path(sys.executable)),
+        TARGETS,
+    )
+    (verdict,) = report.verdicts
+    assert verdict.proof.status == "missing"
+    assert verdict.proof.message.startswith(
+        "no proof: ToyPatch (" + str((vendor / "acme12.py").absolute())
+    )
+    assert "no prove() method and no recorded tests" in verdict.proof.message
+    assert report.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "pristine", "status"),
+    [
+        (["passed"], False, "passed"),
+        (["passed", "skipped"], False, "passed"),
+        (["failed", "passed"], False, "failed"),
+        (["error"], False, "missing"),  # an import fails: cannot run here
+        (["skipped"], False, "missing"),
+        ([], False, "missing"),
+        (["error"], True, "failed"),  # before the fix: what it adds is absent
+        (["failed"], True, "failed"),
+        (["passed"], True, "passed"),
+        (["skipped"], True, "missing"),
+    ],
+)
+def test_recorded_test_verdicts(
+    outcomes: list[str], pristine: bool, status: str
+) -> None:
+    from deepstack_patch.proof.recorded_tests import verdict
+    from deepstack_patch.proof.results import TestCase
+    from deepstack_patch.proof.tree_tests import TestRun
+
+    run = TestRun(command=["pytest"])
+    run.cases = [
+        TestCase(f"tests/test_toy.py::test_{n}", outcome, f"E  {outcome} here")
+        for n, outcome in enumerate(outcomes)
+    ]
+    result = verdict(run, "acme#12", pristine)
+    assert result.status == status, result.message
+    assert result.message.startswith("no proof: ") == (status == "missing")
+
+
+@pytest.mark.verify
+def test_verify_command_proves_a_folder_patch_by_its_recorded_tests(
+    tmp_path: Path, proof_env: object
+) -> None:
+    """The command line, in the managed proof environment: --patches on verify."""
+    folder = with_recorded_test(tmp_path / "vendor", "acme#12", TOY_TEST)
+    pristine = make_tree(tmp_path / "pristine", 41)
+    fixed = make_tree(tmp_path / "fixed", 42)
+    code, out, err = run(
+        "verify", "--vllm-src", str(fixed), "--patches", str(folder),
+        "--only", "acme#12", "--against-pristine", "--pristine", str(pristine),
+        "--format", "json",
+    )  # fmt: skip
+    assert code == 0, out + err
+    (patch,) = json.loads(out)["patches"]
+    assert patch["id"] == "acme#12" and patch["fail_to_pass"] == "proven"
+    assert patch["pristine_proof"]["status"] == "failed"
