@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from deepstack_patch.cli import main
 from deepstack_patch.engine import series as series_module
 from deepstack_patch.engine.errors import DeepstackError
-from deepstack_patch.engine.protocol import Patch
+from deepstack_patch.engine.protocol import Patch, RecordedTest
 from deepstack_patch.engine.series import (
     ENTRY_POINT_GROUP,
     assemble_series,
@@ -677,3 +677,166 @@ def test_verify_command_proves_a_folder_patch_by_its_recorded_tests(
     (patch,) = json.loads(out)["patches"]
     assert patch["id"] == "acme#12" and patch["fail_to_pass"] == "proven"
     assert patch["pristine_proof"]["status"] == "failed"
+
+
+# -- derived patches (*.toml, written by `derive`) ----------------------------
+
+#: A derived patch's data file (docs/derive.md), as `derive` writes it for the
+#: toy fix; its recorded test is the pull request's.
+DERIVED_TOML = """\
+schema = 1
+id = "acme#5"
+title = "answer() returns 42"
+symptom = "answer() returns 41"
+base = "0.20.2"
+base_tree = ""
+paths = ["vllm/toy.py"]
+requires = []
+
+[[tests]]
+path = "tests/test_toy.py"
+content = '''
+from vllm.toy import answer
+
+
+def test_answer_is_42():
+    assert answer() == 42
+'''
+
+[[units]]
+path = "vllm/toy.py"
+kind = "function"
+name = "answer"
+before = '''
+def answer():
+    return 41
+'''
+after = '''
+def answer():
+    return 42
+'''
+
+[[units.edits]]
+kind = "body"
+block = [{header = "def answer():\\n", field = "body"}]
+removed = '''
+return 41
+'''
+inserted = '''
+return 42
+'''
+"""
+
+
+@pytest.fixture
+def derived_folder(tmp_path: Path) -> Path:
+    pytest.importorskip("deepstack_patch.engine.derived")
+    folder = tmp_path / "derived"
+    folder.mkdir()
+    (folder / "acme-5.toml").write_text(DERIVED_TOML)
+    return folder
+
+
+def test_a_derived_patch_joins_list_status_apply_and_export(
+    derived_folder: Path, toy_tree: Path, tmp_path: Path
+) -> None:
+    data_file = str((derived_folder / "acme-5.toml").absolute())
+    code, out, err = run("list", "--format", "json", "--patches", str(derived_folder))
+    assert code == 0, err
+    (derived,) = [p for p in json.loads(out)["patches"] if p["id"] == "acme#5"]
+    assert derived["origin"] == data_file
+
+    base = ["--vllm-src", str(toy_tree), "--patches", str(derived_folder)]
+    code, out, err = run("status", *base, "--only", "acme#5", "--format", "json")
+    assert code == 0, err
+    (derived,) = [p for p in json.loads(out)["patches"] if p["id"] == "acme#5"]
+    assert derived["state"] == "needed" and derived["origin"] == data_file
+    code, out, err = run("export", *base, "--series", str(tmp_path / "series"))
+    assert code == 0, err
+    code, out, err = run("apply", *base, "--only", "acme#5", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["applied"] == ["acme#5"]
+    assert (toy_tree / TOY_FILE).read_text() == "def answer():\n    return 42\n"
+
+
+def test_a_folder_of_both_kinds(derived_folder: Path) -> None:
+    toy_module(derived_folder, "acme12.py", "acme#12")
+    found = patches_from_folder(derived_folder)
+    assert [p.id for p in found] == ["acme#5", "acme#12"]  # by file name
+    assert [Path(p.origin).name for p in found] == ["acme-5.toml", "acme12.py"]
+
+
+def test_a_broken_data_file_is_refused(derived_folder: Path, toy_tree: Path) -> None:
+    broken = derived_folder / "acme-5.toml"
+    broken.write_text(DERIVED_TOML.replace('title = "', "title = "))
+    code, out, err = run(
+        "apply", "--vllm-src", str(toy_tree), "--patches", str(derived_folder),
+        "--format", "json",
+    )  # fmt: skip
+    assert code == 2 and "hint:" in err
+    error = json.loads(out)["error"]
+    assert Path(error["path"]).name == "acme-5.toml" and error["line"] == 3
+    assert (toy_tree / TOY_FILE).read_text().endswith("return 41\n")
+
+
+def test_a_data_file_without_derived_patches_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before `derive` is installed, a *.toml says so, never a traceback."""
+    folder = tmp_path / "derived"
+    folder.mkdir()
+    (folder / "acme-5.toml").write_text(DERIVED_TOML)
+    monkeypatch.setitem(sys.modules, "deepstack_patch.engine.derived", None)
+    with pytest.raises(DeepstackError) as raised:
+        patches_from_folder(folder)
+    assert "this deepstack-patch has no derived patches" in raised.value.message
+    assert raised.value.hint and raised.value.path.endswith("acme-5.toml")
+
+
+def test_verify_proves_a_derived_patch_by_its_recorded_tests(
+    derived_folder: Path, tmp_path: Path
+) -> None:
+    """The diff's test file, copied into copies of the trees: it fails on the
+    pristine tree and passes after apply."""
+    from deepstack_patch.engine.tree import VllmTree
+    from deepstack_patch.proof import envs, verify
+
+    from tests.support import TARGETS
+
+    series = assemble_series(SERIES, patches_from_folder(derived_folder))
+    pristine = make_tree(tmp_path / "pristine", 41)
+    fixed = make_tree(tmp_path / "fixed", 41)
+    code, out, err = run(
+        "apply", "--vllm-src", str(fixed), "--patches", str(derived_folder)
+    )
+    assert code == 0, out + err
+    report = verify.verify_tree(
+        VllmTree.open(fixed),
+        series,
+        {"acme#5"},
+        envs.ProofEnv(Path(sys.executable)),
+        TARGETS,
+        pristine=VllmTree.open(pristine),
+    )
+    (verdict,) = report.verdicts
+    assert verdict.pristine_proof.status == "failed", verdict.pristine_proof.message
+    assert verdict.proof.status == "passed", verdict.proof.message
+    assert verdict.fail_to_pass == "proven" and report.exit_code == 0
+
+
+def test_a_prove_of_an_engine_class_is_no_proof_of_a_fix() -> None:
+    """A patch kind the engine defines (a derived patch) may say in prove()
+    that its recorded tests prove it: verify then runs them."""
+    from deepstack_patch.proof.proofs import has_proof
+    from deepstack_patch.proof.recorded_tests import proven_by_recorded_tests
+
+    class EnginePatchKind(Patch):
+        def prove(self, tree: Path) -> None:
+            raise NotImplementedError("proved by its recorded tests")
+
+    EnginePatchKind.__module__ = "deepstack_patch.engine.kind"
+    patch = EnginePatchKind()
+    assert not has_proof(patch) and not proven_by_recorded_tests(patch)
+    patch.recorded_tests = (RecordedTest("tests/test_toy.py", TOY_TEST),)
+    assert proven_by_recorded_tests(patch)
+    assert all(has_proof(builtin) for builtin in SERIES)
