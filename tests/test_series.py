@@ -840,3 +840,29 @@ def test_a_prove_of_an_engine_class_is_no_proof_of_a_fix() -> None:
     patch.recorded_tests = (RecordedTest("tests/test_toy.py", TOY_TEST),)
     assert proven_by_recorded_tests(patch)
     assert all(has_proof(builtin) for builtin in SERIES)
+
+
+def test_matrix_compares_a_patch_from_elsewhere_only_where_targets_has_it(
+    vendor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """targets.toml has no table for a vendor's patch: its state is shown,
+    not counted as a difference (a --targets FILE with its table compares it)."""
+    from deepstack_patch.distribution import matrix
+
+    from tests.support import TARGETS
+
+    release = TARGETS.releases[0]
+    expected = {i: s.value for i, s in TARGETS.expected(release).items()}
+    states = {**expected, "acme#12": "not-applicable"}
+    monkeypatch.setattr(
+        matrix, "run_matrix", lambda *a, **k: [matrix.ReleaseResult(release, states)]
+    )
+    series = assemble_series(SERIES, patches_from_folder(vendor))
+    ids = {patch.id for patch in series}
+    result = matrix.check_matrix([release], series, ids, TARGETS, jobs=1, verify=False)
+    assert result.differences == [] and len(expected) == len(SERIES)
+    states[SERIES[0].id] = "drifted"  # the built-in ones are still compared
+    again = matrix.check_matrix([release], series, ids, TARGETS, jobs=1, verify=False)
+    assert [(d.patch_id, d.found) for d in again.differences] == [
+        (SERIES[0].id, "drifted")
+    ]
