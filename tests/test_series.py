@@ -866,3 +866,23 @@ def test_matrix_compares_a_patch_from_elsewhere_only_where_targets_has_it(
     assert [(d.patch_id, d.found) for d in again.differences] == [
         (SERIES[0].id, "drifted")
     ]
+
+
+def test_the_recognition_cache_knows_a_folder_patch_by_its_file(
+    tmp_path: Path,
+) -> None:
+    """A changed byte of a vendor's module is a new cache key; so is another
+    folder's patch of the same class (derived patches share one)."""
+    from deepstack_patch.engine import recognition_cache
+
+    one = tmp_path / "one"
+    path = toy_module(one, "toy.py", "acme#1")
+    first = recognition_cache._code_fingerprint(patches_from_folder(one))
+    assert first is not None
+    assert recognition_cache._code_fingerprint(patches_from_folder(one)) == first
+    path.write_text(path.read_text() + "\n# a vendor's edit\n")
+    assert recognition_cache._code_fingerprint(patches_from_folder(one)) != first
+    two = tmp_path / "two"
+    toy_module(two, "toy.py", "acme#1")
+    other = recognition_cache._code_fingerprint(patches_from_folder(two))
+    assert other not in (None, first)

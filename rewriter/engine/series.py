@@ -23,12 +23,10 @@ names a fix.
 from __future__ import annotations
 
 import copyreg
-import hashlib
 import importlib
 import importlib.util
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,6 +116,8 @@ def _load_data_file(path: Path) -> Patch:
 def _load_module_file(path: Path) -> list[Patch]:
     if path in _MODULES:
         return _MODULES[path]
+    import hashlib  # only here: loading OpenSSL costs a command that has none
+
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
     name = f"_deepstack_patches_{digest}_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -224,6 +224,8 @@ def _describe(obj: object) -> str:
 def _failing_line(exc: BaseException, path: Path) -> tuple[str, int | None]:
     """Where loading failed: the syntax error's line, else the last line of
     the traceback in the module itself, else the deepest one."""
+    import traceback
+
     if isinstance(exc, SyntaxError) and exc.filename:
         return exc.filename, exc.lineno
     frames = traceback.extract_tb(exc.__traceback__)
@@ -271,6 +273,8 @@ def _entry_point_patches(ep: Any) -> list[Patch]:
     try:
         loaded = ep.load()
     except Exception as exc:  # noqa: BLE001 - a broken package is the user's to fix
+        import traceback
+
         frames = traceback.extract_tb(exc.__traceback__)
         where = (exc.filename, exc.lineno) if isinstance(exc, SyntaxError) else None
         if where is None and frames:
