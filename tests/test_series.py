@@ -886,3 +886,40 @@ def test_the_recognition_cache_knows_a_folder_patch_by_its_file(
     toy_module(two, "toy.py", "acme#1")
     other = recognition_cache._code_fingerprint(patches_from_folder(two))
     assert other not in (None, first)
+
+
+def test_verify_runs_the_prove_of_a_folder_patch_in_the_proof_process(
+    tmp_path: Path,
+) -> None:
+    """A vendor's hand-written prove() runs in verify's proof process, which
+    loads the patch from the folder's file (fail-to-pass)."""
+    from deepstack_patch.engine.tree import VllmTree
+    from deepstack_patch.proof import envs, verify
+
+    from tests.support import TARGETS
+
+    folder = tmp_path / "vendor"
+    path = toy_module(folder, "proven.py", "acme#12")
+    path.write_text(
+        path.read_text().replace(
+            "\n\nPATCH = ",
+            "\n\n    def prove(self, tree):\n"
+            "        from vllm.toy import answer\n\n"
+            "        assert answer() == 42, f'answer() is {answer()}'\n"
+            "\n\nPATCH = ",
+        )
+    )
+    series = assemble_series(SERIES, patches_from_folder(folder))
+    report = verify.verify_tree(
+        VllmTree.open(make_tree(tmp_path / "fixed", 42)),
+        series,
+        {"acme#12"},
+        envs.ProofEnv(Path(sys.executable)),
+        TARGETS,
+        pristine=VllmTree.open(make_tree(tmp_path / "pristine", 41)),
+    )
+    (verdict,) = report.verdicts
+    assert verdict.pristine_proof.status == "failed"
+    assert verdict.pristine_proof.message == "answer() is 41"
+    assert verdict.proof.status == "passed", verdict.proof.message
+    assert verdict.fail_to_pass == "proven" and report.exit_code == 0
