@@ -923,3 +923,14 @@ def test_verify_runs_the_prove_of_a_folder_patch_in_the_proof_process(
     assert verdict.pristine_proof.message == "answer() is 41"
     assert verdict.proof.status == "passed", verdict.proof.message
     assert verdict.fail_to_pass == "proven" and report.exit_code == 0
+
+
+def test_an_entry_point_callable_that_fails_names_it(site: Path) -> None:
+    package = site / "acme_patches"
+    package.mkdir()
+    (package / "__init__.py").write_text("def patches():\n    return 1 / 0\n")
+    install_entry_point(site, "acme_patches:patches")
+    with pytest.raises(DeepstackError) as raised:
+        series_module.patches_from_entry_points()
+    assert raised.value.message.startswith("entry point acme (acme-patches 1.2)")
+    assert "ZeroDivisionError" in raised.value.message and raised.value.hint

@@ -295,9 +295,15 @@ def _entry_point_patches(ep: Any) -> list[Patch]:
         raise DeepstackError(message, exc.hint or hint, path=path) from exc
     source = _entry_point_source(ep, origin)
     for patch in patches:
-        if patch.origin == BUILT_IN:  # not from a folder the entry point named
+        if not _from_its_folder(patch, origin):
             _set_origin(patch, origin, source)
     return patches
+
+
+def _from_its_folder(patch: Patch, origin: str) -> bool:
+    """The patch was read from a folder the entry point named (its origin
+    then says which file)."""
+    return patch.origin.startswith(f"{origin}: ")
 
 
 def resolve_loaded(loaded: object, origin: str) -> list[Patch]:
@@ -319,7 +325,12 @@ def resolve_loaded(loaded: object, origin: str) -> list[Patch]:
                 raise DeepstackError(f"{origin} gives no patch")
             return [_checked(item, origin, origin) for item in loaded]
         case _ if callable(loaded):
-            result = loaded()
+            try:
+                result = loaded()
+            except Exception as exc:  # noqa: BLE001 - the package's to fix
+                raise DeepstackError(
+                    f"{origin}: calling it failed: {type(exc).__name__}: {exc}"
+                ) from exc
             if callable(result) and not isinstance(result, Patch):
                 raise DeepstackError(f"{origin} returned {_describe(result)}")
             return resolve_loaded(result, origin)
@@ -384,7 +395,7 @@ def load_sources(sources: Sequence[dict[str, str]]) -> list[Patch]:
         for part in attribute.strip().split(".") if attribute.strip() else []:
             loaded = getattr(loaded, part)
         for patch in resolve_loaded(loaded, source["origin"]):
-            if patch.origin == BUILT_IN:
+            if not _from_its_folder(patch, source["origin"]):
                 patch.origin = source["origin"]
             patches.append(patch)
     return patches
