@@ -934,3 +934,23 @@ def test_an_entry_point_callable_that_fails_names_it(site: Path) -> None:
         series_module.patches_from_entry_points()
     assert raised.value.message.startswith("entry point acme (acme-patches 1.2)")
     assert "ZeroDivisionError" in raised.value.message and raised.value.hint
+
+
+@pytest.mark.release
+def test_a_folder_patch_applies_with_the_series_on_a_release(
+    patched_copy: object, vendor: Path, tmp_path: Path
+) -> None:
+    """On a copy of 0.20.2 (with the toy's file added): the built-in series
+    and the folder's patch, one write; the export lists it last."""
+    tree = patched_copy("0.20.2")  # type: ignore[operator]
+    (tree / TOY_FILE).write_text("def answer():\n    return 41\n")
+    base = ["--vllm-src", str(tree), "--patches", str(vendor)]
+    code, out, err = run("export", *base, "--series", str(tmp_path / "series"))
+    assert code == 0, out + err
+    names = (tmp_path / "series" / "series").read_text().split()
+    assert names[-1].endswith(".patch") and "acme" in names[-1]
+    code, out, err = run("apply", *base, "--format", "json")
+    assert code == 0, out + err
+    applied = json.loads(out)["applied"]
+    assert applied[-1] == "acme#12" and len(applied) > 1
+    assert (tree / TOY_FILE).read_text().endswith("return 42\n")

@@ -35,7 +35,11 @@ from deepstack_patch.engine.errors import DeepstackError
 def list_command(
     footprint: bool, vllm_src: Path | None, release: str | None, output_format: str
 ) -> None:
-    """List the patch series in the order it is applied, with metadata."""
+    """List the patch series in the order it is applied, with metadata.
+
+    Each patch says where it came from: built-in, a data file or module of a
+    --patches folder, or an installed package's entry point.
+    """
     series = load_series()
     if footprint:
         _print_footprints(series, vllm_src, release, output_format)
