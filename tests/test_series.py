@@ -518,9 +518,15 @@ def test_the_live_check_sees_entry_points(site: Path) -> None:
     live_plugin.live_series.cache_clear()
     try:
         ids = [patch.id for patch in live_plugin.live_series()]
+        needing = make_tree(site.parent / "needing", 41)
+        state, files, _ = live_plugin._full_check(needing, set())
+        fixed = make_tree(site.parent / "fixed", 42)
+        live, _, _ = live_plugin._full_check(fixed, set())
     finally:
         live_plugin.live_series.cache_clear()
     assert ids == [*(p.id for p in SERIES), "acme#7"]
+    assert state.missing == {"acme#7": f"needed in {TOY_FILE}"} and files == [TOY_FILE]
+    assert live.live == ["acme#7"] and not live.missing
 
 
 # -- recorded tests: verify's proof of a patch without prove() --------------
