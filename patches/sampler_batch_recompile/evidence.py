@@ -20,8 +20,8 @@ from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.proof.measure import (
     compile_functions,
     measurement,
-    timed,
     time_calls,
+    timed,
     timing,
 )
 from deepstack_patch.proof.proving import proof_targets
