@@ -54,6 +54,13 @@ BUFFER_ROWS = 8192
 #: Per device: hidden size; rows of the first step.
 SIZES = {"cpu": (256, 16), "cuda": (2048, 16)}
 PACKAGE = "_deepstack_evidence_models"
+#: What this measurement reads besides the files the patch recognises: the
+#: tower contexts and the helpers they import (``bench/gpu_evidence.py``
+#: carries them to a GPU machine).
+EXTRA_FILES = (
+    "vllm/model_executor/models/interfaces.py",
+    "vllm/model_executor/models/utils.py",
+)
 
 
 def measure(tree: Path, patch: Patch, device: str) -> dict[str, Any]:
