@@ -33,6 +33,7 @@ from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.proof import runner
 from deepstack_patch.proof.envs import ProofEnv
+from deepstack_patch.proof.verdicts import PatchVerdict
 
 Progress = Callable[[str], None]
 
@@ -137,10 +138,7 @@ def gpu_evidence(
 ) -> EvidenceReport:
     """Everything ``verify --gpu-evidence`` does short of writing the output."""
     from deepstack_patch.proof.gpu import detect_gpu
-    from deepstack_patch.proof.verify import (
-        _companion_baselines,
-        _verdicts,
-    )
+    from deepstack_patch.proof.verify import companion_baselines
 
     started = time.monotonic()
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -174,9 +172,11 @@ def gpu_evidence(
     ]
     measured = [r.patch.id for r in rows]
     with tempfile.TemporaryDirectory(prefix="deepstack-evidence-") as scratch:
-        baselines, on_pristine = _companion_baselines(
+        baselines = companion_baselines(
             pristine, series, verdicts, Path(scratch), measured
         )
+        on_baselines = {i for baseline in baselines for i in baseline.proves}
+        on_pristine = [i for i in measured if i not in on_baselines]
         for row in rows:
             for baseline in baselines:
                 if row.patch.id in baseline.proves:
@@ -204,6 +204,23 @@ def gpu_evidence(
         seconds=round(time.monotonic() - started, 1),
         measured_at=stamp,
     )
+
+
+def _verdicts(
+    tree: VllmTree, series: Sequence[Patch], selected: set[str], pristine: VllmTree
+) -> list[PatchVerdict]:
+    """Each selected patch's state on the tree and on the pristine tree."""
+    from deepstack_patch.engine.plan import plan_tree
+
+    after = plan_tree(tree, series, selected, rewrite=False)
+    before = plan_tree(pristine, series, selected, rewrite=False)
+    return [
+        PatchVerdict(
+            r.patch, r.state, r.reason, pristine_state=before.report(r.patch.id).state
+        )
+        for r in after.reports
+        if r.selected
+    ]
 
 
 def _measuring_env(python: Path | None, building: Progress) -> ProofEnv:
