@@ -76,6 +76,29 @@ from deepstack_patch.engine.tree import VllmTree
     "each is mostly one core importing vLLM, so all three at once finish first "
     "even on 2 cores.",
 )
+@click.option(
+    "--gpu-evidence",
+    is_flag=True,
+    help="Instead of the proofs, measure each fix's symptom (timings, "
+    "compilations, errors) on the pristine tree and on this one, with the "
+    "trees' own code; needs --against-pristine. Without a GPU, --device cuda "
+    "is skipped (exit 0).",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cuda", "cpu"]),
+    default="cuda",
+    show_default=True,
+    help="With --gpu-evidence: where to measure (cpu: the same measurements, "
+    "labelled CPU).",
+)
+@click.option(
+    "--evidence-out",
+    "out_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="With --gpu-evidence: write evidence.json and evidence.md to this "
+    "folder (--out is --release's extraction folder).",
+)
 @format_option
 def verify(
     tree: VllmTree,
@@ -87,6 +110,9 @@ def verify(
     python: Path | None,
     junit_path: Path | None,
     jobs: int,
+    gpu_evidence: bool,
+    device: str,
+    out_dir: Path | None,
     output_format: str,
 ) -> None:
     """Prove the fixes in a tree: each patch's proof and the tree's own tests.
@@ -115,6 +141,9 @@ def verify(
     series = load_series()
     selected = select_patches(series, only, skip)
     pristine = pristine_for(tree, against_pristine, pristine_path, err.print)
+    if gpu_evidence:
+        _gpu_evidence(tree, series, selected, pristine, device, python, out_dir,
+                      output_format)  # fmt: skip
 
     def say(line: str) -> None:
         err.print(f"[dim]{line}[/]", markup=True, highlight=False)
@@ -142,6 +171,38 @@ def verify(
             building=building,
         )
     _write_report(report, junit_path, output_format)
+    sys.exit(report.exit_code)
+
+
+def _gpu_evidence(
+    tree: VllmTree,
+    series: Any,
+    selected: set[str],
+    pristine: VllmTree | None,
+    device: str,
+    python: Path | None,
+    out_dir: Path | None,
+    output_format: str,
+) -> None:
+    """``--gpu-evidence``: measure, write DIR/evidence.{json,md}, print, exit."""
+    from deepstack_patch.output.documents import dump_json
+    from deepstack_patch.output.evidence import evidence_json, evidence_markdown
+    from deepstack_patch.proof.evidence import gpu_evidence
+
+    err = stderr_console()
+    with err.status(f"measuring on {device} (Inductor compiles take a while)"):
+        report = gpu_evidence(
+            tree, series, selected, pristine=pristine, device=device,
+            python=python, progress=lambda line: err.print(line, highlight=False),
+        )  # fmt: skip
+    document, table = dump_json(evidence_json(report)), evidence_markdown(report)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "evidence.json").write_text(document + "\n")
+        (out_dir / "evidence.md").write_text(table)
+    if report.status == "skipped":
+        err.print(f"skipped: no GPU ({report.reason})", highlight=False)
+    click.echo(document if output_format == "json" else table)
     sys.exit(report.exit_code)
 
 
