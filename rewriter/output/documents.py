@@ -99,6 +99,7 @@ def follow_ups_json(patch: Patch) -> list[dict[str, str]]:
             "status": follow_up.status,
             "recorded": follow_up.recorded,
             "summary": follow_up.summary,
+            "headline": follow_up.headline,
             "url": follow_up.url,
         }
         for follow_up in patch.follow_ups

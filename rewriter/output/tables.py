@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.protocol import PatchState
-from deepstack_patch.output.plain import new_table
+from deepstack_patch.output.plain import escape, new_table
 
 if TYPE_CHECKING:
     from deepstack_patch.engine.plan import Plan
@@ -99,41 +99,68 @@ def print_series(console: Console, series: Sequence[Patch]) -> None:
         if patch.supersedes:
             console.print(f"  supersedes: {', '.join(patch.supersedes)}")
         console.print(f"  where:    {', '.join(patch.paths)}")
-        print_follow_ups(console, patch)
-
-
-def print_open_follow_ups(console: Console, reports: Sequence[PatchReport]) -> None:
-    """One line per follow-up of each selected patch that matters to the tree
-    (needed, applied or drifted): what upstream reported about the fix and has
-    not repaired in a change this series carries. Information only: it never
-    changes a state or an exit code."""
-    for report in reports:
-        if report.selected and report.state is not PatchState.NOT_APPLICABLE:
-            print_follow_ups(
-                console, report.patch, indent=f"{report.patch.id}  ", shorten=True
+        for follow_up in patch.follow_ups:
+            console.print(
+                f"  follow-up: [bold]{follow_up.reference}[/] ({follow_up.status} "
+                f"when recorded on {follow_up.recorded})",
+                highlight=False,
             )
+            console.print(f"    {escape(follow_up.headline)}", highlight=False)
+            console.print(f"    {escape(follow_up.summary)}", highlight=False)
+            if follow_up.url:
+                console.print(f"    [dim]{follow_up.url}[/]", highlight=False)
 
 
-#: How much of a follow-up's sentence the one-line form keeps (`list` and the
-#: JSON documents keep all of it).
-SHORT_SUMMARY = 90
-
-
-def print_follow_ups(
-    console: Console, patch: Patch, indent: str = "  ", shorten: bool = False
+def print_open_follow_ups(
+    console: Console, reports: Sequence[PatchReport], verbose: bool = False
 ) -> None:
-    """One entry per follow-up: reference, status when recorded, the sentence
-    (with ``shorten``, its first words, so that each stays on one line)."""
+    """The follow-ups of each selected patch that matters to the tree (needed,
+    applied or drifted): what upstream reported about the fix and has not
+    repaired in a change this series carries. Information only: it never
+    changes a state or an exit code.
+
+    Each is shown whole where a person decides: for a patch this run applied
+    (``applied_now``), and for all of them with ``verbose`` (``status
+    --verbose``). The others are one line: how many, and how to read them.
+    """
+    matter = [
+        report
+        for report in reports
+        if report.selected
+        and report.state is not PatchState.NOT_APPLICABLE
+        and report.patch.follow_ups
+    ]
+    shown = [r for r in matter if verbose or r.applied_now]
+    for report in shown:
+        print_follow_ups(console, report.patch, indent=f"{report.patch.id}  ")
+    rest = sum(len(r.patch.follow_ups) for r in matter if r not in shown)
+    if rest:
+        console.print(follow_ups_notice(rest, others=bool(shown)), highlight=False)
+
+
+def follow_ups_notice(count: int, others: bool = False) -> str:
+    """The one line that stands for ``count`` follow-ups not shown."""
+    noun = "follow-up" if count == 1 else "follow-ups"
+    more = "more " if others else ""
+    it = "it" if count == 1 else "them"
+    return (
+        f"{count} {more}upstream {noun}: `deepstack-patch status --verbose` "
+        f"or `list` shows {it}"
+    )
+
+
+def print_follow_ups(console: Console, patch: Patch, indent: str = "  ") -> None:
+    """Each follow-up: reference and status when recorded, then its headline
+    (written to fit a line, never cut) and its address, each on a line."""
     for follow_up in patch.follow_ups:
-        summary = follow_up.summary
-        if shorten and len(summary) > SHORT_SUMMARY:
-            summary = summary[:SHORT_SUMMARY].rsplit(" ", 1)[0] + " ..."
         console.print(
             f"{indent}follow-up: [bold]{follow_up.reference}[/] "
-            f"({follow_up.status} when recorded on {follow_up.recorded}) "
-            f"{summary}" + (f" [dim]{follow_up.url}[/]" if follow_up.url else ""),
+            f"({follow_up.status} when recorded on {follow_up.recorded})",
             highlight=False,
         )
+        console.print(f"  {escape(follow_up.headline)}", highlight=False)
+        if follow_up.url:
+            console.print(f"  [dim]{follow_up.url}[/]", highlight=False)
 
 
 def print_verify_report(console: Console, report: Any) -> None:
