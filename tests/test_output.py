@@ -19,7 +19,6 @@ from deepstack_patch.output.plain import (
 from deepstack_patch.patches import SERIES
 from rich.console import Console
 from rich.markup import escape as rich_escape
-from rich.table import Table
 from rich.text import Text
 
 MARKUP = [
@@ -72,12 +71,12 @@ ROWS = [
 
 
 @pytest.mark.parametrize("boxed", [False, True], ids=["columns", "boxed"])
-def test_tables_are_laid_out_as_rich_lays_them_out(boxed: bool) -> None:
+def test_tables_read_the_same_on_a_wide_terminal_and_in_a_pipe(boxed: bool) -> None:
     plain_out = io.StringIO()
     plain, rich = PlainConsole(plain_out), rich_console()
     for console in (plain, rich):
         table = new_table(console, boxed=boxed)
-        assert isinstance(table, PlainTable if console is plain else Table)
+        assert isinstance(table, PlainTable)
         for header in ("patch", "state", "title / where"):
             table.add_column(header, no_wrap=True)
         for row in ROWS:
@@ -85,6 +84,44 @@ def test_tables_are_laid_out_as_rich_lays_them_out(boxed: bool) -> None:
         console.print(table)
         console.print("[green]verified[/] in 1.0 s")
     assert plain_out.getvalue() == rich_text(rich)
+    assert plain_out.getvalue().splitlines()[:2] == [
+        "patch                   state           title / where",
+        "vllm#38933              needed          Sampler fix (fixed in 0.20.0)",
+    ]
+
+
+def test_a_narrow_table_breaks_between_whole_fields() -> None:
+    long_symbol = (
+        "Qwen3OmniMoeThinkerForConditionalGeneration._get_deepstack_input_embeds"
+    )
+    table = PlainTable(box=None)
+    for header in ("patch", "state", "where"):
+        table.add_column(header)
+    table.add_row("vllm#40932", "applied", "Qwen3-VL deepstack: drop the bounds checks")
+    table.add_row("", "", f"  vllm/models/qwen3_omni_moe_thinker.py:1773 {long_symbol}")
+    assert table.lines(width=50) == [
+        "patch       state    where",
+        "vllm#40932  applied  Qwen3-VL deepstack: drop the",
+        "                     bounds checks",
+        "        vllm/models/qwen3_omni_moe_thinker.py:1773",
+        long_symbol,
+    ]
+    # the same table unbounded: one line a row
+    assert table.lines()[2].endswith(long_symbol)
+
+
+def test_columns_that_do_not_fit_side_by_side_come_in_groups() -> None:
+    table = PlainTable(box=None)
+    for header in ("release", "vllm#1", "vllm#2", "vllm#3"):
+        table.add_column(header, no_wrap=True)
+    table.add_row("0.20.2", "not-applicable", "not-applicable", "applied")
+    assert table.lines(width=40) == [
+        "release  vllm#1          vllm#2",
+        "0.20.2   not-applicable  not-applicable",
+        "",
+        "release  vllm#3",
+        "0.20.2   applied",
+    ]
 
 
 def test_plain_console_prints_unmarked_text_as_given() -> None:

@@ -268,7 +268,8 @@ def print_matrix(
         table.add_column("verify", no_wrap=True)
     for result in results:
         if result.error:
-            row = [f"[bold red]error[/] {result.error.splitlines()[0]}"]
+            # The message follows the table: in a cell it would widen a column.
+            row = ["[bold red]error[/] (below)"]
             row += [""] * (len(patch_ids) - 1 + verify)
             table.add_row(result.version, *row)
             continue
