@@ -165,3 +165,20 @@ def test_status_table_of_a_release_reads_the_same_either_way(
         tables.print_plan_table(console, plan)
     assert "vllm#43617" in plain_out.getvalue()
     assert plain_out.getvalue() == rich_text(rich)
+
+
+@pytest.mark.release
+def test_status_shows_what_a_patch_travels_with(release_tree: object) -> None:
+    """README: `status` shows the companion relation (and what a fix requires)."""
+    root: Path = release_tree("0.20.2")  # type: ignore[operator]
+    plan = plan_tree(VllmTree.open(root), SERIES)
+    out = io.StringIO()
+    tables.print_plan_table(PlainConsole(out), plan)
+    lines = out.getvalue().splitlines()
+    after = {
+        line.split()[0]: lines[number + 1].strip()
+        for number, line in enumerate(lines[:-1])
+        if line.startswith("vllm#")
+    }
+    assert after["vllm#43617"] == "requires vllm#40932; companions: vllm#49397"
+    assert after["vllm#49397"] == "companion of vllm#43617"

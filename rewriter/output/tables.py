@@ -49,8 +49,13 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         elif report.applied_now:
             label += " [green](applied now)[/]"
         table.add_row(
-            patch.id, label, f"{patch.title} [dim](fixed in {patch.fixed_in})[/]"
+            patch.id,
+            label,
+            f"{escape(patch.title)} [dim](fixed in {patch.fixed_in})[/]",
         )
+        relations = patch_relations(patch, plan.reports)
+        if relations and state is not PatchState.NOT_APPLICABLE:
+            table.add_row("", "", f"  [dim]{relations}[/]")
         multi_part = len(patch.parts) > 1
         for part in patch.parts:
             part_state, part_reason = report.part_state(part)
@@ -64,17 +69,34 @@ def print_plan_table(console: Console, plan: Plan) -> None:
                 loc for loc in report.locations if loc.finding.part == part
             ]
             for loc in part_locations:
-                text = f"  {loc.path}:{loc.finding.line} {loc.finding.symbol}"
+                text = f"  {loc.path}:{loc.finding.line} {escape(loc.finding.symbol)}"
                 if loc.state is not part_state:
                     text += f" [{STATE_STYLE[loc.state]}]{loc.state.value}[/]"
                 if loc.finding.reason:
-                    text += f"\n    [dim]{loc.finding.reason}[/]"
+                    text += f"\n    [dim]{escape(loc.finding.reason)}[/]"
                 table.add_row("", "", text)
             if not part_locations and part_reason:
-                table.add_row("", "", f"  [dim]{part_reason}[/]")
+                table.add_row("", "", f"  [dim]{escape(part_reason)}[/]")
         if report.blocked_reason and not report.applied_now:
-            table.add_row("", "", f"  [yellow]{report.blocked_reason}[/]")
+            table.add_row("", "", f"  [yellow]{escape(report.blocked_reason)}[/]")
     console.print(table)
+
+
+def patch_relations(patch: Patch, reports: Sequence[PatchReport]) -> str:
+    """What a patch travels with: the patches it requires, its companions
+    (later upstream repairs it is never applied without), and the fixes it is
+    the companion of; "" when none."""
+    accompanied = [r.patch.id for r in reports if patch.id in r.patch.companions]
+    relations = [
+        f"{label} {', '.join(ids)}"
+        for label, ids in (
+            ("requires", patch.requires),
+            ("companions:", patch.companions),
+            ("companion of", accompanied),
+        )
+        if ids
+    ]
+    return "; ".join(relations)
 
 
 def print_series(console: Console, series: Sequence[Patch]) -> None:
@@ -84,8 +106,9 @@ def print_series(console: Console, series: Sequence[Patch]) -> None:
         console.print(
             f"  upstream: {patch.upstream_url} (first in vLLM {patch.fixed_in})"
         )
-        console.print(f"  symptom:  {patch.symptom}")
-        console.print(f"  changes:  {patch.also_changes}")
+        # Escaped: prose quotes code such as `self._ds_buffers[lvl][:n]`.
+        console.print(f"  symptom:  {escape(patch.symptom)}")
+        console.print(f"  changes:  {escape(patch.also_changes)}")
         if patch.requires:
             console.print(f"  requires: {', '.join(patch.requires)}")
         if patch.companions:
