@@ -5,9 +5,7 @@ patch's state have one shape in all of them (docs/schemas/common.json).
 
 from __future__ import annotations
 
-import base64
 import copy
-import hashlib
 import json
 import os
 import subprocess
@@ -21,7 +19,7 @@ from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from tests.support import link_copy
+from tests.support import link_copy, site_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "docs" / "schemas"
@@ -74,31 +72,6 @@ def small_tree(folder: Path, granite_source: str) -> Path:
     )
     (folder / GRANITE).write_text(granite_source)
     return folder
-
-
-def site_of(release: Path, folder: Path) -> Path:
-    """A site-packages folder holding ``release``'s vllm as pip installs it."""
-    folder.mkdir()
-    link_copy(release / "vllm", folder / "vllm")
-    info = folder / "vllm-0.20.2.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.20.2\n"
-    )
-    (info / "INSTALLER").write_text("pip\n")
-    rows = [
-        f"{path.relative_to(folder)},sha256={digest(path)},{path.stat().st_size}"
-        for path in sorted((folder / "vllm").rglob("*"))
-        if path.is_file()
-    ]
-    (info / "RECORD").write_text("\n".join([*rows, f"{info.name}/RECORD,,"]) + "\n")
-    return folder
-
-
-def digest(path: Path) -> str:
-    """A RECORD row's hash: urlsafe base64 of the sha256, unpadded."""
-    raw = hashlib.sha256(path.read_bytes()).digest()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
 #: Each command's documents, by the schema that describes them.

@@ -91,23 +91,48 @@ def test_tables_read_the_same_on_a_wide_terminal_and_in_a_pipe(boxed: bool) -> N
 
 
 def test_a_narrow_table_breaks_between_whole_fields() -> None:
-    long_symbol = (
-        "Qwen3OmniMoeThinkerForConditionalGeneration._get_deepstack_input_embeds"
-    )
+    location = "  vllm/models/qwen3_omni_moe_thinker.py:1773"
     table = PlainTable(box=None)
     for header in ("patch", "state", "where"):
         table.add_column(header)
     table.add_row("vllm#40932", "applied", "Qwen3-VL deepstack: drop the bounds checks")
-    table.add_row("", "", f"  vllm/models/qwen3_omni_moe_thinker.py:1773 {long_symbol}")
-    assert table.lines(width=50) == [
+    table.add_row("", "", f"{location} Foo.forward")
+    # the last column wraps at spaces beside the others
+    assert table.lines(width=70) == [
         "patch       state    where",
-        "vllm#40932  applied  Qwen3-VL deepstack: drop the",
-        "                     bounds checks",
-        "        vllm/models/qwen3_omni_moe_thinker.py:1773",
+        "vllm#40932  applied  Qwen3-VL deepstack: drop the bounds checks",
+        "                       vllm/models/qwen3_omni_moe_thinker.py:1773",
+        "                       Foo.forward",
+    ]
+    wrapped = PlainTable(box=None)
+    for header in ("patch", "state", "where"):
+        wrapped.add_column(header)
+    wrapped.add_row(
+        "vllm#1", "needed", "drop the bounds checks that reject padded steps"
+    )
+    assert wrapped.lines(width=40) == [
+        "patch   state   where",
+        "vllm#1  needed  drop the bounds checks",
+        "                that reject padded steps",
+    ]
+    # a field too long to sit beside the others: the column goes under them,
+    # every row alike; a field longer than the line gets a line of its own
+    long_symbol = (
+        "Qwen3OmniMoeThinkerForConditionalGeneration._get_deepstack_input_embeds"
+    )
+    table.add_row("", "", f"{location} {long_symbol}")
+    assert table.lines(width=50) == [
+        "patch       state",
+        "    where",
+        "vllm#40932  applied",
+        "    Qwen3-VL deepstack: drop the bounds checks",
+        "      vllm/models/qwen3_omni_moe_thinker.py:1773",
+        "      Foo.forward",
+        "      vllm/models/qwen3_omni_moe_thinker.py:1773",
         long_symbol,
     ]
     # the same table unbounded: one line a row
-    assert table.lines()[2].endswith(long_symbol)
+    assert table.lines()[3].endswith(long_symbol)
 
 
 def test_columns_that_do_not_fit_side_by_side_come_in_groups() -> None:

@@ -26,30 +26,17 @@ from deepstack_patch.output.plain import PlainConsole
 from deepstack_patch.patches import SERIES
 from rich.console import Console
 
-from tests.support import TARGETS, link_copy
+from tests.support import TARGETS, link_copy, site_of
 
 WIDTH = 80
 BOX_DRAWING = re.compile("[\u2500-\u257f]")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+TIMING = re.compile(r"\b\d+(?:\.\d+)? m?s\b")
 RULE = re.compile(r"([-=_~*#.])\1{9,}")
 
 
 def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "deepstack_patch", *args]
-
-
-def site_of(release: Path, folder: Path) -> Path:
-    """A site-packages folder holding ``release``'s vllm as pip installs it."""
-    folder.mkdir()
-    link_copy(release / "vllm", folder / "vllm")
-    info = folder / "vllm-0.20.2.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.20.2\n"
-    )
-    (info / "INSTALLER").write_text("pip\n")
-    (info / "RECORD").write_text("")
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +79,23 @@ def words_of(
     words, env = runs[name]
     copy = str(link_copy(release_tree("0.20.2"), tmp_path / "vllm-0.20.2"))
     return [copy if word == "{copy}" else word for word in words], env
+
+
+@pytest.mark.release
+def test_piped_apply_installed_and_revert_are_plain(
+    release_tree: Callable[[str], Path], tmp_path: Path
+) -> None:
+    site = str(site_of(release_tree("0.20.2"), tmp_path / "site"))
+    for words in (["apply", "--vllm-src", site], ["revert", "--vllm-src", site]):
+        result = subprocess.run(
+            command(*words), capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = (result.stdout + result.stderr).splitlines()
+        assert lines
+        assert [line for line in lines if line != line.rstrip()] == []
+        assert [line for line in lines if BOX_DRAWING.search(line)] == []
+    assert "reverted" in result.stdout
 
 
 COMMANDS = [
@@ -170,6 +174,8 @@ def test_an_80_column_terminal_splits_no_field(
     shown = ANSI.sub("", result.stdout).replace("\r", "")
     lines = shown.split("\n")
     assert [line for line in lines if len(line) > WIDTH] == []
+    # durations differ from run to run
+    piped, shown = TIMING.sub("N s", piped), TIMING.sub("N s", shown)
     tokens = [token for token in piped.split() if len(token) <= WIDTH]
     assert tokens, f"{name} printed nothing"
     shown_tokens = set(shown.split())

@@ -54,11 +54,13 @@ class PlainTable:
     long as they need, never padded at the end) and on a terminal (rich's
     console asks for the table at its width; see ``__rich_console__``). A
     table wider than that breaks only between whole fields: the last column's
-    text wraps at spaces, a field too long for that column (a long
-    ``path:line`` or symbol) goes on a line of its own, further left; columns
-    that do not fit side by side are shown in groups, each with the first
-    column again. ``boxed`` is kept for the callers' sake: no box is drawn.
-    Cells are rich markup; a pipe gets their text without the styles.
+    text wraps at spaces; if one of its fields (a long ``path:line`` or
+    symbol) is too long to sit beside the other columns, that column goes
+    under them, ``STACK`` columns in, for every row (and a field longer than
+    the line gets a line of its own); columns that do not fit side by side
+    are shown in groups, each with the first column again. ``boxed`` is kept
+    for the callers' sake: no box is drawn. Cells are rich markup; a pipe gets
+    their text without the styles.
     """
 
     def __init__(
@@ -121,6 +123,8 @@ GAP = 2
 #: are shown in groups instead.
 MIN_LAST = 24
 
+#: How far in a last column goes when it is stacked under the others.
+STACK = 4
 #: Where a field too long for its column goes on a line of its own.
 OWN_LINE = (8, 4, 0)
 
@@ -188,6 +192,12 @@ def _rows(
     for column in group:
         xs.append(x)
         x += widths[column] + GAP
+    if (
+        width is not None
+        and len(group) > 1
+        and _longest_field(cells, group[-1], measure) > width - xs[-1]
+    ):
+        return _stacked(cells, widths, width, group, measure)
     out: list[list[Segment]] = []
     for r, row in enumerate(cells):
         if len(group) < len(row) and not any(row[c] for c in group[1:]):
@@ -201,6 +211,51 @@ def _rows(
             )
         for depth in range(max(len(pieces) for pieces in per_column)):
             out.append([pieces[depth] for pieces in per_column if depth < len(pieces)])
+    return out
+
+
+def _longest_field(cells: list[list[str]], column: int, measure: Any) -> int:
+    return max(
+        (measure(field) for row in cells for field in row[column].split()),
+        default=0,
+    )
+
+
+def _stacked(
+    cells: list[list[str]],
+    widths: list[int],
+    width: int,
+    group: list[int],
+    measure: Any,
+) -> list[list[Segment]]:
+    """A last column with a field too long to sit beside the others (a long
+    location) goes under them instead, ``STACK`` columns in, every row alike:
+    the other columns on a line, then that column's lines."""
+    *leading, last = group
+    xs, x = [], 0
+    for column in leading:
+        xs.append(x)
+        x += widths[column] + GAP
+    out: list[list[Segment]] = []
+    for r, row in enumerate(cells):
+        if len(group) < len(row) and not any(row[c] for c in group[1:]):
+            continue
+        if any(row[c] for c in leading):
+            per_column = [
+                _wrap(row[c], xs[i], None, width, measure, r, c)
+                for i, c in enumerate(leading)
+            ]
+            for depth in range(max(len(pieces) for pieces in per_column)):
+                out.append(
+                    [pieces[depth] for pieces in per_column if depth < len(pieces)]
+                )
+        if row[last]:
+            out += [
+                [piece]
+                for piece in _wrap(
+                    row[last], STACK, width - STACK, width, measure, r, last
+                )
+            ]
     return out
 
 
