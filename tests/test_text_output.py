@@ -98,6 +98,31 @@ def test_piped_apply_installed_and_revert_are_plain(
     assert "reverted" in result.stdout
 
 
+@pytest.mark.verify
+def test_piped_verify_draws_no_box(proof_env: object, tmp_path: Path) -> None:
+    """verify's table had a box and a rule in a pipe; it has neither now."""
+    from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
+
+    tree = tmp_path / "tree"
+    model = tree / "vllm/model_executor/models/granite4_vision.py"
+    model.parent.mkdir(parents=True)
+    (tree / "vllm/__init__.py").write_text("")
+    (tree / "PKG-INFO").write_text(
+        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.20.2\n"
+    )
+    model.write_text(granite.AFTER)
+    result = subprocess.run(
+        command("verify", "--vllm-src", str(tree)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("vllm#40917") for line in lines), result.stdout
+    assert [line for line in lines if line != line.rstrip()] == []
+    assert [line for line in lines if BOX_DRAWING.search(line)] == []
+
+
 COMMANDS = [
     "list",
     "list --footprint",
