@@ -174,3 +174,16 @@ def test_every_command_has_help() -> None:
     for command in COMMANDS:
         code, output = run(command, "--help")
         assert code == 0 and "Usage:" in output
+
+
+def test_list_says_every_change_granite_s_rewrite_makes() -> None:
+    """vllm#40917 adds ``n = ...`` and slices the buffers: `list` says both."""
+    code, output = run("list")
+    assert code == 0
+    flat = " ".join(output.split())
+    changes = flat.split("vllm#40917", 1)[1].split(" changes: ", 1)[1]
+    changes = changes.split(" where: ", 1)[0]
+    assert "n = inputs_embeds.size(0)" in changes
+    assert "self._ds_buffers[lvl][:n]" in changes
+    # and the rewrite of its example does make exactly those two changes
+    assert "[:n]" in granite.AFTER and "[:n]" not in granite.BEFORE

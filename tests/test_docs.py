@@ -1,5 +1,11 @@
 """The documentation holds together: every relative link and ``#anchor`` in
-README.md and docs/*.md resolves, and README stays short.
+README.md and docs/*.md resolves, README stays short, and the examples that
+list the series or count its fixes or files are what the tool prints today.
+
+An example made by a real run is a fenced block right under a line
+``<!-- generated: deepstack-patch ARGS -->``: the test runs that command in the
+repository and compares its output with the block (timings aside).
+``python tests/test_docs.py --update`` runs them all and writes the blocks.
 
 Anchors are checked against the slugs GitHub gives headings: the heading's
 text without its markdown, lower-cased, every character that is not a
@@ -10,6 +16,10 @@ and ``-1``, ``-2``... appended to repeats.
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,3 +208,163 @@ def test_a_broken_link_or_anchor_is_reported(tmp_path: Path) -> None:
         "#twice-2",
         "other.md#absent",
     ]
+
+
+# --- examples made by real runs -------------------------------------------------
+
+GENERATED = re.compile(r"^<!-- generated: deepstack-patch (.+?) -->$")
+#: What differs from run to run: durations.
+TIMINGS = re.compile(r"\b\d+(?:\.\d+)? (s|ms)\b")
+
+
+@dataclass(frozen=True)
+class Generated:
+    source: Path
+    args: str
+    #: the block's content: lines[start:stop] of the page
+    start: int
+    stop: int
+
+    def content(self) -> str:
+        lines = self.source.read_text(encoding="utf-8").split("\n")
+        return "\n".join(lines[self.start : self.stop])
+
+
+def generated_blocks(path: Path) -> list[Generated]:
+    """Each ``<!-- generated: ... -->`` line and the fenced block under it."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    found = []
+    for number, line in enumerate(lines):
+        marker = GENERATED.match(line)
+        if marker is None:
+            continue
+        where = f"{path.name}:{number + 1}"
+        assert number + 1 < len(lines) and FENCE.match(lines[number + 1]), (
+            f"{where}: a generated marker must be right above a fenced block"
+        )
+        stop = next(
+            (i for i in range(number + 2, len(lines)) if FENCE.match(lines[i])), None
+        )
+        assert stop is not None, f"{where}: the fenced block is not closed"
+        found.append(Generated(path, marker.group(1), number + 2, stop))
+    return found
+
+
+def every_generated_block() -> list[Generated]:
+    return [block for path in documents() for block in generated_blocks(path)]
+
+
+def run_for_docs(args: str) -> str:
+    """What ``deepstack-patch ARGS`` prints in a pipe, run in the repository."""
+    result = subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", *shlex.split(args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.rstrip("\n")
+
+
+def without_timings(text: str) -> str:
+    return TIMINGS.sub(r"N \1", text)
+
+
+def test_the_examples_that_list_the_series_are_generated() -> None:
+    blocks = every_generated_block()
+    assert {block.args for block in blocks} >= {"matrix --jobs 2"}
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("block", every_generated_block(), ids=lambda block: block.args)
+def test_a_generated_example_is_what_the_command_prints(block: Generated) -> None:
+    printed = run_for_docs(block.args)
+    assert printed, f"deepstack-patch {block.args} printed nothing"
+    assert without_timings(block.content()) == without_timings(printed), (
+        f"{block.source.name}: the example of `deepstack-patch {block.args}` is "
+        "stale; run python tests/test_docs.py --update"
+    )
+
+
+def update(blocks: list[Generated], run: Callable[[str], str] = run_for_docs) -> int:
+    """Write each block's command output into its page; the number changed."""
+    changed = 0
+    for block in reversed(blocks):  # from the end: earlier line numbers hold
+        lines = block.source.read_text(encoding="utf-8").split("\n")
+        printed = run(block.args).split("\n")
+        if lines[block.start : block.stop] != printed:
+            lines[block.start : block.stop] = printed
+            block.source.write_text("\n".join(lines), encoding="utf-8")
+            changed += 1
+    return changed
+
+
+def test_update_rewrites_only_the_block_under_its_marker(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n<!-- generated: deepstack-patch list -->\n```\nold\nlines\n```\n"
+        "\n```\nnot generated\n```\n",
+        encoding="utf-8",
+    )
+    blocks = generated_blocks(page)
+    assert [(b.args, b.content()) for b in blocks] == [("list", "old\nlines")]
+    assert update(blocks, run=lambda args: f"new {args}") == 1
+    assert page.read_text(encoding="utf-8") == (
+        "# Page\n\n<!-- generated: deepstack-patch list -->\n```\nnew list\n```\n"
+        "\n```\nnot generated\n```\n"
+    )
+    assert update(generated_blocks(page), run=lambda args: f"new {args}") == 0
+
+
+# --- counts and lists of the series in prose and trimmed examples ------------
+
+
+def series_ids() -> list[str]:
+    from deepstack_patch.patches import SERIES
+
+    return [patch.id for patch in SERIES]
+
+
+def test_readme_table_lists_the_whole_series_in_order() -> None:
+    rows = [
+        re.match(r"\| \[(vllm#\d+)\]", line)
+        for line in README.read_text(encoding="utf-8").splitlines()
+    ]
+    assert [row.group(1) for row in rows if row] == series_ids()
+
+
+def test_trimmed_examples_name_the_whole_series() -> None:
+    """A JSON ``series`` list and the live check's log line in the docs."""
+    ids = series_ids()
+    text = "\n".join(path.read_text(encoding="utf-8") for path in documents())
+    lists = re.findall(r'"series": \[((?:"vllm#\d+"(?:, )?)+)\]', text)
+    live = re.findall(r"fixes live: ((?:vllm#\d+(?:, )?)+)", text)
+    assert lists and live, "no example lists the series"
+    for found in lists:
+        assert re.findall(r"vllm#\d+", found) == ids
+    # the live check on 0.20.2 names every fix that applies there: all of them
+    for found in live:
+        assert re.findall(r"vllm#\d+", found) == ids
+
+
+@pytest.mark.release
+def test_installed_md_counts_the_files_the_series_changes(
+    release_tree: Callable[[str], Path],
+) -> None:
+    from deepstack_patch.engine.plan import plan_tree
+    from deepstack_patch.engine.tree import VllmTree
+    from deepstack_patch.patches import SERIES
+
+    plan = plan_tree(VllmTree.open(release_tree("0.20.2")), SERIES)
+    files = len(plan.edits)
+    assert files
+    text = (ROOT / "docs" / "installed.md").read_text(encoding="utf-8")
+    [said] = re.findall(r"0\.20\.2 wheel \((\d+) files, (\d+) `\.pyc`\)", text)
+    assert said == (str(files), str(files))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python tests/test_docs.py --update")
+    print(f"{update(every_generated_block())} example(s) rewritten")

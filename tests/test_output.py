@@ -19,7 +19,6 @@ from deepstack_patch.output.plain import (
 from deepstack_patch.patches import SERIES
 from rich.console import Console
 from rich.markup import escape as rich_escape
-from rich.table import Table
 from rich.text import Text
 
 MARKUP = [
@@ -72,12 +71,12 @@ ROWS = [
 
 
 @pytest.mark.parametrize("boxed", [False, True], ids=["columns", "boxed"])
-def test_tables_are_laid_out_as_rich_lays_them_out(boxed: bool) -> None:
+def test_tables_read_the_same_on_a_wide_terminal_and_in_a_pipe(boxed: bool) -> None:
     plain_out = io.StringIO()
     plain, rich = PlainConsole(plain_out), rich_console()
     for console in (plain, rich):
         table = new_table(console, boxed=boxed)
-        assert isinstance(table, PlainTable if console is plain else Table)
+        assert isinstance(table, PlainTable)
         for header in ("patch", "state", "title / where"):
             table.add_column(header, no_wrap=True)
         for row in ROWS:
@@ -85,6 +84,69 @@ def test_tables_are_laid_out_as_rich_lays_them_out(boxed: bool) -> None:
         console.print(table)
         console.print("[green]verified[/] in 1.0 s")
     assert plain_out.getvalue() == rich_text(rich)
+    assert plain_out.getvalue().splitlines()[:2] == [
+        "patch                   state           title / where",
+        "vllm#38933              needed          Sampler fix (fixed in 0.20.0)",
+    ]
+
+
+def test_a_narrow_table_breaks_between_whole_fields() -> None:
+    location = "  vllm/models/qwen3_omni_moe_thinker.py:1773"
+    table = PlainTable(box=None)
+    for header in ("patch", "state", "where"):
+        table.add_column(header)
+    table.add_row("vllm#40932", "applied", "Qwen3-VL deepstack: drop the bounds checks")
+    table.add_row("", "", f"{location} Foo.forward")
+    # the last column wraps at spaces beside the others
+    assert table.lines(width=70) == [
+        "patch       state    where",
+        "vllm#40932  applied  Qwen3-VL deepstack: drop the bounds checks",
+        "                       vllm/models/qwen3_omni_moe_thinker.py:1773",
+        "                       Foo.forward",
+    ]
+    wrapped = PlainTable(box=None)
+    for header in ("patch", "state", "where"):
+        wrapped.add_column(header)
+    wrapped.add_row(
+        "vllm#1", "needed", "drop the bounds checks that reject padded steps"
+    )
+    assert wrapped.lines(width=40) == [
+        "patch   state   where",
+        "vllm#1  needed  drop the bounds checks",
+        "                that reject padded steps",
+    ]
+    # a field too long to sit beside the others: the column goes under them,
+    # every row alike; a field longer than the line gets a line of its own
+    long_symbol = (
+        "Qwen3OmniMoeThinkerForConditionalGeneration._get_deepstack_input_embeds"
+    )
+    table.add_row("", "", f"{location} {long_symbol}")
+    assert table.lines(width=50) == [
+        "patch       state",
+        "    where",
+        "vllm#40932  applied",
+        "    Qwen3-VL deepstack: drop the bounds checks",
+        "      vllm/models/qwen3_omni_moe_thinker.py:1773",
+        "      Foo.forward",
+        "      vllm/models/qwen3_omni_moe_thinker.py:1773",
+        long_symbol,
+    ]
+    # the same table unbounded: one line a row
+    assert table.lines()[3].endswith(long_symbol)
+
+
+def test_columns_that_do_not_fit_side_by_side_come_in_groups() -> None:
+    table = PlainTable(box=None)
+    for header in ("release", "vllm#1", "vllm#2", "vllm#3"):
+        table.add_column(header, no_wrap=True)
+    table.add_row("0.20.2", "not-applicable", "not-applicable", "applied")
+    assert table.lines(width=40) == [
+        "release  vllm#1          vllm#2",
+        "0.20.2   not-applicable  not-applicable",
+        "",
+        "release  vllm#3",
+        "0.20.2   applied",
+    ]
 
 
 def test_plain_console_prints_unmarked_text_as_given() -> None:
@@ -128,3 +190,20 @@ def test_status_table_of_a_release_reads_the_same_either_way(
         tables.print_plan_table(console, plan)
     assert "vllm#43617" in plain_out.getvalue()
     assert plain_out.getvalue() == rich_text(rich)
+
+
+@pytest.mark.release
+def test_status_shows_what_a_patch_travels_with(release_tree: object) -> None:
+    """README: `status` shows the companion relation (and what a fix requires)."""
+    root: Path = release_tree("0.20.2")  # type: ignore[operator]
+    plan = plan_tree(VllmTree.open(root), SERIES)
+    out = io.StringIO()
+    tables.print_plan_table(PlainConsole(out), plan)
+    lines = out.getvalue().splitlines()
+    after = {
+        line.split()[0]: lines[number + 1].strip()
+        for number, line in enumerate(lines[:-1])
+        if line.startswith("vllm#")
+    }
+    assert after["vllm#43617"] == "requires vllm#40932; companions: vllm#49397"
+    assert after["vllm#49397"] == "companion of vllm#43617"

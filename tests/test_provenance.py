@@ -468,6 +468,7 @@ def test_list_json_lists_follow_ups_per_patch() -> None:
                 "status",
                 "recorded",
                 "summary",
+                "headline",
                 "url",
             }
             assert follow_up["status"] in {"open", "closed", "merged"}
@@ -510,12 +511,53 @@ def test_status_shows_the_follow_ups_of_the_patches_that_matter(
     by_id = {p["id"]: p for p in json.loads(output)["patches"]}
     assert [f["reference"] for f in by_id["vllm#40917"]["follow_ups"]] == ["vllm#49094"]
     assert "vllm#53516" in [f["reference"] for f in by_id["vllm#43617"]["follow_ups"]]
-    code, output = run("status", "--vllm-src", str(tree))
+    code, output = run("status", "--vllm-src", str(tree), "--verbose")
     assert code == 0
     flat = " ".join(output.split())
     # Granite4Vision is needed here; Qwen3-VL is absent (not applicable).
     assert "vllm#40917 follow-up: vllm#49094" in flat
+    [headline] = [f.headline for f in FOLLOW_UPS["vllm#40917"]]
+    assert f"\n  {headline}\n" in output
     assert "vllm#53516" not in flat
+    # Without --verbose, one line stands for them and says how to read them.
+    code, output = run("status", "--vllm-src", str(tree))
+    assert code == 0
+    assert "vllm#49094" not in output
+    assert output.splitlines()[-1] == (
+        "1 upstream follow-up: `deepstack-patch status --verbose` or `list` shows it"
+    )
+
+
+def test_every_follow_up_has_a_headline_that_fits_a_line() -> None:
+    """Printed whole where a person decides: never cut, so written to fit."""
+    from deepstack_patch.engine.protocol import HEADLINE_MAX
+
+    headlines = [f.headline for ups in FOLLOW_UPS.values() for f in ups]
+    assert headlines and all(headlines)
+    assert [h for h in headlines if len(h) > HEADLINE_MAX] == []
+    # the consequence a distributor needs for vllm#53516: the accuracy loss
+    [accuracy] = [
+        f.headline for f in FOLLOW_UPS["vllm#43617"] if f.reference == "vllm#53516"
+    ]
+    assert "27 points" in accuracy
+
+
+def test_apply_with_nothing_to_do_says_only_how_many_follow_ups(
+    tmp_path: Path,
+) -> None:
+    tree = tmp_path / "tree"
+    (tree / "vllm/model_executor/models").mkdir(parents=True)
+    (tree / "vllm/__init__.py").write_text("")
+    (tree / "PKG-INFO").write_text(
+        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.20.2\n"
+    )
+    (tree / "vllm/model_executor/models/granite4_vision.py").write_text(granite.AFTER)
+    code, output = run("apply", "--vllm-src", str(tree))
+    assert code == 0, output
+    assert " follow-up: vllm#" not in output
+    assert "vllm#49094" not in output
+    assert "1 upstream follow-up: `deepstack-patch status --verbose`" in output
+    assert max(len(line) for line in output.splitlines() if "follow-up" in line) <= 80
 
 
 def test_list_does_not_import_the_sbom_library() -> None:
@@ -605,6 +647,10 @@ def test_apply_names_the_follow_ups_of_the_fixes_it_reports(tmp_path: Path) -> N
     assert code == 0, output
     lines = [line for line in output.splitlines() if "follow-up:" in line]
     assert len(lines) == 1 and lines[0].startswith("vllm#40917  follow-up: vllm#49094")
+    # applied now: the follow-up whole, its headline uncut, where one decides
+    [follow_up] = FOLLOW_UPS["vllm#40917"]
+    assert f"  {follow_up.headline}" in output.splitlines()
+    assert "upstream follow-up" not in output
     code, output = run("apply", "--vllm-src", str(tree), "--format", "json")
     by_id = {p["id"]: p for p in json.loads(output)["patches"]}
     assert [f["reference"] for f in by_id["vllm#40917"]["follow_ups"]] == ["vllm#49094"]

@@ -11,7 +11,9 @@ there are. The fix slices each buffer to the rows of this step,
 ``n = inputs_embeds.size(0)``.
 
 Fix safety: Adds ``n = inputs_embeds.size(0)`` before the IntermediateTensors
-is built; nothing else in forward changes.
+is built, and slices each buffer in that build to the step's rows
+(``self._ds_buffers[lvl]`` becomes ``self._ds_buffers[lvl][:n]``); nothing
+else in forward changes.
 
 Each ``self._ds_buffers[lvl]`` in the build becomes
 ``self._ds_buffers[lvl][:n]``. A later ``n = ...`` in upstream's ``forward``

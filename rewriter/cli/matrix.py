@@ -135,7 +135,11 @@ def matrix(
         from deepstack_patch.output.documents import dump_json
 
         document = matrix_json(
-            result.results, result.differences, str(targets_path), result.wall_seconds
+            result.results,
+            result.differences,
+            str(targets_path),
+            result.wall_seconds,
+            series,
         )
         document["no_expectations"] = [
             r.version for r in result.results if r.version not in targets.releases

@@ -42,7 +42,7 @@ def revert(
     from deepstack_patch.engine.inplace import revert_in_place
     from deepstack_patch.engine.installed import InstalledTree
     from deepstack_patch.engine.locks import tree_lock
-    from deepstack_patch.output.documents import dump_json
+    from deepstack_patch.output.documents import dump_json, revert_json
 
     if installed == (vllm_src is not None):
         raise DeepstackError(
@@ -64,16 +64,7 @@ def revert(
     with tree_lock(tree.root):
         result = revert_in_place(tree.installed)
     if output_format == "json":
-        document = {
-            "schema": 1,
-            "command": "revert",
-            "path": str(result.installed.site_packages),
-            "version": result.installed.version,
-            "reverted": result.files,
-            "bytecode": result.bytecode,
-            "applied_before": result.applied,
-        }
-        click.echo(dump_json(document))
+        click.echo(dump_json(revert_json(tree, result)))
         sys.exit(EXIT_OK)
     console = stdout_console()
     if result.nothing:

@@ -23,9 +23,20 @@ from deepstack_patch.engine.tree import VllmTree
 @patches_option
 @read_tree_options
 @select_options
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Also show each upstream follow-up of the patches that matter here "
+    "(otherwise one line says how many there are).",
+)
 @format_option
 def status(
-    tree: VllmTree, only: tuple[str, ...], skip: tuple[str, ...], output_format: str
+    tree: VllmTree,
+    only: tuple[str, ...],
+    skip: tuple[str, ...],
+    verbose: bool,
+    output_format: str,
 ) -> None:
     """Show the state of every patch in a tree, with file:line locations.
 
@@ -54,5 +65,5 @@ def status(
         console = stdout_console()
         print_tree_header(console, tree)
         print_plan_table(console, plan)
-        print_open_follow_ups(console, plan.reports)
+        print_open_follow_ups(console, plan.reports, verbose=verbose)
     sys.exit(EXIT_ERROR if selected_drifted(plan) else EXIT_OK)

@@ -324,7 +324,12 @@ def matrix_json(
     diffs: Sequence[Difference],
     targets_path: str,
     wall_seconds: float,
+    series: Sequence[Patch] = (),
 ) -> dict[str, Any]:
+    from deepstack_patch.output.documents import patch_state_json
+
+    by_id = {patch.id: patch for patch in series}
+
     by_release: dict[str, list[str]] = {}
     for diff in diffs:
         by_release.setdefault(diff.version, []).append(diff.patch_id)
@@ -342,6 +347,12 @@ def matrix_json(
                 "version": r.version,
                 "states": r.states,
                 "reasons": {k: v for k, v in r.reasons.items() if v},
+                # each patch's state in the shape every document uses
+                "patches": [
+                    patch_state_json(by_id[pid], state, r.reasons.get(pid, ""))
+                    for pid, state in r.states.items()
+                    if pid in by_id
+                ],
                 "differs": by_release.get(r.version, []),
                 "error": r.error,
                 "verify_exit_code": r.verify_code,

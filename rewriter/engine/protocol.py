@@ -108,21 +108,30 @@ class Example:
     path: str = "example.py"
 
 
+#: How long a follow-up's ``headline`` may be: one line on an 80-column
+#: terminal with its indent.
+HEADLINE_MAX = 70
+
+
 @dataclass(frozen=True)
 class FollowUp:
     """What upstream said about a fix after it shipped, as recorded by hand.
 
     ``reference`` is an upstream issue or pull request (``vllm#53516``),
     ``status`` its state when it was read (``open``, ``closed``, ``merged``),
-    ``recorded`` that date (ISO 8601), and ``summary`` one sentence saying what
-    it reports or proposes. Nothing here is fetched at run time: a user deciding
-    whether to apply a patch sees what was known when the series was curated.
+    ``recorded`` that date (ISO 8601), ``summary`` one sentence saying what
+    it reports or proposes, and ``headline`` its consequence for a user of
+    the fix in one line (at most ``HEADLINE_MAX`` characters: it is printed
+    whole, never cut, where a person decides whether to apply the fix).
+    Nothing here is fetched at run time: a user deciding whether to apply a
+    patch sees what was known when the series was curated.
     """
 
     reference: str
     status: str
     recorded: str
     summary: str
+    headline: str
 
     @property
     def url(self) -> str:

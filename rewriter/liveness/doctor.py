@@ -62,6 +62,8 @@ class Diagnosis:
     notes: list[str]
     fix_command: str
     imported: list[dict[str, Any]] | None = None
+    #: The tree the patches were judged in (the folder holding vllm/).
+    tree: VllmTree | None = None
 
     @property
     def live(self) -> bool:
@@ -138,6 +140,7 @@ def diagnose(
         changed_since=changed,
         notes=notes,
         fix_command=fix,
+        tree=tree,
     )
     diagnosis.verdicts = [_verdict(r, diagnosis) for r in plan.reports]
     if import_check:
@@ -345,7 +348,7 @@ def _check_imports(python: str, root: Path, diagnosis: Diagnosis) -> None:
 
 def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
     """The ``doctor --format json`` document (schema 1)."""
-    from deepstack_patch.output.documents import follow_ups_json
+    from deepstack_patch.output.documents import error_json, patch_json, tree_json
 
     record = diagnosis.record
     error = diagnosis.import_error
@@ -353,6 +356,7 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "schema": 1,
         "command": "doctor",
         "live": diagnosis.live,
+        "tree": tree_json(diagnosis.tree) if diagnosis.tree else None,
         "python": {"path": diagnosis.python, "version": diagnosis.python_version},
         "vllm": {
             "path": str(diagnosis.package),
@@ -372,17 +376,15 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
             "skipped": list(record.skipped),
             "changed_since": diagnosis.changed_since,
         },
+        # The patch's state as every command shows it, and whether it runs:
+        # ``reasons`` says why it is (not) live; ``reason`` is the state's.
         "patches": [
             {
-                "id": v.report.patch.id,
-                "title": v.report.patch.title,
-                "state": str(v.report.state),
+                **patch_json(v.report),
                 "live": v.live,
                 "counts": v.counts,
                 "import_failed": v.import_failed,
                 "reasons": v.reasons,
-                "files": v.report.files,
-                "follow_ups": follow_ups_json(v.report.patch),
             }
             for v in diagnosis.verdicts
         ],
@@ -393,10 +395,5 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         else None,
     }
     if error is not None:  # the error document's shape, beside the diagnosis
-        document["error"] = {
-            "message": error.message,
-            "path": error.path,
-            "line": error.line,
-            "hint": error.hint,
-        }
+        document["error"] = error_json(error)
     return document

@@ -1,7 +1,10 @@
 """The JSON documents commands print with ``--format json`` (schema 1).
 
-The documents are a contract (documented in docs/output.md); add fields, never
-rename or remove them without bumping ``SCHEMA_VERSION``.
+The documents are a contract (documented in docs/output.md, with a JSON Schema
+per command in docs/schemas/); add fields, never rename or remove them without
+bumping ``SCHEMA_VERSION``. Two shapes are shared by every command: a tree
+(``tree_json``) and a patch's state (``patch_state_json``, which every patch
+object of every document starts with; ``patch_json`` for a planned tree).
 """
 
 from __future__ import annotations
@@ -26,17 +29,22 @@ def tree_json(tree: VllmTree) -> dict[str, Any]:
     }
 
 
+def patch_state_json(patch: Patch, state: str, reason: str) -> dict[str, Any]:
+    """What every document says of a patch's state, in this shape: ``state``
+    one of needed, applied, not-applicable, drifted; ``reason`` why (or "")."""
+    return {"id": patch.id, "title": patch.title, "state": state, "reason": reason}
+
+
 def patch_json(report: PatchReport) -> dict[str, Any]:
+    """A patch's state in a planned tree (status, apply, export, backport,
+    doctor): ``patch_state_json`` and where, which parts, what follows."""
     patch = report.patch
     return {
-        "id": patch.id,
-        "title": patch.title,
+        **patch_state_json(patch, report.state.value, report.reason),
         "upstream_url": patch.upstream_url,
         "fixed_in": patch.fixed_in,
         "origin": patch.origin,
         "selected": report.selected,
-        "state": report.state.value,
-        "reason": report.reason,
         "blocked_by": list(report.blocked_by),
         "companions": list(patch.companions),
         "applied_now": report.applied_now,
@@ -101,6 +109,7 @@ def follow_ups_json(patch: Patch) -> list[dict[str, str]]:
             "status": follow_up.status,
             "recorded": follow_up.recorded,
             "summary": follow_up.summary,
+            "headline": follow_up.headline,
             "url": follow_up.url,
         }
         for follow_up in patch.follow_ups
@@ -146,7 +155,7 @@ def footprint_json(tree: VllmTree, found: Sequence[Any]) -> dict[str, Any]:
     """``list --footprint --format json``: engine.footprint.PatchFootprint list."""
     return {
         "schema": SCHEMA_VERSION,
-        "command": "list",
+        "command": "list --footprint",
         "tree": tree_json(tree),
         "footprints": [
             {
@@ -158,4 +167,30 @@ def footprint_json(tree: VllmTree, found: Sequence[Any]) -> dict[str, Any]:
             }
             for item in found
         ],
+    }
+
+
+def revert_json(tree: VllmTree, result: Any) -> dict[str, Any]:
+    """``revert --format json`` of an ``engine.inplace`` revert result.
+
+    ``path`` and ``version`` repeat ``tree``'s (schema 1 had only them)."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "command": "revert",
+        "tree": tree_json(tree),
+        "path": str(result.installed.site_packages),
+        "version": result.installed.version,
+        "reverted": result.files,
+        "bytecode": result.bytecode,
+        "applied_before": result.applied,
+    }
+
+
+def error_json(error: Any) -> dict[str, Any]:
+    """The ``error`` object of a document (an ``engine.errors.DeepstackError``)."""
+    return {
+        "message": error.message,
+        "path": error.path,
+        "line": error.line,
+        "hint": error.hint,
     }

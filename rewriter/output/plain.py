@@ -4,9 +4,9 @@ Pipelines read most of this tool's output, and rich (its import and its table
 layout) cost about a third of a cold ``status``. Where the output is not a
 terminal there is no colour to draw, so the commands print through
 :class:`PlainConsole`: the same markup strings, with rich's tags removed by
-rich's own rules, and :class:`PlainTable` lays a table out as rich does on a
-console too wide to fold. ``tests/test_output.py`` holds the two renderers to
-the same text.
+rich's own rules, and :class:`PlainTable` lays a table out, for a pipe and,
+fitted to its width, for a terminal. ``tests/test_output.py`` holds the two
+renderers to the same text.
 """
 
 from __future__ import annotations
@@ -48,17 +48,24 @@ def strip_markup(markup: str) -> str:
 
 
 class PlainTable:
-    """Rows of cells laid out as ``rich.table.Table`` lays them out unfolded.
+    """Rows of cells laid out in columns two spaces apart, fitted to a width.
 
-    Two layouts are used here: ``box=None`` (columns two spaces apart) and
-    rich's default box with ``show_edge=False`` (``│`` between columns and a
-    ``━━╇━━`` rule under the header). Styles are ignored; cells are markup.
+    The one table layout of every command, in a pipe (``width=None``: lines as
+    long as they need, never padded at the end) and on a terminal (rich's
+    console asks for the table at its width; see ``__rich_console__``). A
+    table wider than that breaks only between whole fields: the last column's
+    text wraps at spaces; if one of its fields (a long ``path:line`` or
+    symbol) is too long to sit beside the other columns, that column goes
+    under them, ``STACK`` columns in, for every row (and a field longer than
+    the line gets a line of its own); columns that do not fit side by side
+    are shown in groups, each with the first column again. ``boxed`` is kept
+    for the callers' sake: no box is drawn. Cells are rich markup; a pipe gets
+    their text without the styles.
     """
 
     def __init__(
         self, *, box: Any = "default", show_header: bool = True, **_style: Any
     ) -> None:
-        self.boxed = box is not None
         self.show_header = show_header
         self.headers: list[str] = []
         self.rows: list[list[str]] = []
@@ -67,31 +74,230 @@ class PlainTable:
         self.headers.append(header)
 
     def add_row(self, *cells: str) -> None:
-        self.rows.append([strip_markup(cell) for cell in cells])
+        self.rows.append(list(cells))
 
-    def lines(self) -> list[str]:
-        rows = [self.headers] if self.show_header else []
-        rows += self.rows
-        widths = [
-            max((len(line) for row in rows for line in row[i].split("\n")), default=0)
-            for i in range(len(self.headers))
+    def _cells(self) -> list[list[str]]:
+        header = [f"[bold]{escape(h)}[/]" for h in self.headers]
+        return [header, *self.rows] if self.show_header else list(self.rows)
+
+    def lines(self, width: int | None = None) -> list[str]:
+        """The table as plain lines, fitted to ``width`` (None: unbounded)."""
+        cells = self._cells()
+        plain = [[strip_markup(cell) for cell in row] for row in cells]
+        return [
+            _place([(x, plain[r][c][a:b]) for x, r, c, a, b in segments])
+            for segments in fit(plain, width, len)
         ]
-        out = []
-        for number, row in enumerate(rows):
-            split = [cell.split("\n") for cell in row]
-            for depth in range(max(len(cell) for cell in split)):
-                texts = [
-                    (cell[depth] if depth < len(cell) else "").ljust(width)
-                    for cell, width in zip(split, widths, strict=True)
-                ]
-                bar = "┃" if self.show_header and number == 0 else "│"
-                out.append((f" {bar} " if self.boxed else "  ").join(texts).rstrip())
-            if self.boxed and self.show_header and number == 0:
-                rules = ["━" * (width + 2) for width in widths]
-                rules[0] = rules[0][1:]
-                rules[-1] = rules[-1][1:]
-                out.append("╇".join(rules))
-        return out
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+        from rich.cells import cell_len
+        from rich.text import Text
+
+        cells = self._cells()
+        styled = [
+            [Text.from_markup(cell, emoji=False) for cell in row] for row in cells
+        ]
+        plain = [[text.plain for text in row] for row in styled]
+        for segments in fit(plain, options.max_width, cell_len):
+            line = Text(no_wrap=True, overflow="ignore", end="\n")
+            for x, r, c, start, stop in segments:
+                if start == stop:
+                    continue
+                line.append(" " * max(0, x - cell_len(line.plain)))
+                line.append_text(styled[r][c][start:stop])
+            line.rstrip()
+            yield line
+
+
+def _place(pieces: list[tuple[int, str]]) -> str:
+    line = ""
+    for x, text in pieces:
+        if text:
+            line = line.ljust(x) + text
+    return line.rstrip()
+
+
+#: Columns are this far apart.
+GAP = 2
+#: The least width the last column's text is wrapped into before the columns
+#: are shown in groups instead.
+MIN_LAST = 24
+
+#: How far in a last column goes when it is stacked under the others.
+STACK = 4
+#: Where a field too long for its column goes on a line of its own.
+OWN_LINE = (8, 4, 0)
+
+Segment = tuple[int, int, int, int, int]  # x, row, column, start, stop
+
+
+def fit(
+    cells: list[list[str]], width: int | None, measure: Any = len
+) -> list[list[Segment]]:
+    """Where each piece of each cell goes: one list of segments per line.
+
+    ``cells`` are plain text (a cell may hold several lines). With ``width``
+    None nothing is wrapped; otherwise no line is wider than ``width`` unless
+    a single field is.
+    """
+    if not cells or not cells[0]:
+        return []
+    columns = len(cells[0])
+    widths = [
+        max((measure(part) for row in cells for part in row[c].split("\n")), default=0)
+        for c in range(columns)
+    ]
+    if width is None or _span(widths) <= width:
+        return _rows(cells, widths, None, list(range(columns)))
+    groups = _groups(widths, width)
+    out: list[list[Segment]] = []
+    for number, group in enumerate(groups):
+        if number:
+            out.append([])
+        flowing = group[-1] == columns - 1
+        out += _rows(cells, widths, width if flowing else None, group, measure)
+    return out
+
+
+def _span(widths: list[int]) -> int:
+    return sum(widths) + GAP * (len(widths) - 1)
+
+
+def _groups(widths: list[int], width: int) -> list[list[int]]:
+    """Columns shown side by side, each group led by the first column; the
+    last column may be narrower than its text (it wraps)."""
+    groups: list[list[int]] = []
+    current = [0]
+    for column in range(1, len(widths)):
+        need = widths[column] if column < len(widths) - 1 else MIN_LAST
+        trial = [widths[c] for c in current] + [min(widths[column], need)]
+        if _span(trial) > width and len(current) > 1:
+            groups.append(current)
+            current = [0]
+        current.append(column)
+    groups.append(current)
+    return groups
+
+
+def _rows(
+    cells: list[list[str]],
+    widths: list[int],
+    width: int | None,
+    group: list[int],
+    measure: Any = len,
+) -> list[list[Segment]]:
+    """The lines of ``cells`` in the columns ``group``; the last of them wraps
+    into what is left of ``width`` (None: it does not)."""
+    xs, x = [], 0
+    for column in group:
+        xs.append(x)
+        x += widths[column] + GAP
+    if (
+        width is not None
+        and len(group) > 1
+        and _longest_field(cells, group[-1], measure) > width - xs[-1]
+    ):
+        return _stacked(cells, widths, width, group, measure)
+    out: list[list[Segment]] = []
+    for r, row in enumerate(cells):
+        if len(group) < len(row) and not any(row[c] for c in group[1:]):
+            continue  # nothing of this row in this group of columns
+        per_column = []
+        for i, column in enumerate(group):
+            last = i == len(group) - 1
+            room = None if width is None or not last else width - xs[i]
+            per_column.append(
+                _wrap(row[column], xs[i], room, width, measure, r, column)
+            )
+        for depth in range(max(len(pieces) for pieces in per_column)):
+            out.append([pieces[depth] for pieces in per_column if depth < len(pieces)])
+    return out
+
+
+def _longest_field(cells: list[list[str]], column: int, measure: Any) -> int:
+    return max(
+        (measure(field) for row in cells for field in row[column].split()),
+        default=0,
+    )
+
+
+def _stacked(
+    cells: list[list[str]],
+    widths: list[int],
+    width: int,
+    group: list[int],
+    measure: Any,
+) -> list[list[Segment]]:
+    """A last column with a field too long to sit beside the others (a long
+    location) goes under them instead, ``STACK`` columns in, every row alike:
+    the other columns on a line, then that column's lines."""
+    *leading, last = group
+    xs, x = [], 0
+    for column in leading:
+        xs.append(x)
+        x += widths[column] + GAP
+    out: list[list[Segment]] = []
+    for r, row in enumerate(cells):
+        if len(group) < len(row) and not any(row[c] for c in group[1:]):
+            continue
+        if any(row[c] for c in leading):
+            per_column = [
+                _wrap(row[c], xs[i], None, width, measure, r, c)
+                for i, c in enumerate(leading)
+            ]
+            for depth in range(max(len(pieces) for pieces in per_column)):
+                out.append(
+                    [pieces[depth] for pieces in per_column if depth < len(pieces)]
+                )
+        if row[last]:
+            out += [
+                [piece]
+                for piece in _wrap(
+                    row[last], STACK, width - STACK, width, measure, r, last
+                )
+            ]
+    return out
+
+
+def _wrap(
+    text: str,
+    x: int,
+    room: int | None,
+    width: int | None,
+    measure: Any,
+    r: int,
+    c: int,
+) -> list[Segment]:
+    """One segment per line of a cell: its own lines, each wrapped into
+    ``room`` at spaces. A field longer than ``room`` gets a line of its own,
+    indented by one of ``OWN_LINE`` (the most that lets it fit)."""
+    out: list[Segment] = []
+    offset = 0
+    for part in text.split("\n"):
+        if room is None or measure(part) <= room:
+            out.append((x, r, c, offset, offset + len(part)))
+            offset += len(part) + 1
+            continue
+        indent = len(part) - len(part.lstrip(" "))
+        fields = [m.span() for m in re.finditer(r"\S+", part)]
+        start = stop = None
+        for begin, end in fields:
+            if start is not None and measure(part[start:end]) + indent <= room:
+                stop = end
+                continue
+            if start is not None:
+                out.append((x + indent, r, c, offset + start, offset + stop))
+            start, stop = begin, end
+            if measure(part[begin:end]) + indent > room:
+                assert width is not None
+                size = measure(part[begin:end])
+                own = next((i for i in OWN_LINE if i + size <= width), 0)
+                out.append((own, r, c, offset + begin, offset + end))
+                start = stop = None
+        if start is not None:
+            out.append((x + indent, r, c, offset + start, offset + stop))
+        offset += len(part) + 1
+    return out
 
 
 class _NoStatus:
@@ -131,16 +337,7 @@ class PlainConsole:
         self.stream.flush()
 
 
-def new_table(console: Any, boxed: bool = False) -> Any:
-    """A table for ``console``: rich's on a terminal, :class:`PlainTable` elsewhere.
-
-    ``boxed``: rules between columns and under the header (rich's default box,
-    no outer edge); otherwise columns two spaces apart and a bold header.
-    """
-    if isinstance(console, PlainConsole):
-        return PlainTable(box="default" if boxed else None)
-    from rich.table import Table
-
-    if boxed:
-        return Table(show_edge=False, pad_edge=False)
-    return Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+def new_table(console: Any, boxed: bool = False) -> PlainTable:
+    """A table for ``console``, a terminal's (rich) or a pipe's: the same
+    layout, fitted to the terminal's width there (``boxed`` draws nothing)."""
+    return PlainTable(box="default" if boxed else None)

@@ -49,8 +49,13 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         elif report.applied_now:
             label += " [green](applied now)[/]"
         table.add_row(
-            patch.id, label, f"{patch.title} [dim](fixed in {patch.fixed_in})[/]"
+            patch.id,
+            label,
+            f"{escape(patch.title)} [dim](fixed in {patch.fixed_in})[/]",
         )
+        relations = patch_relations(patch, plan.reports)
+        if relations and state is not PatchState.NOT_APPLICABLE:
+            table.add_row("", "", f"  [dim]{relations}[/]")
         multi_part = len(patch.parts) > 1
         for part in patch.parts:
             part_state, part_reason = report.part_state(part)
@@ -64,17 +69,34 @@ def print_plan_table(console: Console, plan: Plan) -> None:
                 loc for loc in report.locations if loc.finding.part == part
             ]
             for loc in part_locations:
-                text = f"  {loc.path}:{loc.finding.line} {loc.finding.symbol}"
+                text = f"  {loc.path}:{loc.finding.line} {escape(loc.finding.symbol)}"
                 if loc.state is not part_state:
                     text += f" [{STATE_STYLE[loc.state]}]{loc.state.value}[/]"
                 if loc.finding.reason:
-                    text += f"\n    [dim]{loc.finding.reason}[/]"
+                    text += f"\n    [dim]{escape(loc.finding.reason)}[/]"
                 table.add_row("", "", text)
             if not part_locations and part_reason:
-                table.add_row("", "", f"  [dim]{part_reason}[/]")
+                table.add_row("", "", f"  [dim]{escape(part_reason)}[/]")
         if report.blocked_reason and not report.applied_now:
-            table.add_row("", "", f"  [yellow]{report.blocked_reason}[/]")
+            table.add_row("", "", f"  [yellow]{escape(report.blocked_reason)}[/]")
     console.print(table)
+
+
+def patch_relations(patch: Patch, reports: Sequence[PatchReport]) -> str:
+    """What a patch travels with: the patches it requires, its companions
+    (later upstream repairs it is never applied without), and the fixes it is
+    the companion of; "" when none."""
+    accompanied = [r.patch.id for r in reports if patch.id in r.patch.companions]
+    relations = [
+        f"{label} {', '.join(ids)}"
+        for label, ids in (
+            ("requires", patch.requires),
+            ("companions:", patch.companions),
+            ("companion of", accompanied),
+        )
+        if ids
+    ]
+    return "; ".join(relations)
 
 
 def print_series(console: Console, series: Sequence[Patch]) -> None:
@@ -84,8 +106,9 @@ def print_series(console: Console, series: Sequence[Patch]) -> None:
         console.print(
             f"  upstream: {patch.upstream_url} (first in vLLM {patch.fixed_in})"
         )
-        console.print(f"  symptom:  {patch.symptom}")
-        console.print(f"  changes:  {patch.also_changes}")
+        # Escaped: prose quotes code such as `self._ds_buffers[lvl][:n]`.
+        console.print(f"  symptom:  {escape(patch.symptom)}")
+        console.print(f"  changes:  {escape(patch.also_changes)}")
         if patch.requires:
             console.print(f"  requires: {', '.join(patch.requires)}")
         if patch.companions:
@@ -100,41 +123,68 @@ def print_series(console: Console, series: Sequence[Patch]) -> None:
             console.print(f"  supersedes: {', '.join(patch.supersedes)}")
         console.print(f"  where:    {', '.join(patch.paths)}")
         console.print(f"  from:     {escape(patch.origin)}")
-        print_follow_ups(console, patch)
-
-
-def print_open_follow_ups(console: Console, reports: Sequence[PatchReport]) -> None:
-    """One line per follow-up of each selected patch that matters to the tree
-    (needed, applied or drifted): what upstream reported about the fix and has
-    not repaired in a change this series carries. Information only: it never
-    changes a state or an exit code."""
-    for report in reports:
-        if report.selected and report.state is not PatchState.NOT_APPLICABLE:
-            print_follow_ups(
-                console, report.patch, indent=f"{report.patch.id}  ", shorten=True
+        for follow_up in patch.follow_ups:
+            console.print(
+                f"  follow-up: [bold]{follow_up.reference}[/] ({follow_up.status} "
+                f"when recorded on {follow_up.recorded})",
+                highlight=False,
             )
+            console.print(f"    {escape(follow_up.headline)}", highlight=False)
+            console.print(f"    {escape(follow_up.summary)}", highlight=False)
+            if follow_up.url:
+                console.print(f"    [dim]{follow_up.url}[/]", highlight=False)
 
 
-#: How much of a follow-up's sentence the one-line form keeps (`list` and the
-#: JSON documents keep all of it).
-SHORT_SUMMARY = 90
-
-
-def print_follow_ups(
-    console: Console, patch: Patch, indent: str = "  ", shorten: bool = False
+def print_open_follow_ups(
+    console: Console, reports: Sequence[PatchReport], verbose: bool = False
 ) -> None:
-    """One entry per follow-up: reference, status when recorded, the sentence
-    (with ``shorten``, its first words, so that each stays on one line)."""
+    """The follow-ups of each selected patch that matters to the tree (needed,
+    applied or drifted): what upstream reported about the fix and has not
+    repaired in a change this series carries. Information only: it never
+    changes a state or an exit code.
+
+    Each is shown whole where a person decides: for a patch this run applied
+    (``applied_now``), and for all of them with ``verbose`` (``status
+    --verbose``). The others are one line: how many, and how to read them.
+    """
+    matter = [
+        report
+        for report in reports
+        if report.selected
+        and report.state is not PatchState.NOT_APPLICABLE
+        and report.patch.follow_ups
+    ]
+    shown = [r for r in matter if verbose or r.applied_now]
+    for report in shown:
+        print_follow_ups(console, report.patch, indent=f"{report.patch.id}  ")
+    rest = sum(len(r.patch.follow_ups) for r in matter if r not in shown)
+    if rest:
+        console.print(follow_ups_notice(rest, others=bool(shown)), highlight=False)
+
+
+def follow_ups_notice(count: int, others: bool = False) -> str:
+    """The one line that stands for ``count`` follow-ups not shown."""
+    noun = "follow-up" if count == 1 else "follow-ups"
+    more = "more " if others else ""
+    it = "it" if count == 1 else "them"
+    return (
+        f"{count} {more}upstream {noun}: `deepstack-patch status --verbose` "
+        f"or `list` shows {it}"
+    )
+
+
+def print_follow_ups(console: Console, patch: Patch, indent: str = "  ") -> None:
+    """Each follow-up: reference and status when recorded, then its headline
+    (written to fit a line, never cut) and its address, each on a line."""
     for follow_up in patch.follow_ups:
-        summary = follow_up.summary
-        if shorten and len(summary) > SHORT_SUMMARY:
-            summary = summary[:SHORT_SUMMARY].rsplit(" ", 1)[0] + " ..."
         console.print(
             f"{indent}follow-up: [bold]{follow_up.reference}[/] "
-            f"({follow_up.status} when recorded on {follow_up.recorded}) "
-            f"{summary}" + (f" [dim]{follow_up.url}[/]" if follow_up.url else ""),
+            f"({follow_up.status} when recorded on {follow_up.recorded})",
             highlight=False,
         )
+        console.print(f"  {escape(follow_up.headline)}", highlight=False)
+        if follow_up.url:
+            console.print(f"  [dim]{follow_up.url}[/]", highlight=False)
 
 
 def print_verify_report(console: Console, report: Any) -> None:
@@ -242,7 +292,8 @@ def print_matrix(
         table.add_column("verify", no_wrap=True)
     for result in results:
         if result.error:
-            row = [f"[bold red]error[/] {result.error.splitlines()[0]}"]
+            # The message follows the table: in a cell it would widen a column.
+            row = ["[bold red]error[/] (below)"]
             row += [""] * (len(patch_ids) - 1 + verify)
             table.add_row(result.version, *row)
             continue

@@ -6,6 +6,8 @@ package, so pytest puts the repository root on ``sys.path``.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import os
 import shutil
@@ -98,3 +100,30 @@ class IndexHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+def site_of(release: Path, folder: Path, version: str = "0.20.2") -> Path:
+    """A site-packages folder holding the vllm package of ``release`` (a source
+    release ``version``) as pip installs it: a dist-info whose RECORD lists
+    every file with its hash (hard links: apply only ever replaces files)."""
+    folder.mkdir()
+    link_copy(release / "vllm", folder / "vllm")
+    info = folder / f"vllm-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+    )
+    (info / "INSTALLER").write_text("pip\n")
+    rows = [
+        f"{path.relative_to(folder)},sha256={digest(path)},{path.stat().st_size}"
+        for path in sorted((folder / "vllm").rglob("*"))
+        if path.is_file()
+    ]
+    (info / "RECORD").write_text("\n".join([*rows, f"{info.name}/RECORD,,"]) + "\n")
+    return folder
+
+
+def digest(path: Path) -> str:
+    """A RECORD row's hash: urlsafe base64 of the sha256, unpadded."""
+    raw = hashlib.sha256(path.read_bytes()).digest()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
