@@ -367,18 +367,37 @@ class _CompiledEdit:
         )
 
     @property
+    def anchored(self) -> bool:
+        """Whether the anchors take part in matching: for an insertion only.
+
+        The statements a fix removes or replaces place it by themselves
+        (found exactly once); an insertion has only its neighbours to say
+        where it goes.
+        """
+        return not self.removed
+
+    @property
+    def at_start(self) -> bool:
+        return self.anchored and self.before_anchor is None
+
+    @property
+    def at_end(self) -> bool:
+        return self.anchored and self.after_anchor is None
+
+    @property
     def before_pattern(self) -> list[_Key]:
-        return [
-            *([self.before_anchor] if self.before_anchor else []),
-            *self.removed,
-            *([self.after_anchor] if self.after_anchor else []),
-        ]
+        return self._around(self.removed)
 
     @property
     def after_pattern(self) -> list[_Key]:
+        return self._around(self.inserted)
+
+    def _around(self, statements: tuple[_Key, ...]) -> list[_Key]:
+        if not self.anchored:
+            return list(statements)
         return [
             *([self.before_anchor] if self.before_anchor else []),
-            *self.inserted,
+            *statements,
             *([self.after_anchor] if self.after_anchor else []),
         ]
 
@@ -516,8 +535,7 @@ def _recognise_edit(
             f"(`{first}`) nor the fixed one",
             span,
         )
-    at_start = compiled.before_anchor is None
-    at_end = compiled.after_anchor is None
+    at_start, at_end = compiled.at_start, compiled.at_end
     before = occurrences(
         located.block, compiled.before_pattern, at_start, at_end, shapes_of
     )
@@ -547,11 +565,18 @@ def _drift_reason(
         for key in compiled.inserted
     ):
         return f"both the code the fix replaces and the fixed code are in {where}"
-    around = [k for k in (compiled.before_anchor, compiled.after_anchor) if k]
+    around = (
+        [k for k in (compiled.before_anchor, compiled.after_anchor) if k]
+        if compiled.anchored
+        else []
+    )
     return (
         f"the statements of the fix in {where} are not where the fix expects "
         "them (" + ", ".join(f"`{_first_line(k.code)}`" for k in around) + ")"
         if around
+        else f"the statements the fix replaces in {where} are not together "
+        "or not in its order"
+        if not compiled.anchored
         else f"the statements of the fix are not the whole block of {where}"
     )
 

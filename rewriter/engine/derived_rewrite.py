@@ -131,8 +131,7 @@ class _Rewriter:
                 entries.append((index, position))
                 nodes.append(node)
         offset = len(nodes) - len(shapes.without_docstring(nodes))
-        at_start = compiled.before_anchor is None
-        at_end = compiled.after_anchor is None
+        at_start, at_end = compiled.at_start, compiled.at_end
         found = occurrences(
             nodes, compiled.before_pattern, at_start, at_end, self.shapes
         )
@@ -140,7 +139,8 @@ class _Rewriter:
             raise RewriteRefused(
                 f"the code the fix changes is found {len(found)} times, not once"
             )
-        start = found[0] + offset + (0 if at_start else 1)
+        skip = 1 if compiled.anchored and compiled.before_anchor else 0
+        start = found[0] + offset + skip
         end = start + len(compiled.removed)
         for boundary in (start, end):
             if boundary < len(entries) and entries[boundary][1] != 0:
