@@ -28,6 +28,7 @@ from deepstack_patch.engine.derived import (
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState, RecordedTest
+from deepstack_patch.engine.source import SourceFile
 from deepstack_patch.engine.tree import VllmTree
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -463,8 +464,7 @@ def self_check(
     files: Sequence[FileDiff],
 ) -> str:
     """The checks before anything is written; how the round trip compared."""
-    from deepstack_patch.engine.plan import plan_tree, rewrite_text
-    from deepstack_patch.engine.source import SourceFile
+    from deepstack_patch.engine.plan import plan_tree
 
     hunk_lines = {
         f.path: [(h.old_start, h.old_start + max(h.old_count, 1) - 1) for h in f.hunks]
@@ -508,13 +508,14 @@ def self_check(
                 + _short_diff(after, ours)
             )
         compared = "ast"
-        # The result is recognised applied, and a second pass changes nothing.
+    # The result is recognised applied, and so is the diff's own result; a
+    # second pass over either changes nothing (only needed findings are ever
+    # rewritten, and rewrite_text runs the engine's pass to show it).
     for path, (_before, after) in results.items():
-        for text, what in (
-            (edited[path].decode("utf-8"), "its rewrite"),
-            (after, "the diff's result"),
-        ):
-            states = patch.recognise(ast.parse(text), path)
+        ours = edited[path].decode("utf-8")
+        for text, what in ((ours, "its rewrite"), (after, "the diff's result")):
+            source = SourceFile(path, text.encode("utf-8"))
+            states = patch.recognise(source.ast, path)
             wrong = [f for f in states if f.state is not PatchState.APPLIED]
             if wrong or len(states) != sum(u.path == path for u in patch.units):
                 raise _check_failed(
@@ -526,9 +527,20 @@ def self_check(
                         or "a unit is missing"
                     )
                 )
-            if rewrite_text(patch, text, path) != text:
+            if _second_pass(patch, source) != text:
                 raise _check_failed(f"a second pass over {what} of {path} changes it")
     return compared
+
+
+def _second_pass(patch: DerivedPatch, source: SourceFile) -> str:
+    from deepstack_patch.engine.plan import rewrite_text
+
+    needed = [
+        f
+        for f in patch.recognise(source.ast, source.relpath)
+        if f.state is PatchState.NEEDED
+    ]
+    return rewrite_text(patch, source.text, source.relpath) if needed else source.text
 
 
 def _check_failed(reason: str) -> DeepstackError:

@@ -285,23 +285,13 @@ class _ShapeCache:
     """Each node's shape and identity, made once per recognition."""
 
     def __init__(self) -> None:
-        self._shape: dict[int, str] = {}
-        self._identity: dict[int, str] = {}
-        self._keep: list[ast.AST] = []  # ids stay unique while cached
+        self.memo: shapes.Memo = {}
 
     def shape(self, node: ast.stmt) -> str:
-        key = id(node)
-        if key not in self._shape:
-            self._keep.append(node)
-            self._shape[key] = shapes.shape(node)
-        return self._shape[key]
+        return shapes.shape(node, self.memo)
 
     def identity(self, node: ast.stmt) -> str:
-        key = id(node)
-        if key not in self._identity:
-            self._keep.append(node)
-            self._identity[key] = shapes.identity(node)
-        return self._identity[key]
+        return shapes.identity(node, self.memo)
 
 
 @dataclass(frozen=True)

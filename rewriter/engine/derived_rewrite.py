@@ -347,7 +347,20 @@ def _parsed_statements(code: str) -> Statements:
     (LibCST gives a module's leading comments to the module, not to it)."""
     if not code.strip():
         return []
-    return list(cst.parse_module("pass\n" + code).body[1:])
+    parsed = cst.parse_module("pass\n" + code).visit(_UnindentedBlankLines())
+    return list(parsed.body[1:])
+
+
+class _UnindentedBlankLines(cst.CSTTransformer):
+    """Blank lines parsed at the module level are marked indented, which in
+    the target's block would write its indentation on them."""
+
+    def leave_EmptyLine(
+        self, original_node: cst.EmptyLine, updated_node: cst.EmptyLine
+    ) -> cst.EmptyLine:
+        if updated_node.comment is None:
+            return updated_node.with_changes(indent=False)
+        return updated_node
 
 
 def _comment(line: cst.EmptyLine) -> str | None:
