@@ -525,16 +525,38 @@ def _recognise_edit(
             f"(`{first}`) nor the fixed one",
             span,
         )
-    at_start, at_end = compiled.at_start, compiled.at_end
     before = occurrences(
-        located.block, compiled.before_pattern, at_start, at_end, shapes_of
+        located.block,
+        compiled.before_pattern,
+        compiled.at_start,
+        compiled.at_end,
+        shapes_of,
     )
-    after = occurrences(
-        located.block, compiled.after_pattern, at_start, at_end, shapes_of
+    # Applied asks for the fix's own statements, not its anchors: the code
+    # around them may have changed since the fix went in.
+    fixed = (
+        occurrences(located.block, compiled.inserted, False, False, shapes_of)
+        if compiled.inserted
+        else []
     )
-    if len(before) == 1 and not after:
+    size_before, size_fixed = len(compiled.before_pattern), len(compiled.inserted)
+
+    def apart(
+        starts: list[int], size: int, others: list[int], other_size: int
+    ) -> list[int]:
+        return [
+            s
+            for s in starts
+            if not any(s < o + other_size and o < s + size for o in others)
+        ]
+
+    if len(before) == 1 and not apart(fixed, size_fixed, before, size_before):
         return PatchState.NEEDED, "", span
-    if len(after) == 1 and not before:
+    if compiled.inserted:
+        applied = len(fixed) == 1 and not apart(before, size_before, fixed, size_fixed)
+    else:  # a removal: applied where the removed statements are gone
+        applied = not before
+    if applied:
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
 

@@ -165,6 +165,25 @@ class _Rewriter:
                     ),
                 ]
             )
+        elif (
+            new
+            and first < len(statements)
+            and _moves_comment(statements[first], new[0])
+        ):
+            # Upstream put the insertion between the next statement and the
+            # comment above it; the comment stays above the insertion, once.
+            following = statements[first]
+            new[0] = new[0].with_changes(
+                leading_lines=[
+                    *following.leading_lines,
+                    *new[0].leading_lines[len(_comments(following)) :],
+                ]
+            )
+            statements = [
+                *statements[:first],
+                following.with_changes(leading_lines=[]),
+                *statements[first + 1 :],
+            ]
         elif new and not new[0].leading_lines and _is_definition(new[0]):
             neighbour = statements[first] if first < len(statements) else None
             if neighbour is None or not _is_definition(neighbour):
@@ -361,6 +380,25 @@ class _UnindentedBlankLines(cst.CSTTransformer):
         if updated_node.comment is None:
             return updated_node.with_changes(indent=False)
         return updated_node
+
+
+def _comments(statement: cst.BaseStatement) -> list[str]:
+    return [
+        line.comment.value.strip()
+        for line in statement.leading_lines
+        if line.comment is not None
+    ]
+
+
+def _moves_comment(following: cst.BaseStatement, inserted: cst.BaseStatement) -> bool:
+    """Whether the inserted code starts with the comment lines above the
+    statement it goes before (and has more lines of its own after them)."""
+    theirs = _comments(following)
+    ours = [
+        line.comment.value.strip() if line.comment else None
+        for line in inserted.leading_lines
+    ]
+    return bool(theirs) and ours[: len(theirs)] == theirs
 
 
 def _comment(line: cst.EmptyLine) -> str | None:
