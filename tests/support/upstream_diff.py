@@ -101,5 +101,7 @@ def upstream_diff(
     for path, (names, symbols) in changes.items():
         before = Path(old_tree.root, path).read_text()
         after = Path(new_tree.root, path).read_text()
-        parts.append(file_diff(path, before, restricted_after(before, after, names, symbols)))
+        parts.append(
+            file_diff(path, before, restricted_after(before, after, names, symbols))
+        )
     return "".join(parts)
