@@ -17,23 +17,23 @@ from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived import (
-    _ShapeCache,
-    _with_block,
+from deepstack_patch.engine.derived_match import (
+    ShapeCache,
     bound_name,
     import_aliases,
     occurrences,
+    with_block,
 )
 from deepstack_patch.engine.plan import RewriteRefused
 
 if TYPE_CHECKING:
-    from deepstack_patch.engine.derived import _CompiledEdit
+    from deepstack_patch.engine.derived_match import CompiledEdit
 
 Statements = list[cst.BaseStatement]
 
 
 def apply_edit(
-    module: cst.Module, compiled: _CompiledEdit, details: Mapping[str, Any]
+    module: cst.Module, compiled: CompiledEdit, details: Mapping[str, Any]
 ) -> cst.Module:
     """``module`` with one edit made (see :class:`~.derived.Edit`)."""
     rewriter = _Rewriter(module)
@@ -60,7 +60,7 @@ def apply_edit(
 class _Rewriter:
     def __init__(self, module: cst.Module) -> None:
         self.module = module
-        self.shapes = _ShapeCache()
+        self.shapes = ShapeCache()
         self._parsed: dict[int, list[ast.stmt]] = {}
         self._keep: list[cst.CSTNode] = []
 
@@ -109,20 +109,20 @@ class _Rewriter:
         return found[0]
 
     def header(
-        self, statements: Statements, identity: str, compiled: _CompiledEdit
+        self, statements: Statements, identity: str, compiled: CompiledEdit
     ) -> Statements:
         index = self._one(statements, identity, compiled.edit.header_before)
         node = statements[index]
         if shapes.header(self.ast_of(node)[0]) != compiled.header_before:
             raise RewriteRefused("the header is not the one the fix expects")
-        new = cst.parse_statement(_with_block(compiled.edit.header_after))
+        new = cst.parse_statement(with_block(compiled.edit.header_after))
         if not isinstance(new, cst.FunctionDef | cst.ClassDef):
             raise RewriteRefused("the fixed header is not a definition")
         assert isinstance(node, cst.FunctionDef | cst.ClassDef)
         replaced = new.with_changes(body=node.body, leading_lines=node.leading_lines)
         return [*statements[:index], replaced, *statements[index + 1 :]]
 
-    def statements(self, statements: Statements, compiled: _CompiledEdit) -> Statements:
+    def statements(self, statements: Statements, compiled: CompiledEdit) -> Statements:
         # One entry per CPython statement: (cst index, position in its line).
         entries: list[tuple[int, int]] = []
         nodes: list[ast.stmt] = []
@@ -200,9 +200,7 @@ class _Rewriter:
 
     # -- imports ----------------------------------------------------------
 
-    def imports(
-        self, compiled: _CompiledEdit, details: Mapping[str, Any]
-    ) -> cst.Module:
+    def imports(self, compiled: CompiledEdit, details: Mapping[str, Any]) -> cst.Module:
         add = [tuple(a) for a in details.get("add", ())]
         drop = [tuple(a) for a in details.get("drop", ())]
         body = list(self.module.body)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived import Anchor, Edit, Step, Unit
+from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
 
 
 @dataclass
