@@ -231,6 +231,47 @@ def test_a_patch_applies_whole_or_not_at_all_in_a_file() -> None:
     assert "function g in vllm/buffers.py is absent while f is there" in reason
 
 
+def test_an_applied_unit_beside_an_absent_one_stays_applied() -> None:
+    before = "def f():\n    return 1\n\n\ndef g():\n    return 1\n"
+    after = "def f():\n    return 2\n\n\ndef g():\n    return 2\n"
+    patch = derived(before, after)
+    assert states(patch, "def f():\n    return 2\n") == {"f": (PatchState.APPLIED, "")}
+
+
+def test_a_patch_needed_in_one_file_and_absent_from_another_drifts(
+    tmp_path: Path,
+) -> None:
+    other = "vllm/other.py"
+    units = [
+        *units_of_change(PATH, "def f():\n    return 1\n", "def f():\n    return 2\n"),
+        *units_of_change(other, "def g():\n    return 1\n", "def g():\n    return 2\n"),
+    ]
+    patch = DerivedPatch(
+        id="local#2", title="", symptom="", base="", paths=[PATH, other], units=units
+    )
+    tree = _tree(tmp_path, {PATH: "def f():\n    return 1\n", other: "x = 1\n"})
+    report = plan_tree(tree, [patch]).report(patch.id)
+    assert report.state is PatchState.DRIFTED
+    assert report.reason == (
+        "vllm/other.py::g: function g in vllm/other.py is absent while the patch "
+        "is needed elsewhere: it applies whole or not at all"
+    )
+    whole = _tree(
+        tmp_path / "whole",
+        {PATH: "def f():\n    return 1\n", other: "def g():\n    return 1\n"},
+    )
+    assert plan_tree(whole, [patch]).report(patch.id).state is PatchState.NEEDED
+
+
+def test_the_recognition_cache_keys_on_a_derived_patchs_data() -> None:
+    from deepstack_patch.engine.recognition_cache import _fingerprint
+
+    one = derived()
+    other = derived(BEFORE, AFTER.replace("x + 2", "x + 3"))
+    assert _fingerprint([one]) != _fingerprint([other])
+    assert _fingerprint([one]) == _fingerprint([derived()])
+
+
 def test_partly_applied_unit_drifts() -> None:
     before = "def f():\n    a = 1\n    b = 1\n    c = 1\n    d = 1\n    return a\n"
     after = "def f():\n    a = 2\n    b = 1\n    c = 1\n    d = 2\n    return a\n"

@@ -87,6 +87,8 @@ class DerivedPatch(Patch):
         self.recorded_tests = tuple(tests)
         self.requires = tuple(requires)
         self.origin = origin or "derived"
+        #: The engine refuses to apply it in part (see plan_tree).
+        self.applies_whole = True
         # Paths are exact files: every one is read.
         self.markers = (b"",)
         self.parts = {unit.part: unit.description for unit in self.units}
@@ -95,6 +97,7 @@ class DerivedPatch(Patch):
             "shows each unit before and after)."
         )
         self._compiled: dict[Edit, CompiledEdit] = {}
+        self._fingerprint = b""
 
     # -- recognition ---------------------------------------------------
 
@@ -111,7 +114,7 @@ class DerivedPatch(Patch):
         for unit, state in found:
             if state is None:
                 continue  # the report says: target absent, no <unit> in this tree
-            if absent:
+            if absent and state.state is not PatchState.APPLIED:
                 # Whole or not at all: half a fix is not the fix.
                 state = _UnitState(
                     PatchState.DRIFTED,
@@ -176,6 +179,15 @@ class DerivedPatch(Patch):
             + ", ".join(f"edit {i + 1} {s}" for i, (s, _) in enumerate(states))
         )
         return _UnitState(PatchState.DRIFTED, (first, last), reason)
+
+    @property
+    def data_fingerprint(self) -> bytes:
+        """A digest of the data (the recognition cache keys on it)."""
+        if not self._fingerprint:
+            import hashlib
+
+            self._fingerprint = hashlib.sha256(dump_derived(self).encode()).digest()
+        return self._fingerprint
 
     def _compile(self, edit: Edit) -> CompiledEdit:
         if edit not in self._compiled:
