@@ -671,3 +671,37 @@ def _definition(module: ast.Module, qualified: str) -> ast.FunctionDef:
 
 def _states_on_text(patch: DerivedPatch, path: str, text: str) -> set[PatchState]:
     return {f.state for f in patch.recognise(ast.parse(text), path)}
+
+
+@pytest.mark.verify
+@pytest.mark.release
+def test_derived_vllm_49397_passes_the_hand_written_proof(
+    tmp_path: Path, proof_env: object, patched_copy: object
+) -> None:
+    """The issue's bar: derived from 0.27.1's diff and applied, the three
+    __init__s build no buffers on the meta device: vllm#49397's CPU proof
+    fails on pristine 0.25.0 and passes there patched, and passes on 0.20.2
+    patched (whose pristine code hides the crash: it returns None until
+    vllm#43617 is applied, so only the patched half is asked there)."""
+    from deepstack_patch.engine.transaction import write_edits
+    from deepstack_patch.proof.proofs import run_proofs
+
+    from tests.support.upstream_diff import release_files, upstream_diff
+
+    diff_text = upstream_diff("0.27.1", "0.28.0", DEEPSTACK_BUFFERS)
+    base = release_files("0.27.1", list(DEEPSTACK_BUFFERS))
+    patch = derive_patch_from_text(diff_text, base, "local#49397").patch
+
+    def proof(root: Path) -> object:
+        return run_proofs(proof_env, root, ["vllm#49397"])["vllm#49397"]  # type: ignore[arg-type]
+
+    for release, fails_before in (("0.25.0", True), ("0.20.2", False)):
+        root = patched_copy(release)  # type: ignore[operator]
+        if fails_before:
+            before = proof(root)
+            assert before.status == "failed", before.message  # type: ignore[attr-defined]
+        plan = plan_tree(VllmTree.open(root), [patch])
+        assert plan.report(patch.id).state is PatchState.NEEDED
+        write_edits(root, plan.edits)
+        after = proof(root)
+        assert after.status == "passed", (release, after.message)  # type: ignore[attr-defined]
