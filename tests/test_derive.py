@@ -634,13 +634,26 @@ def test_vllm_49397_derived_from_its_diff(tmp_path: Path) -> None:
 
 @pytest.mark.release
 def test_vllm_38933_derived_from_its_diff(tmp_path: Path) -> None:
-    from tests.support.upstream_diff import release_files, upstream_diff
+    from tests.support.upstream_diff import (
+        new_file_diff,
+        release_files,
+        upstream_diff,
+    )
 
-    diff_text = upstream_diff("0.19.1", "0.20.0", SAMPLER_RECOMPILE)
+    test_path = "tests/v1/sample/test_batched_count_greater_than.py"
+    test_content = Path(
+        release_files("0.20.0", [test_path]).root, test_path
+    ).read_text()
+    diff_text = upstream_diff("0.19.1", "0.20.0", SAMPLER_RECOMPILE) + new_file_diff(
+        test_path, test_content
+    )
     base = release_files("0.19.1", list(SAMPLER_RECOMPILE))
     result = derive_patch_from_text(diff_text, base, "local#38933")
     print(f"derive vllm#38933's change: {result.seconds:.2f} s")
     assert result.round_trip == "text"
+    # The test the fix added is recorded whole, as the fixed release has it.
+    assert [(t.path, t.content) for t in result.tests] == [(test_path, test_content)]
+    assert result.patch.paths == tuple(SAMPLER_RECOMPILE)
     header = next(e for u in result.units for e in u.edits if e.kind == "header")
     assert "dynamic=True" in header.header_before
     assert "dynamic=True" not in header.header_after
