@@ -193,6 +193,41 @@ def test_a_header_change_is_recognised_like_a_statement() -> None:
     assert state is PatchState.DRIFTED and "header of count" in reason
 
 
+def test_a_class_bases_change_is_the_class_header() -> None:
+    before = "class A(Base):\n    x = 1\n"
+    after = "class A(Base, Mixin):\n    x = 1\n"
+    patch = derived(before, after)
+    assert [(u.kind, u.name) for u in patch.units] == [("class", "A")]
+    assert rewrite_text(patch, before, PATH) == after
+    assert states(patch, after)["A"][0] is PatchState.APPLIED
+
+
+def test_changes_inside_elif_else_try_and_nested_defs() -> None:
+    before = (
+        "def f(x):\n"
+        "    if x == 1:\n        a = 1\n"
+        "    elif x == 2:\n        a = 2\n"
+        "    else:\n        a = 3\n"
+        "    try:\n        b = a\n    finally:\n        c = 0\n"
+        "    def inner():\n        return a\n"
+        "    return inner\n"
+    )
+    after = (
+        before.replace("        a = 2\n", "        a = 20\n")
+        .replace("        a = 3\n", "        a = 30\n")
+        .replace("        b = a\n", "        b = a + 1\n")
+        .replace("        c = 0\n", "        c = 0\n        d = 0\n")
+        .replace("        return a\n", "        return a * 2\n")
+    )
+    patch = derived(before, after)
+    assert [(u.kind, u.name, len(u.edits)) for u in patch.units] == [
+        ("function", "f", 5)
+    ]
+    assert states(patch, before)["f"][0] is PatchState.NEEDED
+    assert rewrite_text(patch, before, PATH) == after
+    assert states(patch, after)["f"][0] is PatchState.APPLIED
+
+
 def test_imports_are_added_where_missing_in_upstreams_order() -> None:
     before = "import os\nfrom typing import Any, Dict\n\n\ndef f():\n    return 1\n"
     after = (
@@ -343,6 +378,15 @@ def test_diffs_as_git_github_and_format_patch_write_them() -> None:
         (file_diff,) = parse_diff(text)
         assert file_diff.path == PATH
         assert apply_file_diff(file_diff, BEFORE) == AFTER
+
+
+def test_a_series_that_changes_a_file_twice_applies_in_order(
+    tmp_path: Path, base: Path
+) -> None:
+    middle = BEFORE.replace("size = 8", "size = 16")
+    series = git_diff(PATH, BEFORE, middle) + git_diff(PATH, middle, AFTER)
+    result = derive_patch_from_text(series, VllmTree.open(base), "local#3")
+    assert rewrite_text(result.patch, BEFORE, PATH) == AFTER
 
 
 def test_no_newline_at_end_of_file() -> None:
