@@ -242,6 +242,18 @@ def test_imports_are_added_where_missing_in_upstreams_order() -> None:
     assert rewrite_text(patch, vendor, PATH).count("Callable") == 2
 
 
+def test_an_import_the_fix_drops_stays_where_something_still_uses_it() -> None:
+    before = "from typing import Any, Dict\n\n\ndef f():\n    return Dict\n"
+    after = "from typing import Any\n\n\ndef f():\n    return None\n"
+    patch = derived(before, after)
+    assert rewrite_text(patch, before, PATH) == after
+    vendor = before + '\n\n__all__ = ["Dict"]\n'
+    assert "from typing import Any, Dict" in rewrite_text(patch, vendor, PATH)
+    # Where the fix is in, an import it dropped that is still there stays.
+    stale = after.replace("import Any", "import Any, Dict")
+    assert {state for state, _ in states(patch, stale).values()} == {PatchState.APPLIED}
+
+
 def test_a_new_method_goes_after_the_sibling_that_precedes_it_upstream() -> None:
     before = (
         "class A:\n    def a(self):\n        pass\n\n    def c(self):\n        pass\n"
@@ -475,6 +487,16 @@ def _refused(
 
 def test_not_a_diff_is_refused(tmp_path: Path, base: Path) -> None:
     assert "not a diff" in _refused(tmp_path, "just some text\n", base)
+    diff = tmp_path / "input.diff"
+    out = tmp_path / "json-out"
+    result = CliRunner().invoke(
+        main, [*derive_args(diff, base, out), "--format", "json"]
+    )
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document["command"] == "derive"
+    assert document["error"]["message"].startswith("not a diff")
+    assert not out.exists()
 
 
 def test_a_binary_diff_is_refused(tmp_path: Path, base: Path) -> None:

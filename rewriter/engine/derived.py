@@ -18,6 +18,7 @@ The data file is TOML (schema 1), one per patch; docs/derive.md describes it.
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,8 @@ from deepstack_patch.engine.derived_match import (
     bound_name,
     import_aliases,
     occurrences,
+    one_statement,
+    with_block,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
@@ -106,9 +109,23 @@ class DerivedPatch(Patch):
         if not units:
             return []
         shapes_of = ShapeCache()
-        found: list[tuple[Unit, _UnitState | None]] = [
-            (unit, self._recognise_unit(unit, tree, shapes_of)) for unit in units
-        ]
+        # The imports last: whether a name the fix stops importing is still
+        # used depends on the code the other units will have after the fix.
+        # Where no other unit is needed, the fix is in: an import it dropped
+        # that is still there is left alone (a vendor's, or harmless).
+        uses_after_fix: Counter[str] | None = None
+        states: dict[str, _UnitState | None] = {}
+        for unit in sorted(units, key=lambda unit: unit.kind == "import"):
+            state = self._recognise_unit(unit, tree, shapes_of, uses_after_fix)
+            states[unit.part] = state
+            if unit.kind != "import" and state and state.state is PatchState.NEEDED:
+                uses_after_fix = uses_after_fix or Counter()
+                for edit in unit.edits:
+                    uses_after_fix.subtract(
+                        _code_uses(edit.removed, edit.header_before)
+                    )
+                    uses_after_fix.update(_code_uses(edit.inserted, edit.header_after))
+        found = [(unit, states[unit.part]) for unit in units]
         absent = [unit for unit, state in found if state is None]
         findings = []
         for unit, state in found:
@@ -136,7 +153,11 @@ class DerivedPatch(Patch):
         return findings
 
     def _recognise_unit(
-        self, unit: Unit, tree: ast.Module, shapes_of: ShapeCache
+        self,
+        unit: Unit,
+        tree: ast.Module,
+        shapes_of: ShapeCache,
+        uses_after_fix: Counter[str] | None,
     ) -> _UnitState | None:
         states: list[tuple[PatchState, str]] = []
         spans: list[tuple[int, int]] = []
@@ -145,7 +166,7 @@ class DerivedPatch(Patch):
             compiled = self._compile(edit)
             if edit.kind == "imports":
                 state, reason, span, edit_details = _recognise_imports(
-                    compiled, tree, shapes_of
+                    compiled, tree, shapes_of, uses_after_fix
                 )
                 details[str(index)] = edit_details
             else:
@@ -420,10 +441,14 @@ def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
 
 
 def _recognise_imports(
-    compiled: CompiledEdit, tree: ast.Module, shapes_of: ShapeCache
+    compiled: CompiledEdit,
+    tree: ast.Module,
+    shapes_of: ShapeCache,
+    uses_after_fix: Counter[str] | None,
 ) -> tuple[PatchState, str, tuple[int, int], dict[str, Any]]:
     """Imports are added where missing and dropped where the fix dropped them
-    and nothing else uses them; they never drift."""
+    and nothing uses them once the fix is in (``uses_after_fix``: what the
+    needed units' rewrites take away and bring); they never drift."""
     edit = compiled.edit
     wanted = import_aliases(shapes.parse_statements(edit.inserted))
     dropped = [
@@ -434,8 +459,11 @@ def _recognise_imports(
     imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
     present = set(import_aliases(imports))
     missing = [alias for alias in wanted if alias not in present]
-    used = _used_names(tree) if dropped else set()
-    unused = [a for a in dropped if a in present and bound_name(a) not in used]
+    unused = []
+    if dropped and uses_after_fix is not None:
+        used = _name_uses([tree])
+        used.update(uses_after_fix)  # update adds negative counts too
+        unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
     leading = _leading_imports(tree)
     if leading:
         span = (_lines(leading[0])[0], _lines(leading[-1])[1])
@@ -470,13 +498,28 @@ def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
     return found
 
 
-def _used_names(tree: ast.Module) -> set[str]:
-    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | {
-        name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Global | ast.Nonlocal)
-        for name in node.names
-    }
+def _name_uses(nodes: Sequence[ast.AST]) -> Counter[str]:
+    """How often each name is read, and each word of every string
+    (``__all__`` and string annotations name what they export or use)."""
+    found: Counter[str] = Counter()
+    for root in nodes:
+        for node in ast.walk(root):
+            match node:
+                case ast.Name(id=name):
+                    found[name] += 1
+                case ast.Global(names=names) | ast.Nonlocal(names=names):
+                    found.update(names)
+                case ast.Constant(value=str() as text):
+                    found.update(text.replace(".", " ").replace("[", " ").split())
+    return found
+
+
+def _code_uses(code: str, header: str) -> Counter[str]:
+    """The name uses of an edit's recorded statements and header."""
+    nodes: list[ast.AST] = list(shapes.parse_statements(code))
+    if header:
+        nodes.append(one_statement(with_block(header)))
+    return _name_uses(nodes)
 
 
 def load_derived(path: Path) -> DerivedPatch:
