@@ -27,6 +27,7 @@ from deepstack_patch.engine.protocol import (
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.source import SourceFile
 from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.whole import refuse_partial_patches
 
 
 @dataclass
@@ -172,7 +173,7 @@ def _plan(
             edits.append(edit)
 
     _block_unmet_requirements(reports, selected)
-    _refuse_partial_patches(reports)
+    refuse_partial_patches(reports)
     return Plan(tree=tree, reports=list(reports.values()), edits=edits)
 
 
@@ -522,37 +523,6 @@ def _as_drifted(finding: Finding, reason: str) -> Finding:
         part=finding.part,
         rewrites=finding.rewrites,
     )
-
-
-def _refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
-    """A patch that applies whole or not at all (``applies_whole``: a patch
-    derived from a diff, which cannot know that its parts stand apart) and
-    is needed where some of its targets are absent drifts: rewriting the
-    parts that are there would carry half of the fix."""
-    for report in reports.values():
-        patch = report.patch
-        if not getattr(patch, "applies_whole", False) or not report.locations:
-            continue
-        if not any(loc.state is PatchState.NEEDED for loc in report.locations):
-            continue
-        present = {loc.finding.part for loc in report.locations}
-        absent = [part for part in patch.parts if part not in present]
-        where = report.locations[0]
-        report.locations.extend(
-            Location(
-                where.path,
-                Finding(
-                    state=PatchState.DRIFTED,
-                    symbol=part,
-                    line=where.finding.line,
-                    span=where.finding.span,
-                    reason=f"{patch.parts[part]} is absent while the patch is "
-                    "needed elsewhere: it applies whole or not at all",
-                    part=part,
-                ),
-            )
-            for part in absent
-        )
 
 
 def _block_unmet_requirements(
