@@ -268,6 +268,28 @@ def test_a_new_method_goes_after_the_sibling_that_precedes_it_upstream() -> None
     assert states(patch, after)["A.b"][0] is PatchState.APPLIED
 
 
+def test_module_statements_and_functions_added_and_removed() -> None:
+    before = (
+        "LIMIT = 4\n\n\ndef a():\n    return LIMIT\n\n\n"
+        "def old():\n    return 0\n\n\ndef c():\n    return 3\n"
+    )
+    after = (
+        "LIMIT = 8\n\n\ndef a():\n    return LIMIT\n\n\n"
+        "def b():\n    return 2\n\n\ndef c():\n    return 3\n"
+    )
+    patch = derived(before, after)
+    assert [(u.kind, u.name) for u in patch.units] == [
+        ("module-statement", "LIMIT"),
+        ("function", "old"),
+    ]
+    assert states(patch, before) == {
+        "LIMIT": (PatchState.NEEDED, ""),
+        "old": (PatchState.NEEDED, ""),
+    }
+    assert rewrite_text(patch, before, PATH) == after
+    assert {s for s, _ in states(patch, after).values()} == {PatchState.APPLIED}
+
+
 def test_a_patch_applies_whole_or_not_at_all_in_a_file() -> None:
     before = "def f():\n    return 1\n\n\ndef g():\n    return 1\n"
     after = "def f():\n    return 2\n\n\ndef g():\n    return 2\n"
