@@ -180,6 +180,20 @@ def test_a_statement_not_found_or_found_twice_drifts_and_is_named() -> None:
     assert "`self.data = [0] * n` found 2 times" in reason
 
 
+def test_the_fix_wrapped_in_another_block_since_is_applied() -> None:
+    before = "def f(x):\n    a = x\n    return a\n"
+    after = "def f(x):\n    a = x\n    check(a)\n    return a\n"
+    patch = derived(before, after)
+    wrapped = (
+        "def f(x):\n    a = x\n    with lock:\n        check(a)\n    return a + 0\n"
+    )
+    assert states(patch, wrapped)["f"] == (PatchState.APPLIED, "")
+    twice = wrapped.replace(
+        "        check(a)\n", "        check(a)\n    with lock:\n        check(a)\n"
+    )
+    assert states(patch, twice)["f"][0] is PatchState.DRIFTED
+
+
 def test_a_header_change_is_recognised_like_a_statement() -> None:
     before = "@compile(dynamic=True, backend=b)\ndef count(x):\n    return x\n"
     after = "@compile(backend=b)\ndef count(x):\n    return x\n"
@@ -747,12 +761,12 @@ def test_vllm_38933_derived_from_its_diff(tmp_path: Path) -> None:
     assert "dynamic=True" not in header.header_after
     earlier = ["0.17.0", "0.18.0", "0.19.0"]
     later = ["0.20.0", "0.20.2", "0.22.1", "0.25.0", "0.27.1"]
-    found = _states_on(result.patch, [*earlier, *later, "0.28.0"])
+    # 0.28.0 moved the fix's statements into a `with` block: still there,
+    # together and once in the unit, so applied.
+    found = _states_on(result.patch, [*earlier, *later, "0.28.0", "0.30.0"])
     assert found == {
         **dict.fromkeys(earlier, PatchState.NEEDED),
-        **dict.fromkeys(later, PatchState.APPLIED),
-        # 0.28.0 moved the fix's statements into a `with` block: refused.
-        "0.28.0": PatchState.DRIFTED,
+        **dict.fromkeys([*later, "0.28.0", "0.30.0"], PatchState.APPLIED),
     }
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -377,9 +377,47 @@ def _recognise_edit(
         applied = len(fixed) == 1 and not apart(before, size_before, fixed, size_fixed)
     else:  # a removal: applied where the removed statements are gone
         applied = not before
-    if applied:
+    if applied or (
+        not before and not fixed and _in_unit_once(compiled, located, shapes_of)
+    ):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
+
+
+def _in_unit_once(
+    compiled: CompiledEdit, located: _Located, shapes_of: ShapeCache
+) -> bool:
+    """Whether the fix's statements are in another block of the unit (upstream
+    may have wrapped them since, in a ``with`` or an ``if``): found together
+    exactly once in the whole unit, and the removed statements nowhere in it."""
+    if not compiled.inserted or isinstance(located.unit_node, ast.Module):
+        return False
+    blocks = list(_blocks_of(located.unit_node))
+    found = sum(
+        len(occurrences(block, compiled.inserted, False, False, shapes_of))
+        for block in blocks
+    )
+    removed = (
+        sum(
+            len(occurrences(block, compiled.removed, False, False, shapes_of))
+            for block in blocks
+        )
+        if compiled.removed
+        else 0
+    )
+    return found == 1 and removed == 0
+
+
+def _blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
+    """Every statement block inside ``node``, its own included."""
+    for name in shapes.BLOCK_FIELDS:
+        block = getattr(node, name, None)
+        if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+            yield block
+            for statement in block:
+                yield from _blocks_of(statement)
+    for handler in getattr(node, "handlers", []):
+        yield from _blocks_of(handler)
 
 
 def _drift_reason(
