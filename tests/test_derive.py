@@ -820,3 +820,52 @@ def test_derived_vllm_49397_passes_the_hand_written_proof(
         write_edits(root, plan.edits)
         after = proof(root)
         assert after.status == "passed", (release, after.message)  # type: ignore[attr-defined]
+
+
+RELEASES = [
+    *("0.17.0", "0.18.0", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2"),
+    *("0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.25.0", "0.27.1", "0.28.0"),
+    "0.30.0",
+]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("fix", "earlier", "later", "changes", "refused"),
+    [
+        ("vllm#49397", "0.27.1", "0.28.0", DEEPSTACK_BUFFERS, 4),
+        ("vllm#38933", "0.19.1", "0.20.0", SAMPLER_RECOMPILE, 0),
+    ],
+)
+def test_derived_and_hand_written_write_the_same_code_or_derived_refuses(
+    fix: str, earlier: str, later: str, changes: dict, refused: int
+) -> None:
+    """On every release: where the derived patch is needed, both patches
+    write the same code (ast, whole files); elsewhere the states agree, or the
+    derived patch drifts (refused), never the other way round."""
+    from deepstack_patch.patches import patch_by_id
+
+    from tests.support.upstream_diff import release_files, upstream_diff
+
+    diff_text = upstream_diff(earlier, later, changes)
+    derived_patch = derive_patch_from_text(
+        diff_text, release_files(earlier, list(changes)), "local#" + fix
+    ).patch
+    hand = patch_by_id(fix)
+    compared, drifted = 0, 0
+    for version in RELEASES:
+        tree = release_files(version, list(derived_patch.paths))
+        ours = plan_tree(tree, [derived_patch])
+        theirs = plan_tree(tree, [hand])
+        state = ours.report(derived_patch.id).state
+        if state is PatchState.DRIFTED:
+            drifted += 1
+            continue
+        assert state is theirs.report(fix).state, version
+        if state is PatchState.NEEDED:
+            written = {e.relpath: ast.dump(ast.parse(e.new)) for e in ours.edits}
+            expected = {e.relpath: ast.dump(ast.parse(e.new)) for e in theirs.edits}
+            assert written == expected, version
+            compared += 1
+    assert compared >= 4
+    assert drifted == refused
