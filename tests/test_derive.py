@@ -386,12 +386,17 @@ def test_the_data_file_reads_back_as_the_same_patch(tmp_path: Path) -> None:
         ("schema = 1\nid = = 2\n", "not a valid TOML file", 2),
         ("schema = 2\nid = 'x'\n", "schema is 2, expected 1", None),
         ("schema = 1\nid = 'x'\n", "missing field 'units'", None),
+        (None, "path '../x.py' is not a .py file inside the tree", None),
     ],
 )
 def test_a_broken_data_file_names_itself(
-    tmp_path: Path, content: str, message: str, line: int | None
+    tmp_path: Path, content: str | None, message: str, line: int | None
 ) -> None:
     path = tmp_path / "bad.toml"
+    if content is None:  # a whole file whose paths leave the tree
+        content = dump_derived(derived()).replace(
+            f'paths = ["{PATH}"]', 'paths = ["../x.py"]'
+        )
     path.write_text(content)
     with pytest.raises(DeepstackError) as caught:
         load_derived(path)
