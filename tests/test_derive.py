@@ -874,3 +874,19 @@ def test_derived_and_hand_written_write_the_same_code_or_derived_refuses(
             compared += 1
     assert compared >= 4
     assert drifted == refused
+
+
+def test_exactly_one_base_and_an_existing_diff(tmp_path: Path, base: Path) -> None:
+    diff = tmp_path / "fix.diff"
+    diff.write_text(git_diff(PATH, BEFORE, AFTER))
+    out = tmp_path / "out"
+    common = ["derive", "--diff", str(diff), "--id", "local#F1", "--out", str(out)]
+    for extra in ([], ["--base", "0.27.1", "--base-src", str(base)]):
+        code, output = run(*common, *extra)
+        assert (
+            code == 2
+            and "give exactly one of --base VERSION and --base-src PATH" in output
+        )
+    code, output = run(*derive_args(tmp_path / "missing.diff", base, out))
+    assert code == 2 and "no such file" in output and "hint:" in output
+    assert not out.exists()
