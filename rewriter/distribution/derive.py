@@ -1,0 +1,472 @@
+"""``derive``: turn an upstream diff into a derived patch (a data file).
+
+The diff (as GitHub serves ``/pull/N.diff``, or ``git format-patch`` /
+``git diff`` writes it) must apply exactly to the base: the release or tree
+the pull request was made against. Each Python file it changes becomes units
+(:func:`deepstack_patch.engine.derived_units.units_of_change`); its test
+files are recorded as the patch's tests. Before anything is written the
+patch is checked on the base: it is needed exactly at the diff's own sites,
+its rewrite gives the diff's result, that result is recognised applied, and a
+second pass changes nothing. Any failure is a DeepstackError (exit 2).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deepstack_patch.distribution.unified_diff import (
+    BASE_HINT,
+    FileDiff,
+    Hunk,
+    apply_file_diff,
+    parse_diff,
+)
+from deepstack_patch.engine.derived import (
+    DerivedPatch,
+    Unit,
+    data_file_name,
+    write_derived,
+)
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.protocol import PatchState, RecordedTest
+from deepstack_patch.engine.source import SourceFile
+from deepstack_patch.engine.tree import VllmTree
+
+# The diff's API is importable from here too.
+__all__ = [
+    "DeriveResult",
+    "FileDiff",
+    "Hunk",
+    "apply_file_diff",
+    "derive",
+    "derive_patch_from_text",
+    "parse_diff",
+]
+
+
+@dataclass
+class DeriveResult:
+    """What ``derive`` made and checked."""
+
+    patch: DerivedPatch
+    data_file: Path | None
+    base_version: str
+    #: How the round trip compared: ``text`` (the files' text is the diff's
+    #: result) or ``ast`` (the same code; formatting around the replaced
+    #: statements is the base's, not the diff's).
+    round_trip: str
+    units: list[Unit]
+    tests: list[RecordedTest]
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def is_test_path(path: str) -> bool:
+    parts = path.split("/")
+    name = parts[-1]
+    return (
+        "tests" in parts[:-1]
+        or "test" in parts[:-1]
+        or name.startswith("test_")
+        or name.endswith("_test.py")
+        or name == "conftest.py"
+    )
+
+
+def check_patch_id(patch_id: str, taken: Sequence[str]) -> None:
+    if not patch_id or any(c.isspace() for c in patch_id):
+        raise DeepstackError(
+            f"--id {patch_id!r}: an id is short text without spaces",
+            "e.g. --id vllm#49397, --id acme#12 or --id local#F1",
+        )
+    if patch_id in taken:
+        raise DeepstackError(
+            f"--id {patch_id}: already taken by a patch of the series",
+            "choose another id (see 'deepstack-patch list'); a fix the series "
+            "carries needs no derived patch",
+        )
+
+
+def derive_patch_from_text(
+    diff_text: str,
+    base: VllmTree,
+    patch_id: str,
+    *,
+    title: str = "",
+    symptom: str = "",
+    diff_name: str = "diff",
+    taken_ids: Sequence[str] = (),
+    base_label: str = "",
+) -> DeriveResult:
+    """Derive and check a patch from a diff on ``base``; nothing is written."""
+    started = time.monotonic()
+    check_patch_id(patch_id, taken_ids)
+    files = parse_diff(diff_text, diff_name)
+    units, tests, results, notes = _read_changes(files, base, diff_name, base_label)
+    if not units:
+        raise DeepstackError(
+            "the diff changes no Python code: "
+            + (
+                "; ".join(notes)
+                if notes
+                else "only test files (recorded tests need a fix to test)"
+            ),
+            "give the diff of the fix itself (its .py files outside tests/)",
+            path=diff_name,
+        )
+    patch = DerivedPatch(
+        id=patch_id,
+        title=title or f"{patch_id}, derived from its diff",
+        symptom=symptom,
+        base=base.version,
+        base_tree="" if not base_label.startswith("tree ") else str(base.root),
+        paths=list(results),
+        units=units,
+        tests=tests,
+    )
+    round_trip = self_check(patch, base, results, files)
+    return DeriveResult(
+        patch=patch,
+        data_file=None,
+        base_version=base.version,
+        round_trip=round_trip,
+        units=units,
+        tests=tests,
+        seconds=time.monotonic() - started,
+        notes=notes,
+    )
+
+
+def _read_changes(
+    files: Sequence[FileDiff], base: VllmTree, diff_name: str, base_label: str
+) -> tuple[list[Unit], list[RecordedTest], dict[str, tuple[str, str]], list[str]]:
+    """The diff's units, its recorded tests, each Python file before and
+    after, and notes on what was left out."""
+    from deepstack_patch.engine.derived_units import units_of_change
+
+    notes: list[str] = []
+    recorded: dict[str, str] = {}  # test path -> content after the fix
+    texts: dict[str, tuple[str, str]] = {}  # path -> (before, after)
+    # A format-patch series may change a file in several patches: each
+    # applies to the file as the ones before it left it.
+    for file_diff in files:
+        path = file_diff.path
+        _refuse_shape(file_diff, diff_name)
+        if is_test_path(path):
+            content = _recorded_test(file_diff, base, notes, recorded.get(path))
+            if content is not None:
+                recorded[path] = content
+            continue
+        if not path.endswith(".py"):
+            notes.append(f"{path}: not Python, left out")
+            continue
+        if file_diff.new_file or file_diff.deleted:
+            action = "adds" if file_diff.new_file else "deletes"
+            raise DeepstackError(
+                f"the diff {action} {path}: a derived patch changes code that "
+                "is there, and never adds or deletes a file",
+                "carry the file's change by hand (a patch module), or leave "
+                "that file out of the diff",
+                path=diff_name,
+                line=file_diff.line,
+            )
+        if path not in texts:
+            before = _base_text(base, path, base_label)
+            texts[path] = (before, before)
+        before, current = texts[path]
+        texts[path] = (before, apply_file_diff(file_diff, current))
+    units: list[Unit] = []
+    results: dict[str, tuple[str, str]] = {}
+    for path, (before, after) in texts.items():
+        _parses(after, path, "after the diff")
+        changed = units_of_change(path, before, after)
+        if not changed:
+            notes.append(f"{path}: only comments, docstrings or formatting change")
+            continue
+        units.extend(changed)
+        results[path] = (before, after)
+    tests = [RecordedTest(path, content) for path, content in recorded.items()]
+    return units, tests, results, notes
+
+
+def _refuse_shape(file_diff: FileDiff, diff_name: str) -> None:
+    if file_diff.binary:
+        raise DeepstackError(
+            f"{file_diff.path or 'a file'}: a binary diff; a derived patch "
+            "carries Python code only",
+            "leave the binary file out of the diff",
+            path=diff_name,
+            line=file_diff.line,
+        )
+    if file_diff.rename and not file_diff.hunks:
+        raise DeepstackError(
+            f"{file_diff.old_path} -> {file_diff.new_path}: a rename without "
+            "a change of code; a derived patch never moves files",
+            "leave the rename out of the diff",
+            path=diff_name,
+            line=file_diff.line,
+        )
+    if file_diff.rename:
+        raise DeepstackError(
+            f"{file_diff.old_path} -> {file_diff.new_path}: a renamed file; a "
+            "derived patch never moves files",
+            "give the diff of the code change without the rename",
+            path=diff_name,
+            line=file_diff.line,
+        )
+
+
+def _base_text(base: VllmTree, path: str, base_label: str) -> str:
+    file = base.root / path
+    if not file.is_file():
+        raise DeepstackError(
+            f"the diff changes {path}, which {base_label or f'vLLM {base.version}'} "
+            "does not have",
+            BASE_HINT,
+        )
+    return file.read_text(encoding="utf-8")
+
+
+def _parses(text: str, path: str, when: str) -> None:
+    try:
+        ast.parse(text)
+    except SyntaxError as exc:
+        raise DeepstackError(
+            f"{path} does not parse {when}: {exc.msg}",
+            "give a diff whose result is valid Python",
+            path=path,
+            line=exc.lineno,
+        ) from None
+
+
+def _recorded_test(
+    file_diff: FileDiff, base: VllmTree, notes: list[str], current: str | None
+) -> str | None:
+    """A test file's content after the fix (``current``: as an earlier
+    patch of the diff left it)."""
+    path = file_diff.path
+    if file_diff.deleted:
+        notes.append(f"{path}: a deleted test, not recorded")
+        return None
+    if current is None and not file_diff.new_file:
+        file = base.root / path
+        if not file.is_file():
+            notes.append(
+                f"{path}: not in the base, so its content after the fix is unknown"
+            )
+            return None
+        current = file.read_text("utf-8")
+    return apply_file_diff(file_diff, current or "")
+
+
+def self_check(
+    patch: DerivedPatch,
+    base: VllmTree,
+    results: dict[str, tuple[str, str]],
+    files: Sequence[FileDiff],
+) -> str:
+    """The checks before anything is written; how the round trip compared."""
+    from deepstack_patch.engine.plan import plan_tree
+
+    hunk_lines = {
+        f.path: [(h.old_start, h.old_start + max(h.old_count, 1) - 1) for h in f.hunks]
+        for f in files
+    }
+    plan = plan_tree(base, [patch], rewrite=True)
+    report = plan.report(patch.id)
+    # On the base it is needed at the diff's own sites, and nowhere else.
+    for unit in patch.units:
+        where = [loc for loc in report.locations if loc.finding.part == unit.part]
+        if not where:
+            raise _check_failed(f"{unit.description} is not found on the base")
+        for location in where:
+            finding = location.finding
+            if finding.state is not PatchState.NEEDED:
+                raise _check_failed(
+                    f"on the base {unit.description} is {finding.state}, not "
+                    f"needed: {finding.reason}"
+                )
+            first, last = finding.span
+            if not any(
+                first <= end and start <= last
+                for start, end in hunk_lines.get(location.path, [])
+            ):
+                raise _check_failed(
+                    f"on the base {unit.description} matches at "
+                    f"{location.path}:{first}-{last}, which the diff does not change"
+                )
+    # Applied to the base, it gives the diff's result.
+    edited = {edit.relpath: edit.new for edit in plan.edits}
+    compared = "text"
+    for path, (_before, after) in results.items():
+        if path not in edited:
+            raise _check_failed(f"its rewrite leaves {path} unchanged")
+        ours = SourceFile(path, edited[path]).text
+        if ours == after:
+            continue
+        if ast.dump(ast.parse(ours)) != ast.dump(ast.parse(after)):
+            raise _check_failed(
+                f"its rewrite of {path} is not the diff's result:\n"
+                + _short_diff(after, ours)
+            )
+        compared = "ast"
+    # The result is recognised applied, and so is the diff's own result; a
+    # second pass over either changes nothing (only needed findings are ever
+    # rewritten, and rewrite_text runs the engine's pass to show it).
+    for path, (_before, after) in results.items():
+        ours = edited[path].decode("utf-8")
+        for text, what in ((ours, "its rewrite"), (after, "the diff's result")):
+            source = SourceFile(path, text.encode("utf-8"))
+            states = patch.recognise(source.ast, path)
+            wrong = [f for f in states if f.state is not PatchState.APPLIED]
+            if wrong or len(states) != sum(u.path == path for u in patch.units):
+                raise _check_failed(
+                    f"{what} of {path} is not recognised applied: "
+                    + (
+                        ", ".join(
+                            f"{f.symbol} {f.state} {f.reason}".strip() for f in wrong
+                        )
+                        or "a unit is missing"
+                    )
+                )
+            if _second_pass(patch, source) != text:
+                raise _check_failed(f"a second pass over {what} of {path} changes it")
+    return compared
+
+
+def _second_pass(patch: DerivedPatch, source: SourceFile) -> str:
+    from deepstack_patch.engine.plan import rewrite_text
+
+    needed = [
+        f
+        for f in patch.recognise(source.ast, source.relpath)
+        if f.state is PatchState.NEEDED
+    ]
+    return rewrite_text(patch, source.text, source.relpath) if needed else source.text
+
+
+def _check_failed(reason: str) -> DeepstackError:
+    return DeepstackError(
+        f"the derived patch fails its self-check: {reason}",
+        "nothing was written; the diff may change code this tool cannot carry "
+        "as data (report it), or the base is not the one the PR was made "
+        "against",
+    )
+
+
+def _short_diff(expected: str, got: str) -> str:
+    import difflib
+
+    lines = difflib.unified_diff(
+        expected.splitlines(keepends=True),
+        got.splitlines(keepends=True),
+        "the diff's result",
+        "the rewrite",
+        n=1,
+    )
+    return "".join(list(lines)[:30])
+
+
+def derive(
+    diff: Path,
+    *,
+    patch_id: str,
+    out: Path,
+    base_version: str | None = None,
+    base_src: Path | None = None,
+    title: str = "",
+    symptom: str = "",
+    taken_ids: Sequence[str] = (),
+    note: Callable[[str], None] | None = None,
+) -> DeriveResult:
+    """Derive a patch from the diff file ``diff`` on a release or tree, check
+    it, and write its data file into ``out``."""
+    started = time.monotonic()
+    if (base_version is None) == (base_src is None):
+        raise DeepstackError(
+            "give exactly one of --base VERSION and --base-src PATH",
+            "e.g. --base 0.27.1 (the release the PR was made against)",
+        )
+    check_patch_id(patch_id, taken_ids)
+    target = out / data_file_name(patch_id)
+    _check_out(out, target, patch_id)
+    diff_text = _read_diff(diff)
+    files = parse_diff(diff_text, str(diff))
+    if base_src is not None:
+        base = VllmTree.open(base_src)
+        label = f"tree {base_src}"
+    else:
+        assert base_version is not None
+        base = _release_base(base_version, [f.path for f in files if f.path], note)
+        label = f"vLLM {base_version}"
+    result = derive_patch_from_text(
+        diff_text,
+        base,
+        patch_id,
+        title=title,
+        symptom=symptom,
+        diff_name=str(diff),
+        taken_ids=taken_ids,
+        base_label=label,
+    )
+    if base_version is not None:
+        result.patch.base = base_version
+    out.mkdir(parents=True, exist_ok=True)
+    result.data_file = write_derived(result.patch, out)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _check_out(out: Path, target: Path, patch_id: str) -> None:
+    if out.exists() and not out.is_dir():
+        raise DeepstackError(
+            f"--out {out}: is a file, not a folder", "give a folder for the data file"
+        )
+    existing = (
+        out
+        if out.is_dir()
+        else next((p for p in out.absolute().parents if p.exists()), None)
+    )
+    if existing is None or not os.access(existing, os.W_OK | os.X_OK):
+        raise DeepstackError(
+            f"--out {out}: {existing or out} is not writable by this user",
+            "choose a folder you may write, or make it writable",
+        )
+    if target.exists():
+        raise DeepstackError(
+            f"--id {patch_id}: {target} already exists",
+            "choose another id, or remove the old data file first",
+        )
+
+
+def _read_diff(diff: Path) -> str:
+    try:
+        return diff.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DeepstackError(
+            f"--diff {diff}: no such file",
+            "save the PR's diff first (https://github.com/OWNER/REPO/pull/N.diff)",
+        ) from None
+    except UnicodeDecodeError:
+        raise DeepstackError(
+            f"--diff {diff}: not a text file (not UTF-8)",
+            "give a unified diff as git or GitHub writes it",
+        ) from None
+    except OSError as exc:
+        raise DeepstackError(f"--diff {diff}: cannot read: {exc.strerror}") from None
+
+
+def _release_base(
+    version: str, paths: list[str], note: Callable[[str], None] | None
+) -> VllmTree:
+    """The diff's files of a release, extracted once into the cache."""
+    from deepstack_patch.distribution.matrix import status_tree
+    from deepstack_patch.fetch.releases import release_archive
+
+    archive = release_archive(version, None, note)
+    return status_tree(archive, version, sorted(set(paths)))

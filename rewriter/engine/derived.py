@@ -1,0 +1,593 @@
+"""Derived patches: a fix made from an upstream diff, kept as data.
+
+For every unit the diff changes (a function, a method, a class's or the
+module's statements, the module's imports) the data file holds the code
+before and after, and the edits between them: which statements a fix
+removes, which it inserts, in which block, between which neighbours (the
+anchors). The engine reads it with the same four states as a hand-written
+patch (see :meth:`DerivedPatch.recognise`): statements are compared by their
+``ast.dump`` without positions and docstrings (:mod:`.derived_shapes`), so
+formatting and comments never matter, and nothing is guessed: a unit is
+looked up by its qualified name in the file the diff names, each block by
+its header, each edit by its anchors, and every one must be found exactly
+once.
+
+The data file is TOML (schema 1), one per patch; docs/derive.md describes it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deepstack_patch.engine import derived_shapes as shapes
+from deepstack_patch.engine.derived_data import (
+    BROKEN_HINT,
+    EDIT_KINDS,
+    SCHEMA,
+    UNIT_KINDS,
+    Anchor,
+    Edit,
+    Step,
+    Unit,
+    data_file_name,
+    dump_derived,
+    read_fields,
+    write_derived,
+)
+from deepstack_patch.engine.derived_match import (
+    CompiledEdit,
+    ShapeCache,
+    bound_name,
+    import_aliases,
+    occurrences,
+    one_statement,
+    with_block,
+)
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.protocol import (
+    Finding,
+    Patch,
+    PatchState,
+    RecordedTest,
+)
+
+if TYPE_CHECKING:
+    import libcst
+
+
+class DerivedPatch(Patch):
+    """A patch made from data (see the module's docstring)."""
+
+    def __init__(
+        self,
+        *,
+        id: str,  # noqa: A002 - the Patch protocol's name
+        title: str,
+        symptom: str,
+        base: str,
+        paths: Sequence[str],
+        units: Sequence[Unit],
+        tests: Sequence[RecordedTest] = (),
+        requires: Sequence[str] = (),
+        origin: str = "",
+        base_tree: str = "",
+        upstream_url: str = "",
+    ) -> None:
+        self.id = id
+        self.title = title
+        self.symptom = symptom
+        self.base = base
+        self.base_tree = base_tree
+        self.upstream_url = upstream_url or _upstream_url(id)
+        self.fixed_in = ""
+        self.paths = tuple(paths)
+        self.units = tuple(units)
+        self.recorded_tests = tuple(tests)
+        self.requires = tuple(requires)
+        self.origin = origin or "derived"
+        #: The engine refuses to apply it in part (see plan_tree).
+        self.applies_whole = True
+        # Paths are exact files: every one is read.
+        self.markers = (b"",)
+        self.parts = {unit.part: unit.description for unit in self.units}
+        self.also_changes = (
+            "Nothing beyond the statements of the upstream diff (the data file "
+            "shows each unit before and after)."
+        )
+        self._compiled: dict[Edit, CompiledEdit] = {}
+        self._fingerprint = b""
+
+    # -- recognition ---------------------------------------------------
+
+    def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
+        units = [unit for unit in self.units if unit.path == path]
+        if not units:
+            return []
+        shapes_of = ShapeCache()
+        # The imports last: whether a name the fix stops importing is still
+        # used depends on the code the other units will have after the fix.
+        # Where no other unit is needed, the fix is in: an import it dropped
+        # that is still there is left alone (a vendor's, or harmless).
+        uses_after_fix: Counter[str] | None = None
+        states: dict[str, _UnitState | None] = {}
+        for unit in sorted(units, key=lambda unit: unit.kind == "import"):
+            state = self._recognise_unit(unit, tree, shapes_of, uses_after_fix)
+            states[unit.part] = state
+            if unit.kind != "import" and state and state.state is PatchState.NEEDED:
+                uses_after_fix = uses_after_fix or Counter()
+                for edit in unit.edits:
+                    uses_after_fix.subtract(
+                        _code_uses(edit.removed, edit.header_before)
+                    )
+                    uses_after_fix.update(_code_uses(edit.inserted, edit.header_after))
+        found = [(unit, states[unit.part]) for unit in units]
+        absent = [unit for unit, state in found if state is None]
+        findings = []
+        for unit, state in found:
+            if state is None:
+                continue  # the report says: target absent, no <unit> in this tree
+            if absent and state.state is not PatchState.APPLIED:
+                # Whole or not at all: half a fix is not the fix.
+                state = _UnitState(
+                    PatchState.DRIFTED,
+                    state.span,
+                    f"{absent[0].description} is absent while {unit.name} is "
+                    "there: a derived patch applies whole or not at all",
+                )
+            findings.append(
+                Finding(
+                    state=state.state,
+                    symbol=unit.name,
+                    line=state.span[0],
+                    span=state.span,
+                    reason=state.reason,
+                    part=unit.part,
+                    details=state.details,
+                )
+            )
+        return findings
+
+    def _recognise_unit(
+        self,
+        unit: Unit,
+        tree: ast.Module,
+        shapes_of: ShapeCache,
+        uses_after_fix: Counter[str] | None,
+    ) -> _UnitState | None:
+        states: list[tuple[PatchState, str]] = []
+        spans: list[tuple[int, int]] = []
+        details: dict[str, Any] = {}
+        for index, edit in enumerate(unit.edits):
+            compiled = self._compile(edit)
+            if edit.kind == "imports":
+                state, reason, span, edit_details = _recognise_imports(
+                    compiled, tree, shapes_of, uses_after_fix
+                )
+                details[str(index)] = edit_details
+            else:
+                located = _locate(compiled, tree, shapes_of)
+                if located is None:
+                    return None
+                if isinstance(located, str):
+                    states.append((PatchState.DRIFTED, located))
+                    continue
+                state, reason, span = _recognise_edit(
+                    compiled, located, shapes_of, unit.name
+                )
+            states.append((state, reason))
+            spans.append(span)
+        first = min((s for s, _ in spans), default=1)
+        last = max((e for _, e in spans), default=first)
+        if len(spans) < len(states):  # a drifted step: point at the unit
+            return _UnitState(
+                PatchState.DRIFTED,
+                (first, last),
+                "; ".join(r for s, r in states if s is PatchState.DRIFTED),
+            )
+        kinds = {state for state, _ in states}
+        if kinds == {PatchState.NEEDED}:
+            return _UnitState(PatchState.NEEDED, (first, last), "", details)
+        if kinds == {PatchState.APPLIED}:
+            return _UnitState(PatchState.APPLIED, (first, last), "")
+        drifted = [r for s, r in states if s is PatchState.DRIFTED]
+        reason = "; ".join(drifted) or (
+            "part of the fix is there and part is not: "
+            + ", ".join(f"edit {i + 1} {s}" for i, (s, _) in enumerate(states))
+        )
+        return _UnitState(PatchState.DRIFTED, (first, last), reason)
+
+    @property
+    def data_fingerprint(self) -> bytes:
+        """A digest of the data (the recognition cache keys on it)."""
+        if not self._fingerprint:
+            import hashlib
+
+            self._fingerprint = hashlib.sha256(dump_derived(self).encode()).digest()
+        return self._fingerprint
+
+    def _compile(self, edit: Edit) -> CompiledEdit:
+        if edit not in self._compiled:
+            self._compiled[edit] = CompiledEdit.of(edit)
+        return self._compiled[edit]
+
+    # -- rewrite ---------------------------------------------------------
+
+    def rewrite(
+        self, module: libcst.Module, needed: Sequence[Finding]
+    ) -> libcst.Module:
+        from deepstack_patch.engine import derived_rewrite
+
+        by_part = {unit.part: unit for unit in self.units}
+        for finding in needed:
+            unit = by_part[finding.part]
+            for index, edit in enumerate(unit.edits):
+                module = derived_rewrite.apply_edit(
+                    module,
+                    self._compile(edit),
+                    finding.details.get(str(index), {}),
+                )
+        return module
+
+    def prove(self, tree: Path) -> None:
+        raise NotImplementedError(
+            "a derived patch is proved by its recorded tests (verify runs them)"
+        )
+
+
+def _upstream_url(patch_id: str) -> str:
+    project, _, number = patch_id.partition("#")
+    if project == "vllm" and number.isdigit():
+        return f"https://github.com/vllm-project/vllm/pull/{number}"
+    return ""
+
+
+@dataclass
+class _UnitState:
+    state: PatchState
+    span: tuple[int, int]
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Located:
+    """Where an edit's block is in a tree: the block and what owns it."""
+
+    block: list[ast.stmt]
+    owner: ast.AST  # the module or the compound statement holding the block
+    unit_node: ast.AST  # the innermost definition on the way (or the module)
+    target: ast.stmt | None = None  # a header edit's definition
+    #: The first line after the statement before the unit's definition: the
+    #: blank lines above a definition belong to its span (a rewrite that
+    #: adds a decorator may be diffed as adding lines there).
+    unit_first: int = 1
+
+
+def _locate(
+    compiled: CompiledEdit, tree: ast.Module, shapes_of: ShapeCache
+) -> _Located | str | None:
+    """The edit's block in ``tree``; None where a definition on the way is
+    absent (the unit is not in this tree); a reason where it drifted."""
+    block: list[ast.stmt] = tree.body
+    owner: ast.AST = tree
+    unit_node: ast.AST = tree
+    unit_first = 1
+    for identity, field_name, code in compiled.steps:
+        found = [node for node in block if shapes_of.identity(node) == identity]
+        is_definition = identity.startswith(("def ", "class "))
+        if not found and is_definition:
+            return None
+        where = _where(owner)
+        if len(found) != 1:
+            first_line = code.strip().splitlines()[0]
+            count = "not found" if not found else f"found {len(found)} times"
+            return f"`{first_line}` {count} in {where}"
+        node = found[0]
+        if is_definition:
+            unit_node = node
+            index = block.index(node)
+            if index:
+                unit_first = _lines(block[index - 1])[1] + 1
+            else:
+                unit_first = _lines(owner)[0] + (0 if owner is tree else 1)
+        if field_name == "header":
+            return _Located(block, owner, unit_node, node, unit_first)
+        inner = getattr(node, field_name, None)
+        if not isinstance(inner, list) or not inner:
+            return f"`{code.strip().splitlines()[0]}` in {where} has no {field_name}"
+        block, owner = inner, node
+    return _Located(block, owner, unit_node, None, unit_first)
+
+
+def _where(owner: ast.AST) -> str:
+    match owner:
+        case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+            return f"def {name}"
+        case ast.ClassDef(name=name):
+            return f"class {name}"
+        case ast.Module():
+            return "the module"
+        case ast.stmt(lineno=line):
+            return f"the block at line {line}"
+    return "the block"
+
+
+def _lines(node: ast.AST) -> tuple[int, int]:
+    if isinstance(node, ast.Module):
+        return 1, max((n.end_lineno or 1 for n in node.body), default=1)
+    decorators = getattr(node, "decorator_list", [])
+    first = min([node.lineno, *(d.lineno for d in decorators)])  # type: ignore[attr-defined]
+    return first, node.end_lineno or first  # type: ignore[attr-defined]
+
+
+def _recognise_edit(
+    compiled: CompiledEdit,
+    located: _Located,
+    shapes_of: ShapeCache,
+    unit_name: str,
+) -> tuple[PatchState, str, tuple[int, int]]:
+    span = _span(compiled, located)
+    if compiled.edit.kind == "header":
+        assert located.target is not None
+        now = shapes.header(located.target)
+        if now == compiled.header_before:
+            return PatchState.NEEDED, "", span
+        if now == compiled.header_after:
+            return PatchState.APPLIED, "", span
+        first = compiled.edit.header_before.strip().splitlines()[-1]
+        return (
+            PatchState.DRIFTED,
+            f"the header of {unit_name} is neither the one the fix expects "
+            f"(`{first}`) nor the fixed one",
+            span,
+        )
+    before = occurrences(
+        located.block,
+        compiled.before_pattern,
+        compiled.at_start,
+        compiled.at_end,
+        shapes_of,
+    )
+    # Applied asks for the fix's own statements, not its anchors: the code
+    # around them may have changed since the fix went in.
+    fixed = (
+        occurrences(located.block, compiled.inserted, False, False, shapes_of)
+        if compiled.inserted
+        else []
+    )
+    size_before, size_fixed = len(compiled.before_pattern), len(compiled.inserted)
+
+    def apart(
+        starts: list[int], size: int, others: list[int], other_size: int
+    ) -> list[int]:
+        return [
+            s
+            for s in starts
+            if not any(s < o + other_size and o < s + size for o in others)
+        ]
+
+    if len(before) == 1 and not apart(fixed, size_fixed, before, size_before):
+        return PatchState.NEEDED, "", span
+    if compiled.inserted:
+        applied = len(fixed) == 1 and not apart(before, size_before, fixed, size_fixed)
+    else:  # a removal: applied where the removed statements are gone
+        applied = not before
+    if applied or (
+        not before and not fixed and _in_unit_once(compiled, located, shapes_of)
+    ):
+        return PatchState.APPLIED, "", span
+    return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
+
+
+def _in_unit_once(
+    compiled: CompiledEdit, located: _Located, shapes_of: ShapeCache
+) -> bool:
+    """Whether the fix's statements are in another block of the unit (upstream
+    may have wrapped them since, in a ``with`` or an ``if``): found together
+    exactly once in the whole unit, and the removed statements nowhere in it."""
+    if not compiled.inserted or isinstance(located.unit_node, ast.Module):
+        return False
+    blocks = list(_blocks_of(located.unit_node))
+    found = sum(
+        len(occurrences(block, compiled.inserted, False, False, shapes_of))
+        for block in blocks
+    )
+    removed = (
+        sum(
+            len(occurrences(block, compiled.removed, False, False, shapes_of))
+            for block in blocks
+        )
+        if compiled.removed
+        else 0
+    )
+    return found == 1 and removed == 0
+
+
+def _blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
+    """Every statement block inside ``node``, its own included."""
+    for name in shapes.BLOCK_FIELDS:
+        block = getattr(node, name, None)
+        if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+            yield block
+            for statement in block:
+                yield from _blocks_of(statement)
+    for handler in getattr(node, "handlers", []):
+        yield from _blocks_of(handler)
+
+
+def _drift_reason(
+    compiled: CompiledEdit, located: _Located, shapes_of: ShapeCache
+) -> str:
+    """Which statement of the code the fix expects is missing or repeated."""
+    where = _where(located.owner)
+    statements = shapes.without_docstring(located.block)
+    for key in compiled.before_pattern:
+        count = sum(key.matches(node, shapes_of) for node in statements)
+        if count != 1:
+            times = "not found" if count == 0 else f"found {count} times"
+            return f"`{_first_line(key.code)}` {times} in {where}"
+    if compiled.inserted and all(
+        any(key.matches(node, shapes_of) for node in statements)
+        for key in compiled.inserted
+    ):
+        return f"both the code the fix replaces and the fixed code are in {where}"
+    around = (
+        [k for k in (compiled.before_anchor, compiled.after_anchor) if k]
+        if compiled.anchored
+        else []
+    )
+    return (
+        f"the statements of the fix in {where} are not where the fix expects "
+        "them (" + ", ".join(f"`{_first_line(k.code)}`" for k in around) + ")"
+        if around
+        else f"the statements the fix replaces in {where} are not together "
+        "or not in its order"
+        if not compiled.anchored
+        else f"the statements of the fix are not the whole block of {where}"
+    )
+
+
+def _first_line(code: str) -> str:
+    line = code.strip().splitlines()[0] if code.strip() else code
+    return line if len(line) <= 70 else line[:67] + "..."
+
+
+def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
+    """The lines a rewrite of this edit may touch: the unit's definition, or
+    for a change in a class or the module, the block around the edit."""
+    if not isinstance(located.unit_node, ast.Module | ast.ClassDef) or (
+        located.target is not None
+    ):
+        node = located.target or located.unit_node
+        return min(located.unit_first, _lines(node)[0]), _lines(node)[1]
+    # In a class's or the module's block: from the owner's header (or the
+    # first statement) to the block's end. Wide, but only whole statements
+    # matched by the pattern are ever replaced.
+    block = located.block
+    first = _lines(block[0])[0]
+    if isinstance(located.owner, ast.stmt):
+        first = _lines(located.owner)[0]
+    return first, _lines(block[-1])[1]
+
+
+# -- imports ----------------------------------------------------------------
+
+
+def _recognise_imports(
+    compiled: CompiledEdit,
+    tree: ast.Module,
+    shapes_of: ShapeCache,
+    uses_after_fix: Counter[str] | None,
+) -> tuple[PatchState, str, tuple[int, int], dict[str, Any]]:
+    """Imports are added where missing and dropped where the fix dropped them
+    and nothing uses them once the fix is in (``uses_after_fix``: what the
+    needed units' rewrites take away and bring); they never drift."""
+    edit = compiled.edit
+    wanted = import_aliases(shapes.parse_statements(edit.inserted))
+    dropped = [
+        alias
+        for alias in import_aliases(shapes.parse_statements(edit.removed))
+        if alias not in wanted
+    ]
+    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    present = set(import_aliases(imports))
+    missing = [alias for alias in wanted if alias not in present]
+    unused = []
+    if dropped and uses_after_fix is not None:
+        used = _name_uses([tree])
+        used.update(uses_after_fix)  # update adds negative counts too
+        unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
+    leading = _leading_imports(tree)
+    if leading:
+        span = (_lines(leading[0])[0], _lines(leading[-1])[1])
+    else:
+        span = (1, _lines(tree.body[0])[1] if tree.body else 1)
+    if not missing and not unused:
+        return PatchState.APPLIED, "", span, {}
+    anchor = compiled.before_anchor
+    after_statement = ""
+    if anchor is not None:
+        matches = [n for n in leading if anchor.matches(n, shapes_of)]
+        if len(matches) == 1:
+            after_statement = ast.unparse(matches[0])
+    if not after_statement and leading:
+        after_statement = ast.unparse(leading[-1])
+    details = {
+        "add": [list(a) for a in missing],
+        "drop": [list(a) for a in unused],
+        "after": after_statement,
+    }
+    return PatchState.NEEDED, "", span, details
+
+
+def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
+    """The module's top-level imports before its first definition."""
+    found: list[ast.stmt] = []
+    for node in tree.body:
+        if isinstance(node, shapes.DEFINITIONS):
+            break
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+    return found
+
+
+def _name_uses(nodes: Sequence[ast.AST]) -> Counter[str]:
+    """How often each name is read, and each word of every string
+    (``__all__`` and string annotations name what they export or use)."""
+    found: Counter[str] = Counter()
+    for root in nodes:
+        for node in ast.walk(root):
+            match node:
+                case ast.Name(id=name):
+                    found[name] += 1
+                case ast.Global(names=names) | ast.Nonlocal(names=names):
+                    found.update(names)
+                case ast.Constant(value=str() as text):
+                    found.update(text.replace(".", " ").replace("[", " ").split())
+    return found
+
+
+def _code_uses(code: str, header: str) -> Counter[str]:
+    """The name uses of an edit's recorded statements and header."""
+    nodes: list[ast.AST] = list(shapes.parse_statements(code))
+    if header:
+        nodes.append(one_statement(with_block(header)))
+    return _name_uses(nodes)
+
+
+def load_derived(path: Path) -> DerivedPatch:
+    """Read one data file; a broken one is a DeepstackError naming it."""
+    patch = DerivedPatch(**read_fields(path))
+    try:
+        for unit in patch.units:  # every recorded piece of code must parse
+            for edit in unit.edits:
+                patch._compile(edit)
+    except (SyntaxError, ValueError) as exc:
+        raise DeepstackError(
+            f"not a derived patch: recorded code does not parse: {exc}",
+            BROKEN_HINT,
+            path=str(path),
+        ) from None
+    return patch
+
+
+__all__ = [
+    "EDIT_KINDS",
+    "SCHEMA",
+    "UNIT_KINDS",
+    "Anchor",
+    "DerivedPatch",
+    "Edit",
+    "RecordedTest",
+    "Step",
+    "Unit",
+    "data_file_name",
+    "dump_derived",
+    "load_derived",
+    "write_derived",
+]
