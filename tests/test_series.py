@@ -739,7 +739,6 @@ return 42
 
 @pytest.fixture
 def derived_folder(tmp_path: Path) -> Path:
-    pytest.importorskip("deepstack_patch.engine.derived")
     folder = tmp_path / "derived"
     folder.mkdir()
     (folder / "acme-5.toml").write_text(DERIVED_TOML)
