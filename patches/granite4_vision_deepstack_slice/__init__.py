@@ -11,15 +11,25 @@ there are. The fix slices each buffer to the rows of this step,
 ``n = inputs_embeds.size(0)``.
 
 Fix safety: Adds ``n = inputs_embeds.size(0)`` before the IntermediateTensors
-is built; nothing else in forward changes.
+is built and slices the comprehension's value to ``self._ds_buffers[lvl][:n]``;
+nothing else in forward changes.
 
-Each ``self._ds_buffers[lvl]`` in the build becomes
-``self._ds_buffers[lvl][:n]``. A later ``n = ...`` in upstream's ``forward``
-(the buffer clearing) assigns ``n`` again before reading it, so it is
-unaffected. If ``n`` is read before that point the code is reported drifted,
-since the new assignment could change its meaning. A ``forward`` that already
-slices what it built to the step's rows (``ds = ds[:n]``, or
-``IntermediateTensors(...)[:n]``) is fixed: it is never sliced twice.
+A build is rewritten only in the shape upstream has: assigned to a name
+(``ds = IntermediateTensors(...)``, annotated or not), one dict comprehension
+over ``enumerate(self._ds_layer_indices)``, and as its value exactly the
+level's buffer ``self._ds_buffers[lvl]``. A later ``n = ...`` in upstream's
+``forward`` (the buffer clearing) assigns ``n`` again before reading it, so
+it is unaffected. If ``n`` is read before that point the code is reported
+drifted, since the new assignment could change its meaning.
+
+Fixed already, and never sliced again: each level's buffer cut to the step's
+rows, ``[:rows]``, ``[0:rows]`` or ``.narrow(0, 0, rows)``, with ``rows``
+``inputs_embeds.size(0)``, ``inputs_embeds.shape[0]`` or a name whose last
+assignment before the build is one of them; or what was built sliced to the
+rows (``ds = ds[:n]``, or ``IntermediateTensors(...)[:n]``). Anything else
+around the buffer (``.clone()``, ``* 0``, another call or bound, another
+level), another iteration, or a build not assigned to a name is drifted, at
+the line of what was found, quoting it.
 """
 
 from __future__ import annotations
