@@ -287,6 +287,45 @@ class Model:
 """
 
 
+# A build in a nested function is its own finding: the enclosing function's
+# rewrite leaves it to that finding, so each is sliced once.
+NESTED_BUILD_BEFORE = """
+class Model:
+    def forward(self, input_ids, positions, inputs_embeds=None):
+        def deepstack(inputs_embeds):
+            ds = IntermediateTensors({
+                f"ds_{layer}": self._ds_buffers[i]
+                for i, layer in enumerate(self._ds_layer_indices)
+            })
+            return ds
+
+        ds = IntermediateTensors({
+            f"ds_{layer}": self._ds_buffers[i]
+            for i, layer in enumerate(self._ds_layer_indices)
+        })
+        return ds, deepstack(inputs_embeds)
+"""
+
+NESTED_BUILD_AFTER = """
+class Model:
+    def forward(self, input_ids, positions, inputs_embeds=None):
+        def deepstack(inputs_embeds):
+            n = inputs_embeds.size(0)
+            ds = IntermediateTensors({
+                f"ds_{layer}": self._ds_buffers[i][:n]
+                for i, layer in enumerate(self._ds_layer_indices)
+            })
+            return ds
+
+        n = inputs_embeds.size(0)
+        ds = IntermediateTensors({
+            f"ds_{layer}": self._ds_buffers[i][:n]
+            for i, layer in enumerate(self._ds_layer_indices)
+        })
+        return ds, deepstack(inputs_embeds)
+"""
+
+
 class Granite4VisionDeepstackSlice(Patch):
     id = "vllm#40917"
     title = "Granite4Vision: slice deepstack buffers to the step's tokens"
@@ -316,6 +355,9 @@ class Granite4VisionDeepstackSlice(Patch):
         Example("sliced by another bound", SLICED_OTHERWISE, state=PatchState.DRIFTED),
         Example(
             "n read before the fix's assignment", N_IN_USE, state=PatchState.DRIFTED
+        ),
+        Example(
+            "a build in a nested function too", NESTED_BUILD_BEFORE, NESTED_BUILD_AFTER
         ),
         Example("narrowed to the rows (vendor)", NARROWED, state=PatchState.APPLIED),
         Example(
