@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from deepstack_patch.cli import main
 from deepstack_patch.engine.plan import Plan, plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.syntax import iter_functions
@@ -640,6 +642,187 @@ def test_skeleton_rewrite_equals_whole_module(
     ]
     assert [r.state for r in fast.reports] == [r.state for r in whole.reports]
     assert any(result is not None for result in used), "the fast path never ran"
+
+
+# -- hand edits around a recognised target ----------------------------------------
+#
+# A vendor edits the code right around what a patch recognises (wraps the
+# target in a call, moves it into another statement). A patch may rewrite
+# only in a context it knows: each edit below must read `drifted` at the
+# edited code, saying what it found, with `apply` refusing and writing
+# nothing; a vendor's own form of the fix reads `applied` and is left alone.
+
+MODELS = "vllm/model_executor/models"
+GRANITE_VALUE = '                    f"ds_{llm_layer}": self._ds_buffers[lvl]\n'
+BOUNDS_CHECK = """\
+        if num_tokens > self.deepstack_input_embeds_num_tokens:
+            raise ValueError(
+                "Requested more deepstack tokens than available in buffer: "
+                f"{num_tokens=} > {self.deepstack_input_embeds_num_tokens=}"
+            )
+"""
+
+
+@dataclass(frozen=True)
+class HandEdit:
+    """``old`` replaced by ``new`` (each once) in one file of a release."""
+
+    name: str
+    patch_id: str
+    release: str
+    relpath: str
+    old: str
+    new: str
+    state: PatchState
+    #: What the drifted reason must quote of the edited code.
+    found: str = ""
+
+
+HAND_EDITS = [
+    HandEdit(
+        "granite narrowed to the rows",
+        "vllm#40917",
+        "0.20.2",
+        f"{MODELS}/granite4_vision.py",
+        GRANITE_VALUE,
+        GRANITE_VALUE.replace(
+            "[lvl]\n", "[lvl].narrow(0, 0, inputs_embeds.shape[0])\n"
+        ),
+        PatchState.APPLIED,
+    ),
+    HandEdit(
+        "granite buffer cloned",
+        "vllm#40917",
+        "0.20.2",
+        f"{MODELS}/granite4_vision.py",
+        GRANITE_VALUE,
+        GRANITE_VALUE.replace("[lvl]\n", "[lvl].clone()\n"),
+        PatchState.DRIFTED,
+        "found `self._ds_buffers[lvl].clone()`",
+    ),
+    HandEdit(
+        "granite buffer times zero",
+        "vllm#40917",
+        "0.20.2",
+        f"{MODELS}/granite4_vision.py",
+        GRANITE_VALUE,
+        GRANITE_VALUE.replace("[lvl]\n", "[lvl] * 0\n"),
+        PatchState.DRIFTED,
+        "found `self._ds_buffers[lvl] * 0`",
+    ),
+    HandEdit(
+        "bounds check inside a try",
+        "vllm#40932",
+        "0.20.0",
+        f"{MODELS}/qwen3_vl.py",
+        BOUNDS_CHECK,
+        "        try:\n"
+        + "".join(f"    {line}" for line in BOUNDS_CHECK.splitlines(keepends=True))
+        + "        except ValueError:\n            return None\n",
+        PatchState.DRIFTED,
+        "sits in a `try` statement",
+    ),
+    HandEdit(
+        "rank count under a condition",
+        "vllm#38933",
+        "0.19.1",
+        "vllm/v1/sample/sampler.py",
+        "token_ranks = batched_count_greater_than(logprobs, token_logprobs)\n",
+        "token_ranks = batched_count_greater_than(logprobs, token_logprobs) "
+        "if logprobs.numel() else None\n",
+        PatchState.DRIFTED,
+        "batched_count_greater_than is called inside `token_ranks = ",
+    ),
+    HandEdit(
+        "modalities changed after the pruning branch",
+        "vllm#38040",
+        "0.20.2",
+        f"{MODELS}/qwen3_vl.py",
+        '            modalities.append("video")\n\n',
+        '            modalities.append("video")\n'
+        '        modalities.append("audio")\n\n',
+        PatchState.DRIFTED,
+        "`modalities` is used as modalities.append",
+    ),
+    HandEdit(
+        "reallocation reads the setter's parameter",
+        "vllm#43617",
+        "0.20.2",
+        f"{MODELS}/qwen3_vl.py",
+        "                    self.config.text_config.hidden_size,\n",
+        "                    deepstack_input_embeds.size(2),\n",
+        PatchState.DRIFTED,
+        "reads deepstack_input_embeds, bound in _set_deepstack_input_embeds",
+    ),
+    HandEdit(
+        "tower built with an attribute the fix moves",
+        "vllm#49397",
+        "0.20.2",
+        f"{MODELS}/qwen3_vl.py",
+        '                prefix=maybe_prefix(prefix, "visual"),\n',
+        "                out_dim=self.visual_dim,\n"
+        '                prefix=maybe_prefix(prefix, "visual"),\n',
+        PatchState.DRIFTED,
+        "reads self.visual_dim",
+    ),
+]
+
+
+def hand_edit(root: Path, edit: HandEdit) -> int:
+    """Make the edit in a hard-link copy; returns the first edited line."""
+    path = root / edit.relpath
+    text = path.read_text()
+    assert text.count(edit.old) == 1, f"{edit.relpath}: the edit's anchor moved"
+    path.unlink()  # a hard link to the cached release: never write through it
+    path.write_text(text.replace(edit.old, edit.new))
+    return text[: text.index(edit.old)].count("\n") + 1
+
+
+def test_every_patch_has_a_hand_edit() -> None:
+    assert {edit.patch_id for edit in HAND_EDITS} == {patch.id for patch in SERIES}
+    for edit in HAND_EDITS:
+        expected = TARGETS.patches[edit.patch_id].expected[edit.release]
+        assert expected is PatchState.NEEDED, f"{edit.name}: not needed there"
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("edit", HAND_EDITS, ids=[e.name for e in HAND_EDITS])
+def test_hand_edit_around_the_target(
+    edit: HandEdit, patched_copy: Callable[[str], Path]
+) -> None:
+    # Imported here: `python tests/test_drift.py` (the table) runs without
+    # the repository root on sys.path.
+    from tests.support import snapshot
+
+    root = patched_copy(edit.release)
+    line = hand_edit(root, edit)
+    report = plan_tree(VllmTree.open(root), SERIES).report(edit.patch_id)
+    at_edit = [loc for loc in report.locations if loc.path == edit.relpath]
+    assert report.state is edit.state, report.reason
+    assert at_edit, f"no location of {edit.patch_id} in {edit.relpath}"
+
+    before = snapshot(root)
+    result = CliRunner().invoke(
+        main, ["apply", "--vllm-src", str(root), "--only", edit.patch_id]
+    )
+    if edit.state is PatchState.APPLIED:
+        assert result.exit_code == 0, result.output
+        assert snapshot(root)[edit.relpath] == before[edit.relpath]
+        return
+    assert result.exit_code == 2, result.output
+    assert snapshot(root) == before, "a refused apply wrote something"
+    drifted = [loc for loc in at_edit if loc.state is PatchState.DRIFTED]
+    assert drifted, f"{edit.relpath} is not where it drifted"
+    functions = dict(iter_functions(ast.parse((root / edit.relpath).read_text())))
+    for loc in drifted:
+        function = functions[loc.finding.symbol]
+        assert function.lineno <= loc.finding.line <= function.end_lineno
+        first, last = loc.finding.span  # the methods the patch reads
+        assert first <= line <= last, f"the edit is outside {loc.finding.span}"
+        assert edit.found in loc.finding.reason, loc.finding.reason
+    if edit.patch_id == "vllm#40917":
+        # What was found is named at its own line, not only its function's.
+        assert [loc.finding.line for loc in drifted] == [line]
 
 
 # -- the table --------------------------------------------------------------------

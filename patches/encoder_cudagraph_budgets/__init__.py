@@ -170,6 +170,33 @@ class Glm4vForConditionalGeneration(nn.Module):
 """
 
 
+# The modalities go somewhere the fix does not know: a literal given to
+# another call, or a list changed after the recognised statements (graphs for
+# "audio" would stay on under pruning). Neither is rewritten.
+MODALITIES_OF_ANOTHER_CALL = """
+class Qwen3VLForConditionalGeneration(nn.Module):
+    def __init__(self, vllm_config):
+        self.is_multimodal_pruning_enabled = vllm_config.pruning
+
+    def get_encoder_cudagraph_config(self):
+        config = EncoderCudaGraphConfig(out_hidden_size=8)
+        config.modalities = vendor_checked(modalities=["image"])
+        return config
+"""
+
+MODALITIES_CHANGED_LATER = """
+class Qwen3VLForConditionalGeneration(nn.Module):
+    def __init__(self, vllm_config):
+        self.is_multimodal_pruning_enabled = vllm_config.pruning
+
+    def get_encoder_cudagraph_config(self):
+        modalities = ["image"]
+        if not self.is_multimodal_pruning_enabled:
+            modalities.append("video")
+        modalities.append("audio")
+        return EncoderCudaGraphConfig(modalities=modalities, out_hidden_size=8)
+"""
+
 QWEN_EXAMPLES = (
     Example("Qwen3-VL methods, 0.20.x shape", QWEN_BEFORE, QWEN_AFTER),
     Example("Qwen3-VL methods, 0.19.x shape", OLD_QWEN_BEFORE, OLD_QWEN_AFTER),
@@ -183,6 +210,16 @@ QWEN_EXAMPLES = (
         "floor division in a model upstream did not fix",
         OTHER_MODEL_FLOOR,
         state=PatchState.NOT_APPLICABLE,
+    ),
+    Example(
+        "modalities= of another call",
+        MODALITIES_OF_ANOTHER_CALL,
+        state=PatchState.DRIFTED,
+    ),
+    Example(
+        "modalities changed after the pruning branch",
+        MODALITIES_CHANGED_LATER,
+        state=PatchState.DRIFTED,
     ),
 )
 

@@ -2,7 +2,10 @@
 
 ``CompilationConfig.__post_init__`` rejects non-positive
 ``encoder_cudagraph_token_budgets``; the check goes right after the last
-validation of an ``encoder_cudagraph_*`` field.
+validation of an ``encoder_cudagraph_*`` field: a top-level
+``if <test reading self.encoder_cudagraph_*>: raise ...``. Another ``if`` on
+those fields (an early ``return``) is never the place: the check could be
+skipped behind it.
 """
 
 from __future__ import annotations
@@ -66,8 +69,33 @@ class CompilationConfig:
             raise ValueError("budgets must be positive")
 """
 
+# A vendor returns early when encoder graphs have no item limit (the
+# default): the check goes after the last validation, before that return,
+# where it runs on every config.
+EARLY_RETURN_BEFORE = """
+class CompilationConfig:
+    encoder_cudagraph_token_budgets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.encoder_cudagraph_max_vision_items_per_batch < 0:
+            raise ValueError("must be non-negative")
+        if not self.encoder_cudagraph_max_vision_items_per_batch:
+            return
+        self.backend = current_platform.get_compile_backend()
+"""
+
+EARLY_RETURN_AFTER = EARLY_RETURN_BEFORE.replace(
+    "\n        if not self",
+    "\n\n" + indented(POSITIVE_BUDGETS, 8) + "        if not self",
+)
+
 EXAMPLES = (
     Example("CompilationConfig validation", CONFIG_BEFORE, CONFIG_AFTER),
+    Example(
+        "early return after the validations (vendor)",
+        EARLY_RETURN_BEFORE,
+        EARLY_RETURN_AFTER,
+    ),
     Example("CompilationConfig already fixed", CONFIG_AFTER, state=PatchState.APPLIED),
     Example(
         "CompilationConfig validates budgets another way",
@@ -94,9 +122,11 @@ def _mentions_budgets(node: ast.AST) -> bool:
 
 
 def _validates_encoder_field(statement: ast.stmt) -> bool:
-    """``if <... self.encoder_cudagraph_* ...>:``."""
+    """``if <... self.encoder_cudagraph_* ...>: raise ...``: a validation. Any
+    other ``if`` on those fields (an early ``return``, a default filled in) is
+    no place to put the check after: it may skip it."""
     match statement:
-        case ast.If(test=test):
+        case ast.If(test=test, body=[ast.Raise()], orelse=[]):
             for node in ast.walk(test):
                 match node:
                     case ast.Attribute(value=ast.Name("self"), attr=attr) if (

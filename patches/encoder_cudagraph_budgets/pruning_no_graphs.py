@@ -6,6 +6,12 @@ Qwen3-VL ``get_encoder_cudagraph_config`` returns no modalities (no encoder
 CUDA graphs) when ``self.is_multimodal_pruning_enabled``. 0.20-0.21 build the
 list then append ``"video"`` unless pruning; 0.19.x passes a literal
 ``modalities=["image"]``. Both become ``[] if <pruning> else [...]``.
+
+Only where the list is known to be the graphs' modalities: the built list
+must reach ``EncoderCudaGraphConfig(modalities=<name>)`` and nothing else may
+change or rebind it (a later ``<name>.append(...)`` is drifted), and the
+literal must be the ``modalities=`` keyword of ``EncoderCudaGraphConfig``
+itself, not of another call.
 """
 
 from __future__ import annotations
@@ -14,7 +20,13 @@ import ast
 from typing import TYPE_CHECKING
 
 from deepstack_patch.engine.protocol import Finding, PatchState
-from deepstack_patch.engine.syntax import FunctionNode, dotted, is_self_attribute
+from deepstack_patch.engine.syntax import (
+    FunctionNode,
+    called_name,
+    dotted,
+    is_self_attribute,
+    matches_code,
+)
 
 from .common import PRUNING, comment_lines, part_finding
 
@@ -22,6 +34,7 @@ if TYPE_CHECKING:
     import libcst
 
 PART = "pruning-no-graphs"
+CONFIG = "EncoderCudaGraphConfig"
 PRUNING_COMMENT = (
     "# When EVS pruning is enabled, embed_multimodal post-processes both",
     "# image and video embeddings (mrope positions are appended for image,",
@@ -82,6 +95,44 @@ def _is_append_video_unless_pruning(statement: ast.stmt, name: str) -> bool:
     return False
 
 
+def _is_config_call(node: ast.AST) -> bool:
+    return called_name(node) == CONFIG
+
+
+def _other_use(function: FunctionNode, name: str, built: list[ast.stmt]) -> str:
+    """Why the list ``name`` is not known to be only the graphs' modalities
+    (empty if it is): it must reach ``EncoderCudaGraphConfig(modalities=name)``
+    and nothing but the recognised statements may change it."""
+    passed = any(
+        _is_config_call(node)
+        and any(
+            k.arg == "modalities" and matches_code(k.value, name) for k in node.keywords
+        )
+        for node in ast.walk(function)
+    )
+    if not passed:
+        return (
+            f"`{name}` is not passed as {CONFIG}(modalities={name}); expected the "
+            "list built here to be the graphs' modalities"
+        )
+    inside = {id(node) for statement in built for node in ast.walk(statement)}
+    for node in ast.walk(function):
+        if id(node) in inside:
+            continue
+        match node:
+            case ast.Name(id=used, ctx=ast.Store() | ast.Del()) if used == name:
+                return f"`{name}` is bound again at line {node.lineno}"
+            case (
+                ast.Attribute(value=ast.Name(id=used))
+                | ast.Subscript(value=ast.Name(id=used), ctx=ast.Store() | ast.Del())
+            ) if used == name:
+                return (
+                    f"`{name}` is used as {ast.unparse(node)} at line {node.lineno}; "
+                    f"expected it only in {CONFIG}(modalities={name})"
+                )
+    return ""
+
+
 def _modalities_state(function: FunctionNode) -> tuple[PatchState, str, int]:
     """The state, with the shape of the bug (or what drifted), and its index."""
     for statement in function.body:
@@ -97,12 +148,25 @@ def _modalities_state(function: FunctionNode) -> tuple[PatchState, str, int]:
             case ast.Assign(targets=[ast.Name(name)], value=value) if _is_string_list(
                 value
             ) and _is_append_video_unless_pruning(body[index + 1], name):
+                unknown = _other_use(function, name, body[index : index + 2])
+                if unknown:
+                    return PatchState.DRIFTED, unknown, -1
                 return PatchState.NEEDED, LIST_THEN_APPEND, index
     keywords = [
         node
         for node in ast.walk(function)
         if isinstance(node, ast.keyword) and node.arg == "modalities"
     ]
+    configs = [node for node in ast.walk(function) if _is_config_call(node)]
+    if len(keywords) == 1 and not any(keywords[0] in c.keywords for c in configs):
+        return (
+            PatchState.DRIFTED,
+            (
+                f"a modalities= keyword at line {keywords[0].value.lineno} that is "
+                f"not {CONFIG}'s; expected {CONFIG}(modalities=[...], ...)"
+            ),
+            -1,
+        )
     if len(keywords) == 1:
         value = keywords[0].value
         if _is_pruning_ifexp(value):

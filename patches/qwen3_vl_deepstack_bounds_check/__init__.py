@@ -17,9 +17,12 @@ Fix safety: Deletes the two ``if num_tokens >
 self.deepstack_input_embeds_num_tokens: raise ValueError(...)`` statements and
 comment lines directly above them; nothing else.
 
-Any other ``raise`` in those methods (a vendor's own check) is not understood
-and reported drifted. Releases before 0.20.0 have no counter and never had the
-checks: the patch does not apply to them.
+A check is dropped only where upstream has it: a statement of the method's
+body, or of an ``if`` body in it. The same check anywhere else (inside a
+``try``, an ``else``/``elif`` branch, a loop, a ``with`` block or a nested
+function) is reported drifted, naming what holds it, and so is any other
+``raise`` in those methods (a vendor's own check). Releases before 0.20.0
+have no counter and never had the checks: the patch does not apply to them.
 """
 
 from __future__ import annotations
@@ -167,6 +170,38 @@ class VendorModel:
 """
 
 
+# The check where upstream never had it: inside a `try` whose handler catches
+# its error (dropping it changes what the handler does), or inside a function
+# nested in the method (which the rewrite does not enter).
+CHECK_IN_TRY = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, num_tokens):
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+        try:
+            if num_tokens > self.deepstack_input_embeds_num_tokens:
+                raise ValueError(num_tokens)
+            rows = self.deepstack_input_embeds[0][:num_tokens]
+        except ValueError:
+            return None
+        return IntermediateTensors({"ds_0": rows})
+"""
+
+CHECK_IN_NESTED_FUNCTION = """
+class VendorModel:
+    def _get_deepstack_input_embeds(self, num_tokens):
+        if getattr(self, "deepstack_input_embeds_num_tokens", 0) == 0:
+            return None
+
+        def rows(num_tokens):
+            if num_tokens > self.deepstack_input_embeds_num_tokens:
+                raise ValueError(num_tokens)
+            return self.deepstack_input_embeds[0][:num_tokens]
+
+        return IntermediateTensors({"ds_0": rows(num_tokens)})
+"""
+
+
 class Qwen3VLDeepstackBoundsCheck(Patch):
     id = "vllm#40932"
     title = "Qwen3-VL deepstack: drop the bounds checks that reject padded steps"
@@ -187,6 +222,12 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
         ),
         Example("check that also logs", LOGGING_CHECK, state=PatchState.DRIFTED),
         Example("bound other than the counter", OTHER_BOUND, state=PatchState.DRIFTED),
+        Example("check inside a try", CHECK_IN_TRY, state=PatchState.DRIFTED),
+        Example(
+            "check in a nested function",
+            CHECK_IN_NESTED_FUNCTION,
+            state=PatchState.DRIFTED,
+        ),
     )
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
@@ -201,11 +242,12 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
         targets = [methods[name] for name in (GET, CLEAR) if name in methods]
         # What the rewrite needs: in each method, which of its `if` statements
         # (counted in source order) are the checks.
+        placed = {id(check) for m in targets for check in placed_checks(m)}
         checks_at = {
             f"{qualname}.{m.name}": tuple(
                 index
                 for index, statement in enumerate(if_statements(m))
-                if is_bounds_check(statement, token_parameter(m))
+                if id(statement) in placed
             )
             for m in targets
         }
@@ -224,7 +266,16 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
         checks = 0
         for method in targets:
             parameter = token_parameter(method)
-            known = [n for n in ast.walk(method) if is_bounds_check(n, parameter)]
+            known = placed_checks(method)
+            misplaced = misplaced_checks(method)
+            if misplaced:
+                check, holder = misplaced[0]
+                return result(
+                    PatchState.DRIFTED,
+                    f"the bounds check at line {check.lineno} sits in {holder}; "
+                    f"expected it directly in {method.name} or in the body of "
+                    "an `if` there",
+                )
             known_raises = {id(check.body[0]) for check in known}
             for node in ast.walk(method):
                 if isinstance(node, ast.Raise) and id(node) not in known_raises:
@@ -275,6 +326,49 @@ class Qwen3VLDeepstackBoundsCheck(Patch):
         from .proof import prove_padded_steps
 
         prove_padded_steps(tree)
+
+
+def placed_checks(method: FunctionNode) -> list[ast.If]:
+    """The bounds checks of ``method`` where upstream has them: statements of
+    its body, or of an ``if`` body in it (``_clear_``'s ``if num_tokens > 0``).
+    Only there is dropping the check known to leave the rest as it was."""
+    parameter = token_parameter(method)
+    found: list[ast.If] = []
+
+    def visit(block: list[ast.stmt]) -> None:
+        for statement in block:
+            if is_bounds_check(statement, parameter):
+                found.append(statement)  # type: ignore[arg-type]
+            elif isinstance(statement, ast.If):
+                visit(statement.body)
+
+    visit(method.body)
+    return found
+
+
+#: How a message names what holds a check elsewhere.
+HOLDERS = {
+    ast.Try: "a `try` statement",
+    ast.If: "an `else` or `elif` branch",
+    ast.For: "a loop",
+    ast.While: "a loop",
+    ast.With: "a `with` block",
+    ast.FunctionDef: "a nested function",
+    ast.AsyncFunctionDef: "a nested function",
+}
+
+
+def misplaced_checks(method: FunctionNode) -> list[tuple[ast.If, str]]:
+    """Bounds checks anywhere else in ``method``, with what holds each."""
+    parameter = token_parameter(method)
+    placed = {id(check) for check in placed_checks(method)}
+    found = []
+    for holder in ast.walk(method):
+        for child in ast.iter_child_nodes(holder):
+            if is_bounds_check(child, parameter) and id(child) not in placed:
+                name = HOLDERS.get(type(holder), f"a {type(holder).__name__}")
+                found.append((child, name))  # type: ignore[arg-type]
+    return found
 
 
 def if_statements(function: FunctionNode) -> list[ast.If]:

@@ -25,7 +25,11 @@ In detail, in each class that defines the methods, the rewrite
   after ``_get_``, holding the buffer growth ``_set_`` had inline (the
   tree's own allocation, which keeps the buffers' device and dtype);
 - makes ``_set_`` call it instead of its inline copy.
-The guard for a skipped vision tower stays. Where vllm#40932's bounds check
+The guard for a skipped vision tower stays. Recognised: the early return as
+a statement of ``_get_``'s body (nested in other code: drifted), and the
+growth as a statement of ``_set_``'s body that reads only ``self``, its row
+count and module names (one reading another local or a parameter of
+``_set_`` is drifted: the new method would not have it). Where vllm#40932's bounds check
 is still in ``_get_`` it is left alone, and this patch requires vllm#40932
 first: with the check but without the early return, the profiling run (0
 rows stored, N asked for) would raise instead of tracing zeros.
@@ -276,6 +280,14 @@ class VendorModel:
 """
 
 
+# The reallocation reads a local of `_set_` (`hidden`): moved into the new
+# method it would be undefined there (NameError on the first resize).
+GROWTH_READS_SETTER_LOCAL = BEFORE.replace(
+    "        num_tokens = embeds.size(1)\n",
+    "        num_tokens = embeds.size(1)\n        hidden = embeds.size(2)\n",
+).replace("                    self.hidden_size,\n", "                    hidden,\n")
+
+
 class Qwen3VLDeepstackResize(Patch):
     id = "vllm#43617"
     title = "Qwen3-VL deepstack: always return buffers, growing them on demand"
@@ -306,6 +318,11 @@ class Qwen3VLDeepstackResize(Patch):
         ),
         Example("growth by concatenation", GROWS_BY_CAT, state=PatchState.DRIFTED),
         Example("growth loses dtype", GROWTH_LOSES_DTYPE, state=PatchState.DRIFTED),
+        Example(
+            "growth reads a local of _set_",
+            GROWTH_READS_SETTER_LOCAL,
+            state=PatchState.DRIFTED,
+        ),
     )
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
@@ -363,6 +380,16 @@ class Qwen3VLDeepstackResize(Patch):
                 )
             if token_parameter(get) is None:
                 return result(PatchState.DRIFTED, f"{GET} takes no token count")
+            strangers = _setter_locals_read(setter, growth[0])
+            if strangers:
+                return result(
+                    PatchState.DRIFTED,
+                    f"the reallocation in {SET} at line {growth[0].lineno} reads "
+                    f"{', '.join(strangers)}, bound in {SET}: the new method "
+                    f"{RESIZE}(self, num_tokens) would not have "
+                    f"{'it' if len(strangers) == 1 else 'them'}; expected it to "
+                    "read only self, its row count and module names",
+                )
             if _reads_other_num_tokens(growth[0]):
                 return result(
                     PatchState.DRIFTED,
@@ -425,6 +452,35 @@ def _inline_growth(statement: ast.stmt) -> bool:
         and matches_code(keyword.value.value, "self.{buffers}[0]", buffers=BUFFERS)
     }
     return keeps == {"device", "dtype"}
+
+
+def _setter_locals_read(setter: FunctionNode, growth: ast.If) -> list[str]:
+    """Names the reallocation reads that ``_set_`` binds (its parameters and
+    locals), its row count aside: moved into ``_resize_`` they would be
+    undefined there."""
+    rows = is_buffer_size_test(growth.test)
+    value = growth.body[0]
+    own = {
+        node.id
+        for node in ast.walk(value)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+    }
+    args = setter.args
+    bound = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs][1:]}
+    bound |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
+    bound |= {
+        node.id
+        for statement in setter.body
+        if statement is not growth
+        for node in ast.walk(statement)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+    }
+    read = {
+        node.id
+        for node in ast.walk(value)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
+    return sorted((read - own - {rows}) & bound)
 
 
 def _reads_other_num_tokens(growth: ast.If) -> bool:

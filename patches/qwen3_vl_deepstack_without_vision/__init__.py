@@ -30,6 +30,13 @@ the model utilities where the file does not import it yet. The comment
 ``# register buffer for deepstack`` that upstream dropped goes; other comments
 move with their statements.
 
+Recognised: the tower block as a statement of ``__init__``'s body holding one
+``self.<tower> = ...`` and the one ``if self.use_deepstack:`` that builds the
+buffers, after ``self.use_deepstack = ...`` and only assignments to ``self``.
+A tower block that reads an attribute those assignments set (the tower built
+with ``self.deepstack_num_level``) is drifted: the move would leave it unset
+when the tower is built.
+
 Upstream moved the tower block up in the Qwen3-Omni thinker and the
 assignments down in Qwen3-VL; both give the same order, which this rewrite
 writes in both. Classes that inherit ``__init__`` are fixed with their base;
@@ -308,6 +315,14 @@ class VendorVL(nn.Module):
 """
 
 
+# The tower reads an attribute assigned before the block: moved after the
+# block with the flag, it would not exist yet when the tower is built.
+TOWER_READS_MOVED = BEFORE.replace(
+    "self.visual = TinyVisionTower(config.vision_config)",
+    "self.visual = TinyVisionTower(config.vision_config, self.deepstack_num_level)",
+)
+
+
 class Qwen3VLDeepstackWithoutVision(Patch):
     id = "vllm#49397"
     title = "Qwen3-VL deepstack: no buffers when the vision tower is skipped"
@@ -344,6 +359,12 @@ class Qwen3VLDeepstackWithoutVision(Patch):
             "after the block, no guard",
             AFTER_BLOCK_WITHOUT_GUARD,
             state=PatchState.DRIFTED,
+        ),
+        Example(
+            "tower reads an attribute the fix moves",
+            TOWER_READS_MOVED,
+            state=PatchState.DRIFTED,
+            path=MODEL_FILE,
         ),
     )
 
@@ -514,6 +535,25 @@ def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
             PatchState.DRIFTED,
             f"`self.{USE} = ...` is not followed by assignments to self only up "
             f"to the tower block (line {block.lineno}); {expected}",
+        )
+    moved = {_self_attribute_assigned(s) for s in init.body[flag_index:block_index]}
+    read_early = sorted(
+        {
+            node.attr
+            for statement in [*block.items, *others]
+            for node in ast.walk(statement)
+            if isinstance(node, ast.Attribute)
+            and node.attr in moved
+            and is_self_attribute(node, node.attr)
+        }
+    )
+    if read_early:
+        return result(
+            PatchState.DRIFTED,
+            f"the tower block (line {block.lineno}) reads "
+            + ", ".join(f"self.{name}" for name in read_early)
+            + ", which the fix assigns after the block; expected the tower built "
+            f"without the flag and the assignments from `self.{USE} = ...` on",
         )
     return result(
         PatchState.NEEDED,

@@ -28,6 +28,13 @@ and use the function's own parameter names. The two ``mark_unbacked`` calls
 (with upstream's comment) go right before each call of
 ``batched_count_greater_than`` whose arguments are plain names; nothing else in
 either function changes.
+
+Recognised: the count as a function at module level (a method or a nested
+function of that name is drifted), and each call as the whole value of an
+assignment, ``return`` or expression statement. A call inside a
+comprehension, a lambda, a conditional expression or any other expression is
+drifted: marks before that statement are not known to mark the tensors the
+call gets.
 """
 
 from __future__ import annotations
@@ -208,6 +215,43 @@ batched_count_greater_than = torch.compile(_count, dynamic=True)
 """
 
 
+# A method of that name: its first parameter is `self`, so the checks would
+# read `self.shape[0]`. Only the module's function is the count.
+COUNT_AS_METHOD = """
+class Ops:
+    @torch.compile(dynamic=True)
+    def batched_count_greater_than(self, x, values):
+        return (x >= values).sum(-1)
+"""
+
+# Calls whose tensors are not the names in scope right before the statement
+# (a comprehension's or a lambda's own names), or that are only part of what
+# the statement computes: marks before the statement are not known to mark
+# what the call gets.
+CALL_IN_COMPREHENSION = """
+class Sampler:
+    def gather_logprobs(self, logprobs, k, ids):
+        chosen = logprobs.gather(-1, ids)
+        return [batched_count_greater_than(row, v) for row, v in zip(logprobs, chosen)]
+"""
+
+CALL_IN_LAMBDA = """
+class Sampler:
+    def gather_logprobs(self, logprobs, k, ids):
+        chosen = logprobs.gather(-1, ids)
+        rank = lambda logprobs: batched_count_greater_than(logprobs, chosen)
+        return rank(logprobs)
+"""
+
+CALL_UNDER_CONDITION = """
+class Sampler:
+    def gather_logprobs(self, logprobs, k, ids):
+        chosen = logprobs.gather(-1, ids)
+        ranks = batched_count_greater_than(logprobs, chosen) if k else None
+        return ranks
+"""
+
+
 class SamplerBatchRecompile(Patch):
     id = "vllm#38933"
     title = "Sampler: no recompile of batched_count_greater_than when batch size grows"
@@ -274,6 +318,14 @@ class SamplerBatchRecompile(Patch):
             "compiled by a call at module level with dynamic=True",
             COMPILED_BY_CALL_DYNAMIC,
             state=PatchState.DRIFTED,
+        ),
+        Example("a method of that name", COUNT_AS_METHOD, state=PatchState.DRIFTED),
+        Example(
+            "call in a comprehension", CALL_IN_COMPREHENSION, state=PatchState.DRIFTED
+        ),
+        Example("call in a lambda", CALL_IN_LAMBDA, state=PatchState.DRIFTED),
+        Example(
+            "call under a condition", CALL_UNDER_CONDITION, state=PatchState.DRIFTED
         ),
     )
 

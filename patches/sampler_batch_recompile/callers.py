@@ -50,12 +50,40 @@ def _statement_blocks(function: FunctionNode) -> Iterator[list[ast.stmt]]:
             yield case.body
 
 
-def count_calls(function: FunctionNode) -> list[ast.Call]:
-    return [
-        node
-        for node in ast.walk(function)
-        if isinstance(node, ast.Call) and called_name(node) == COUNT_FUNCTION
-    ]
+def count_calls(node: ast.AST) -> list[ast.Call]:
+    """The calls of batched_count_greater_than in ``node``, those in functions
+    and classes nested in it aside (they are recognised on their own)."""
+    found = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, ast.Call) and called_name(current) == COUNT_FUNCTION:
+            found.append(current)
+        for child in ast.iter_child_nodes(current):
+            if not isinstance(child, FunctionNode | ast.ClassDef):
+                stack.append(child)
+    return sorted(found, key=lambda call: (call.lineno, call.col_offset))
+
+
+def _quoted(node: ast.AST) -> str:
+    """A node's code for a message, long code shortened."""
+    code = " ".join(ast.unparse(node).split())
+    return f"`{code}`" if len(code) <= 80 else f"`{code[:77]}...`"
+
+
+def _is_whole_value(statement: ast.stmt, call: ast.Call) -> bool:
+    """``call`` is all the statement computes: ``x = call``, ``return call``,
+    ``call``. Only there do marks right before the statement mark the very
+    tensors the call gets, each time it is made."""
+    match statement:
+        case (
+            ast.Assign(value=value)
+            | ast.AnnAssign(value=value)
+            | ast.Return(value=value)
+            | ast.Expr(value=value)
+        ):
+            return value is call
+    return False
 
 
 def _is_mark(statement: ast.stmt) -> str | None:
@@ -82,7 +110,18 @@ def _call_states(function: FunctionNode) -> list[tuple[PatchState, str]]:
                 continue  # a compound statement: its blocks are visited on their own
             for call in count_calls(statement):
                 placed.add(id(call))
-                states.append(_call_state(call, block[:index]))
+                if _is_whole_value(statement, call):
+                    states.append(_call_state(call, block[:index]))
+                    continue
+                states.append(
+                    (
+                        PatchState.DRIFTED,
+                        f"line {call.lineno}: {COUNT_FUNCTION} is called inside "
+                        f"{_quoted(statement)}; expected the call as the "
+                        "whole value of an assignment, return or expression "
+                        f"statement (`ranks = {COUNT_FUNCTION}(a, b)`)",
+                    )
+                )
     for call in count_calls(function):
         if id(call) not in placed:
             states.append(
@@ -174,21 +213,35 @@ def rewrite(function: libcst.FunctionDef, found: Finding) -> libcst.FunctionDef:
         )
         return found["name"].value if found else None
 
+    def whole_value_call(statement: libcst.BaseStatement) -> libcst.Call | None:
+        """The count call a statement consists of, as recognition accepts it."""
+        match statement:
+            case libcst.SimpleStatementLine(
+                body=[
+                    libcst.Assign(value=libcst.Call() as call)
+                    | libcst.AnnAssign(value=libcst.Call() as call)
+                    | libcst.Return(value=libcst.Call() as call)
+                    | libcst.Expr(value=libcst.Call() as call)
+                ]
+            ) if m.matches(call, count_call):
+                return call
+        return None
+
     class InsertMarks(libcst.CSTTransformer):
+        def visit_FunctionDef(self, node: libcst.FunctionDef) -> bool:
+            return node is function  # a nested function is a finding of its own
+
+        def visit_ClassDef(self, node: libcst.ClassDef) -> bool:
+            return False
+
         def leave_IndentedBlock(
             self, original: libcst.IndentedBlock, updated: libcst.IndentedBlock
         ) -> libcst.IndentedBlock:
             body: list[libcst.BaseStatement] = []
             for statement in updated.body:
-                calls = (
-                    m.findall(statement, count_call)
-                    if isinstance(statement, libcst.SimpleStatementLine)
-                    else []
-                )
+                call = whole_value_call(statement)
                 already = bool(body) and mark_name(body[-1]) is not None
-                if calls and not already:
-                    call = calls[0]
-                    assert isinstance(call, libcst.Call)
+                if call is not None and not already:
                     names = [arg.value for arg in call.args]
                     comment = [
                         libcst.EmptyLine(comment=libcst.Comment(text))

@@ -6,6 +6,10 @@ arguments stay) and states its preconditions with
 ``torch._check(x.shape[0] == values.shape[0])``, so the compiler can reason
 about an unbacked batch size.
 
+Only a function at module level is recognised: a method or a nested
+function of that name is reported drifted (a method's first parameter is
+``self``, which the checks would test).
+
 Recognised as fixed as well (never rewritten): the function compiled by a
 call at module level (``batched_count_greater_than = torch.compile(_impl)``)
 without ``dynamic=True``, and the function not compiled at all (a vendor
@@ -92,6 +96,18 @@ def recognise(
     """Needed: ``@torch.compile(dynamic=True, ...)`` and no checks; applied:
     compiled without ``dynamic`` (or not at all) and both checks present."""
     params = parameter_names(function)
+    if "." in qualname:
+        # A method's first parameter is `self`, a nested function's names are
+        # its enclosing function's business: the checks would test the wrong
+        # thing. Upstream's count is a function of the module.
+        return finding(
+            PatchState.DRIFTED,
+            qualname,
+            function,
+            f"{qualname} is not a function at module level; {EXPECTED} on a "
+            f"module-level def {COUNT_FUNCTION}(x, values)",
+            part=PART,
+        )
     if compiled_at_module_level is not None:
         return _recognise_compiled_call(qualname, function, *compiled_at_module_level)
     decorator = _compile_decorator(function)

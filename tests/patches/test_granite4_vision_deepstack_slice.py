@@ -19,7 +19,10 @@ FORWARD = """
 class Granite4VisionForConditionalGeneration(nn.Module):
     def forward(self, input_ids, positions, inputs_embeds=None):
         ds = IntermediateTensors(
-            {{f"ds_{{l}}": self._ds_buffers[i] for i, l in enumerate(self._layers)}}
+            {{
+                f"ds_{{l}}": self._ds_buffers[i]
+                for i, l in enumerate(self._ds_layer_indices)
+            }}
         ){direct}
 {after}        return self.language_model.model(deepstack_input_embeds=ds)
 """
