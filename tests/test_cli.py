@@ -15,6 +15,8 @@ from deepstack_patch.cli import COMMANDS, main
 from deepstack_patch.patches import SERIES
 from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
 
+from tests import support
+
 MODEL = "vllm/model_executor/models/granite4_vision.py"
 
 
@@ -174,3 +176,48 @@ def test_every_command_has_help() -> None:
     for command in COMMANDS:
         code, output = run(command, "--help")
         assert code == 0 and "Usage:" in output
+
+
+# -- issue 25: bad input is refused, with a hint, and writes nothing ----------
+
+
+def refused_here(args: list[str], *fragments: str) -> str:
+    """Exit 2 with ``error:`` and ``hint:``; every fragment said."""
+    code, output = run(*args)
+    assert code == 2, output
+    assert "error:" in output and "hint:" in output, output
+    for fragment in fragments:
+        assert fragment in output, f"{fragment!r} not in:\n{output}"
+    return output
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "values"),
+    [
+        ("apply", "--vllm-src", ("{a}", "{b}")),
+        ("status", "--vllm-src", ("{a}", "{b}")),
+        ("status", "--release", ("0.20.2", "0.21.0")),
+        ("apply", "--release", ("0.20.2", "0.21.0")),
+        ("apply", "--format", ("text", "json")),
+        ("export", "--series", ("{a}/s1", "{a}/s2")),
+        ("apply", "--out", ("{a}/o1", "{a}/o2")),
+        ("doctor", "--python", ("python3", "python3")),
+        ("watch", "--reviewed", ("{a}/r1.toml", "{a}/r2.toml")),
+    ],
+)
+def test_a_repeated_single_valued_option_is_refused(
+    command: str, option: str, values: tuple[str, str], tmp_path: Path
+) -> None:
+    a = make_tree(tmp_path / "a", granite.BEFORE)
+    b = make_tree(tmp_path / "b", granite.BEFORE)
+    before = [support.snapshot(a), support.snapshot(b)]
+    first, second = (v.format(a=a, b=b) for v in values)
+    args = [command, option, first, "--only=vllm#40917", f"{option}={second}"]
+    if command == "watch":
+        args = [command, "--since", "0.20.2", option, first, option, second]
+    elif command == "doctor":
+        args = [command, option, first, option, second]
+    output = refused_here(args, f"{option} given 2 times ({first}, {second})")
+    assert f"hint: give {option} once" in output
+    assert [support.snapshot(a), support.snapshot(b)] == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]

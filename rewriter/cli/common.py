@@ -102,6 +102,61 @@ def print_error(exc: DeepstackError) -> None:
         console.print(f"[bold]hint:[/] {escape(exc.hint)}")
 
 
+#: Options a later repetition may override, as ``make -j`` does: a tuning
+#: knob, where a wrapper's default followed by the user's choice is common.
+LAST_ONE_WINS = frozenset({"jobs"})
+
+
+def refuse_repeated_options(
+    command: click.Command, name: str, parent: click.Context, args: Sequence[str]
+) -> None:
+    """Refuse a single-valued option given twice, before anything runs.
+
+    click keeps the last value, so ``--vllm-src A --vllm-src B`` would work
+    on B without a word: a tree, a release or an output path given twice is
+    a mistake in the command line, never a choice.
+    """
+    single = [
+        param
+        for param in command.params
+        if isinstance(param, click.Option)
+        and not (param.multiple or param.count or param.is_flag)
+        and param.name not in LAST_ONE_WINS
+    ]
+    if not single:
+        return
+    parser = command.make_parser(
+        command.context_class(command, info_name=name, parent=parent)
+    )
+    try:
+        _, _, order = parser.parse_args(args=[*args])
+    except click.UsageError:
+        return  # the command's own parse reports it
+    for param in single:
+        if order.count(param) > 1:
+            flag = param.opts[0]
+            values = _values_of(param.opts, args)
+            raise DeepstackError(
+                f"{flag} given {len(values)} times ({', '.join(values)}): it "
+                "takes one value",
+                f"give {flag} once; to work on several, run the command once for each",
+            )
+
+
+def _values_of(flags: Sequence[str], args: Sequence[str]) -> list[str]:
+    """Every value ``args`` gives one option (``--opt V`` or ``--opt=V``)."""
+    values = []
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            break
+        if word in flags:
+            values.append(next(words, ""))
+        elif "=" in word and word.partition("=")[0] in flags:
+            values.append(word.partition("=")[2])
+    return values
+
+
 def wants_json(words: Sequence[str]) -> bool:
     pairs = zip(words, words[1:])  # noqa: B905 - one shorter by design
     return "--format=json" in words or ("--format", "json") in pairs
