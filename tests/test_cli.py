@@ -221,3 +221,40 @@ def test_a_repeated_single_valued_option_is_refused(
     assert f"hint: give {option} once" in output
     assert [support.snapshot(a), support.snapshot(b)] == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_dry_run_with_check_prints_the_diff_and_the_verdict(
+    needing_tree: Path,
+) -> None:
+    before = support.snapshot(needing_tree)
+    result = CliRunner().invoke(
+        main, ["apply", "--dry-run", "--check", "--vllm-src", str(needing_tree)]
+    )
+    assert result.exit_code == 1, result.output
+    assert f"--- a/{MODEL}" in result.stdout
+    assert "+            n = inputs_embeds.size(0)" in result.stdout
+    assert "needed: vllm#40917" in result.stderr  # the diff stays a diff
+    code, output = run(
+        "apply",
+        "--dry-run",
+        "--check",
+        "--vllm-src",
+        str(needing_tree),
+        "--format=json",
+    )
+    assert code == 1 and f"--- a/{MODEL}" in json.loads(output)["diff"]
+    assert support.snapshot(needing_tree) == before
+
+
+def test_dry_run_on_a_patched_tree_says_nothing_to_do(needing_tree: Path) -> None:
+    assert run("apply", "--vllm-src", str(needing_tree))[0] == 0
+    result = CliRunner().invoke(
+        main, ["apply", "--dry-run", "--vllm-src", str(needing_tree)]
+    )
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "nothing to do" in result.stderr
+    result = CliRunner().invoke(
+        main, ["apply", "--dry-run", "--check", "--vllm-src", str(needing_tree)]
+    )
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "nothing needed" in result.stderr

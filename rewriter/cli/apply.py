@@ -86,16 +86,15 @@ def apply(
         )
     if commit:
         sys.exit(apply_with_commits(tree, series, selected, allow_dirty, output_format))
-    mode = CHECK if check else DRY_RUN if dry_run else WRITE
+    # A dry run computes the diff, and with --check also gives its verdict.
+    mode = DRY_RUN if dry_run else CHECK if check else WRITE
     # The recognition cache serves only files nothing is rewritten in.
     cache = RecognitionCache.for_series(series)
-    result = apply_tree(tree, series, selected, mode, cache)
+    result = apply_tree(tree, series, selected, mode, cache, check=check)
     if output_format == "json":
         click.echo(_apply_json(result, dry_run, check))
     elif dry_run and not result.drifted:
-        from deepstack_patch.output.diffs import unified_diff
-
-        sys.stdout.write(unified_diff(result.plan.edits))
+        _print_dry_run(result)
     else:
         _print_apply(result)
     sys.exit(result.exit_code)
@@ -118,6 +117,22 @@ def _apply_json(result: Any, dry_run: bool, check: bool) -> str:
     return dump_json(plan_json(result.plan, "apply", **extra))
 
 
+def _print_dry_run(result: Any) -> None:
+    """The diff on stdout (for `git apply`, `patch -p1`); what it amounts to
+    on stderr, as `ruff format --diff` says it, so the diff stays a diff."""
+    from deepstack_patch.output.diffs import unified_diff
+
+    sys.stdout.write(unified_diff(result.plan.edits))
+    if result.check:
+        needed = ", ".join(r.patch.id for r in result.plan.needed)
+        click.echo(f"needed: {needed}" if needed else "nothing needed", err=True)
+    elif not result.plan.edits:
+        click.echo(
+            "nothing to do: every selected patch is applied or not applicable",
+            err=True,
+        )
+
+
 def _print_apply(result: Any) -> None:
     from deepstack_patch.output.tables import (
         print_open_follow_ups,
@@ -137,7 +152,7 @@ def _print_apply(result: Any) -> None:
             "this tool does not recognise, so nothing was written. Each location "
             "above says what was expected; use --skip ID to apply the others."
         )
-    elif result.mode == "check":
+    elif result.check:
         needed = ", ".join(r.patch.id for r in plan.needed)
         console.print(f"needed: {needed}" if needed else "nothing needed")
     elif result.written:
