@@ -105,7 +105,7 @@ def test_drifted_apply_refuses_and_writes_nothing(drifted_tree: Path) -> None:
     before = (drifted_tree / MODEL).read_bytes()
     code, output = run("apply", "--vllm-src", str(drifted_tree))
     assert code == 2
-    assert "drifted" in output and "refused" in output
+    assert "drifted" in output and "nothing was written" in output
     assert f"{MODEL}:3" in output and "expected" in output
     assert (drifted_tree / MODEL).read_bytes() == before
 
@@ -258,3 +258,48 @@ def test_dry_run_on_a_patched_tree_says_nothing_to_do(needing_tree: Path) -> Non
     )
     assert result.exit_code == 0 and result.stdout == ""
     assert "nothing needed" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["apply"],
+        ["apply", "--dry-run"],
+        ["apply", "--commit"],
+        ["export", "--series", "{tmp}/series"],
+    ],
+)
+def test_drift_is_an_error_like_every_other_refusal(
+    args: list[str], drifted_tree: Path, tmp_path: Path
+) -> None:
+    """``error:``/``hint:`` on stderr, exit 2; the JSON keeps the plan and
+    gains the ``error`` object every error document has."""
+    import subprocess
+
+    if "--commit" in args:
+        for git in (["init", "-q"], ["add", "."], ["commit", "-qm", "vLLM"]):
+            subprocess.run(
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", *git],
+                cwd=drifted_tree,
+                check=True,
+            )
+    before = support.snapshot(drifted_tree)
+    args = [a.format(tmp=tmp_path) for a in args] + ["--vllm-src", str(drifted_tree)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "refused:" not in result.output
+    assert result.stderr.startswith(f"error: {MODEL}:3: vllm#40917 drifted")
+    assert "hint: " in result.stderr and "--skip vllm#40917" in result.stderr
+    assert "vllm#40917" in result.stdout and "drifted" in result.stdout  # the plan
+    result = CliRunner().invoke(main, [*args, "--format", "json"])
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document["command"] == args[0]
+    (patch,) = [p for p in document["patches"] if p["id"] == "vllm#40917"]
+    assert patch["state"] == "drifted" and document["written"] == []
+    error = document["error"]
+    assert set(error) == {"message", "path", "line", "hint"}
+    assert (error["path"], error["line"]) == (MODEL, 3)
+    assert "drifted" in error["message"] and "--skip vllm#40917" in error["hint"]
+    assert support.snapshot(drifted_tree) == before
+    assert not (tmp_path / "series").exists()

@@ -70,6 +70,7 @@ def apply(
     from deepstack_patch.engine.apply import CHECK, DRY_RUN, WRITE, apply_tree
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.engine.recognition_cache import RecognitionCache
+    from deepstack_patch.output.documents import dump_json, plan_json
 
     series = load_series()
     selected = select_patches(series, only, skip)
@@ -91,18 +92,24 @@ def apply(
     # The recognition cache serves only files nothing is rewritten in.
     cache = RecognitionCache.for_series(series)
     result = apply_tree(tree, series, selected, mode, cache, check=check)
+    if result.drifted:
+        fields = _apply_fields(result, dry_run, check)
+        sys.exit(refuse_drifted(result.plan, output_format, "apply", **fields))
     if output_format == "json":
-        click.echo(_apply_json(result, dry_run, check))
-    elif dry_run and not result.drifted:
+        document = plan_json(
+            result.plan, "apply", **_apply_fields(result, dry_run, check)
+        )
+        click.echo(dump_json(document))
+    elif dry_run:
         _print_dry_run(result)
     else:
         _print_apply(result)
     sys.exit(result.exit_code)
 
 
-def _apply_json(result: Any, dry_run: bool, check: bool) -> str:
+def _apply_fields(result: Any, dry_run: bool, check: bool) -> dict[str, Any]:
+    """What apply's JSON document has beside the plan."""
     from deepstack_patch.output.diffs import unified_diff
-    from deepstack_patch.output.documents import dump_json, plan_json
 
     extra: dict[str, Any] = {
         "dry_run": dry_run,
@@ -114,7 +121,7 @@ def _apply_json(result: Any, dry_run: bool, check: bool) -> str:
         extra["hard_links"] = result.hard_links
     if dry_run:
         extra["diff"] = unified_diff(result.plan.edits)
-    return dump_json(plan_json(result.plan, "apply", **extra))
+    return extra
 
 
 def _print_dry_run(result: Any) -> None:
@@ -145,14 +152,7 @@ def _print_apply(result: Any) -> None:
     console = stdout_console()
     print_tree_header(console, plan.tree)
     print_plan_table(console, plan)
-    if result.drifted:
-        names = ", ".join(r.patch.id for r in result.drifted)
-        console.print(
-            f"[bold red]refused:[/] {names} drifted: the target code has a shape "
-            "this tool does not recognise, so nothing was written. Each location "
-            "above says what was expected; use --skip ID to apply the others."
-        )
-    elif result.check:
+    if result.check:
         needed = ", ".join(r.patch.id for r in plan.needed)
         console.print(f"needed: {needed}" if needed else "nothing needed")
     elif result.written:

@@ -78,16 +78,21 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
         document = {
             "schema": 1,
             "command": invoked_command(words),
-            "error": {
-                "message": exc.message,
-                "path": exc.path,
-                "line": exc.line,
-                "hint": exc.hint,
-            },
+            "error": error_json(exc),
         }
         click.echo(json.dumps(document, indent=2))
     print_error(exc)
     sys.exit(EXIT_ERROR)
+
+
+def error_json(exc: DeepstackError) -> dict[str, Any]:
+    """The ``error`` object of every JSON document that reports an error."""
+    return {
+        "message": exc.message,
+        "path": exc.path,
+        "line": exc.line,
+        "hint": exc.hint,
+    }
 
 
 def print_error(exc: DeepstackError) -> None:
@@ -400,21 +405,48 @@ def selected_drifted(plan: Plan) -> list[Any]:
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
 
 
-def refuse_drifted(plan: Plan, output_format: str, command: str) -> int:
-    """Print the plan and the refusal; return exit code 2 (nothing was written)."""
+def refuse_drifted(plan: Plan, output_format: str, command: str, **extra: Any) -> int:
+    """Refuse a run with a drifted selected patch: the plan on stdout (``extra``
+    goes into its JSON document, with the ``error`` object every error has),
+    ``error:`` and ``hint:`` on stderr; return exit code 2 (nothing written)."""
     from deepstack_patch.output.documents import dump_json, plan_json
     from deepstack_patch.output.tables import print_plan_table, print_tree_header
 
+    error = drift_error(plan)
     if output_format == "json":
-        click.echo(dump_json(plan_json(plan, command, written=[])))
+        document = plan_json(plan, command, **{"written": [], **extra})
+        document["error"] = error_json(error)
+        click.echo(dump_json(document))
     else:
         console = stdout_console()
         print_tree_header(console, plan.tree)
         print_plan_table(console, plan)
-        names = ", ".join(r.patch.id for r in selected_drifted(plan))
-        console.print(
-            f"[bold red]refused:[/] {names} drifted: the target code has a shape "
-            "this tool does not recognise, so nothing was written. Each location "
-            "above says what was expected; use --skip ID to leave a patch out."
-        )
+    print_error(error)
     return EXIT_ERROR
+
+
+def drift_error(plan: Plan) -> DeepstackError:
+    """The refusal of a plan with drifted selected patches, at the first
+    drifted location (the table, or the JSON patches, show every one)."""
+    from deepstack_patch.engine.protocol import PatchState
+
+    drifted = selected_drifted(plan)
+    where = next(
+        (
+            location
+            for report in drifted
+            for location in report.locations
+            if location.state is PatchState.DRIFTED
+        ),
+        None,
+    )
+    names = ", ".join(r.patch.id for r in drifted)
+    reason = f" ({where.finding.reason})" if where and where.finding.reason else ""
+    return DeepstackError(
+        f"{names} drifted: the target code has a shape this tool does not "
+        f"recognise{reason}; nothing was written",
+        "each drifted location in the table says what was expected; check the "
+        f"code there, or leave the patch out with --skip {drifted[0].patch.id}",
+        path=where.path if where else None,
+        line=where.finding.line if where else None,
+    )
