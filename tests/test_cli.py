@@ -303,3 +303,52 @@ def test_drift_is_an_error_like_every_other_refusal(
     assert "drifted" in error["message"] and "--skip vllm#40917" in error["hint"]
     assert support.snapshot(drifted_tree) == before
     assert not (tmp_path / "series").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["apply"],
+        ["apply", "--check"],
+        ["apply", "--dry-run"],
+        ["export", "--series", "{tmp}/series"],
+    ],
+)
+def test_a_folder_that_is_not_a_vllm_tree_is_an_error(
+    args: list[str], tmp_path: Path
+) -> None:
+    stray = tmp_path / "stray"
+    (stray / "vllm").mkdir(parents=True)
+    (stray / "vllm" / "__init__.py").write_text("")
+    before = support.snapshot(tmp_path)
+    args = [a.format(tmp=tmp_path) for a in args] + ["--vllm-src", str(stray)]
+    refused_here(args, f"{stray}: not a vLLM tree: no version", "hint: pass the root")
+    assert support.snapshot(tmp_path) == before
+
+
+def test_a_release_too_old_for_every_patch_is_nothing_to_do(tmp_path: Path) -> None:
+    old = make_tree(tmp_path / "old", "")
+    (old / MODEL).unlink()
+    (old / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.4.0\n")
+    code, output = run("apply", "--check", "--vllm-src", str(old))
+    assert code == 0 and "nothing needed" in output
+
+
+def test_whether_a_tree_is_vllm_is_decided_by_the_series_given(tmp_path: Path) -> None:
+    """No version: a tree holding one of the series' files is a tree; one
+    holding none of them (for this series) is not."""
+    from deepstack_patch.engine.errors import DeepstackError
+    from deepstack_patch.engine.plan import plan_tree
+    from deepstack_patch.engine.tree import VllmTree
+
+    root = make_tree(tmp_path / "granite-only", granite.BEFORE)
+    (root / "PKG-INFO").unlink()
+    tree = VllmTree.open(root)
+    assert tree.version_source == "unknown"
+    (patch,) = [p for p in SERIES if p.id == "vllm#40917"]
+    others = [p for p in SERIES if not set(tree.glob(p.paths))]
+    assert others  # a patch whose files this tree lacks
+    assert plan_tree(tree, [patch]).needed
+    with pytest.raises(DeepstackError, match="not a vLLM tree"):
+        plan_tree(tree, others)
