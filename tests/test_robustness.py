@@ -764,3 +764,62 @@ def test_speed_doc_row_counts_what_apply_does_on_0_20_2(tmp_path: Path) -> None:
     assert needed and files
     row = f"`apply` (fresh copy, {len(needed)} patches, {len(files)} files)"
     assert row in SPEED_DOC.read_text()
+
+
+# -- issue 25: every error a user can meet has a hint ----------------------------
+
+
+def test_every_error_raised_in_the_code_has_a_hint() -> None:
+    """A DeepstackError without a hint prints ``error:`` and no ``hint:``
+    (``apply --vllm-src T --out D``, ``watch --reviewed missing.toml``)."""
+    import ast
+
+    package = Path(__file__).resolve().parent.parent
+    raised, without = 0, []
+    for folder in ("rewriter", "patches"):
+        for path in sorted((package / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                match node:
+                    case ast.Call(func=ast.Name(id="DeepstackError")):
+                        raised += 1
+                        hints = [k.value for k in node.keywords if k.arg == "hint"]
+                        hint = [*node.args[1:2], *hints]
+                        if not hint or hint[0] == ast.Constant(""):
+                            without.append(f"{path.name}:{node.lineno}")
+    assert raised > 100  # the walk found the errors
+    assert not without, f"DeepstackError without a hint: {without}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("apply", "--vllm-src", "{tree}", "--out", "{tmp}/D"),
+        ("status", "--installed", "--out", "{tmp}/D"),
+        (
+            "watch",
+            "--since",
+            "0.20.2",
+            "--until",
+            "0.20.2",
+            "--reviewed",
+            "{tmp}/no.toml",
+        ),
+        ("wheel", "--wheel", "{tmp}/vllm-0.20.2-py3-none-any.whl", "--platform", "x"),
+        ("wheel", "--wheel", "{tmp}/vllm-0.20.2-py3-none-any.whl"),
+        ("matrix", "--releases", "{tmp}/bad.toml"),
+    ],
+)
+def test_bad_input_is_an_error_with_a_hint_and_writes_nothing(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
+    tree = tmp_path / "tree"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    (tree / "PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.20.2\n"
+    )
+    (tmp_path / "bad.toml").write_text("releases = [\n")
+    before = support.snapshot(tmp_path)
+    result = cli(*(a.format(tree=tree, tmp=tmp_path) for a in args), cwd=tmp_path)
+    refused(result)
+    assert support.snapshot(tmp_path) == before

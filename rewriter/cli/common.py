@@ -276,7 +276,13 @@ def open_tree(
             "--installed for the vLLM this Python imports",
         )
     if out is not None and release is None:
-        raise DeepstackError("--out goes with --release, not with --vllm-src")
+        given = "--installed" if installed else "--vllm-src"
+        raise DeepstackError(
+            f"--out goes with --release, not with {given}",
+            f"drop --out: {given} works on that tree where it is (to patch a "
+            "copy, copy the tree first), or fetch a release into a folder with "
+            "--release VERSION --out DIR",
+        )
     if installed:
         return open_installed_tree(python)
     if vllm_src is not None:
