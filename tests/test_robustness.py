@@ -823,3 +823,58 @@ def test_bad_input_is_an_error_with_a_hint_and_writes_nothing(
     result = cli(*(a.format(tree=tree, tmp=tmp_path) for a in args), cwd=tmp_path)
     refused(result)
     assert support.snapshot(tmp_path) == before
+
+
+def test_the_nearest_release_is_suggested() -> None:
+    from deepstack_patch.fetch.index import nearest_release
+
+    versions = ["0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0"]
+    versions += ["0.22.0rc1", "0.22.0", "0.33.0"]
+    for asked, nearest in [
+        ("v0.20.2", "0.20.2"),  # a tag's name
+        ("0.20", "0.20.2"),  # a partial version: the newest of that minor
+        ("0.21", "0.21.0"),
+        ("0.20.9", "0.20.2"),  # no such patch release: the closest before
+        ("0.0.1", "0.19.0"),
+        ("latest", "0.33.0"),  # no version at all: the newest
+    ]:
+        assert nearest_release(asked, versions) == nearest, asked
+    assert nearest_release("0.20", []) is None
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("asked", ["v0.20.2", "0.20"])
+def test_a_release_not_on_the_index_suggests_the_nearest(
+    asked: str, tmp_path: Path
+) -> None:
+    for args in (["status", "--release", asked], ["apply", "--release", asked]):
+        result = cli(*args, cwd=tmp_path)
+        stderr = refused(result, "hint: did you mean 0.20.2?")
+        assert stderr.startswith("error:"), stderr  # nothing downloaded, nor said
+        assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.release
+def test_a_refused_extraction_says_nothing_before_the_error(tmp_path: Path) -> None:
+    cached("0.20.2")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine\n")
+    before = support.snapshot(tmp_path)
+    result = cli("apply", "--release", "0.20.2", "--out", str(taken))
+    stderr = refused(result, f"{taken} exists and is not an extraction")
+    assert stderr.startswith("error:"), stderr  # no "extracting ... into ..."
+    assert support.snapshot(tmp_path) == before
+
+
+@pytest.mark.release
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only folder")
+def test_a_read_only_destination_is_refused_before_any_progress(
+    read_only_folder: Path,
+) -> None:
+    cached("0.20.2")
+    for out in (read_only_folder, read_only_folder / "vllm-0.20.2"):
+        result = cli("apply", "--release", "0.20.2", "--out", str(out))
+        stderr = refused(result, f"hint: {read_only_folder} is on a read-only file")
+        assert stderr.startswith("error: cannot extract into"), stderr
+    assert list(read_only_folder.iterdir()) == []
