@@ -878,3 +878,28 @@ def test_a_read_only_destination_is_refused_before_any_progress(
         stderr = refused(result, f"hint: {read_only_folder} is on a read-only file")
         assert stderr.startswith("error: cannot extract into"), stderr
     assert list(read_only_folder.iterdir()) == []
+
+
+@pytest.mark.release
+def test_a_read_only_tree_names_every_unwritable_place_in_one_error(
+    partial_copy: Callable[[str], Path],
+) -> None:
+    """Not the folder, then the file, then the next folder, one per run."""
+    tree = partial_copy("0.20.2")
+    needed = json.loads(
+        cli("status", "--vllm-src", str(tree), "--format", "json").stdout
+    )["patches"]
+    files = sorted({f for p in needed if p["state"] == "needed" for f in p["files"]})
+    folders = sorted({str(Path(f).parent) for f in files})
+    assert len(files) > 1 and len(folders) > 1
+    subprocess.run(["chmod", "-R", "a-w", str(tree)], check=True)
+    try:
+        before = snapshot(tree)
+        result = cli("apply", "--vllm-src", str(tree))
+        stderr = refused(result, f"{len(files) + len(folders)} places", "chmod u+w")
+        error = stderr.split("hint:")[0]
+        for place in [*files, *(f"{folder}/" for folder in folders)]:
+            assert place in error, place
+        assert snapshot(tree) == before
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(tree)], check=True)
