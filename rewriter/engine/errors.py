@@ -71,6 +71,12 @@ def writable_folder_of(path: Path) -> Path:
     return path
 
 
+def reinstall_hint(version: str | None, then: str = "") -> str:
+    """Reinstall the release an install says it is (pinned where known)."""
+    pinned = f"vllm=={version}" if version and version != "unknown" else "vllm"
+    return f"reinstall vllm (pip install --force-reinstall --no-deps {pinned}){then}"
+
+
 #: The way round a site-packages folder this user may not write that needs
 #: nobody's rights at run time: change the install where its image is built.
 IMAGE_BUILD = (

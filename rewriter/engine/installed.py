@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.errors import DeepstackError, reinstall_hint
 from deepstack_patch.engine.tree import VllmTree
 
 #: The change record, in the dist-info folder, listed in RECORD.
@@ -91,7 +91,7 @@ def find_installed(python: Path | None = None) -> InstalledVllm:
         raise DeepstackError(
             f"--python {python}: the vllm distribution at {dist_info} has no "
             "importable vllm package",
-            "reinstall it: pip install --force-reinstall --no-deps vllm==VERSION",
+            reinstall_hint(answer.get("version")),
         )
     dist_path = Path(dist_info)
     editable = _editable(answer.get("direct_url"))
