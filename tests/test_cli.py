@@ -352,3 +352,27 @@ def test_whether_a_tree_is_vllm_is_decided_by_the_series_given(tmp_path: Path) -
     assert plan_tree(tree, [patch]).needed
     with pytest.raises(DeepstackError, match="not a vLLM tree"):
         plan_tree(tree, others)
+
+
+def test_status_installed_names_the_install_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.test_permissions import fake_vllm
+
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    (site,) = venv.glob("lib/python3*/site-packages")
+    fake_vllm(site)
+    python = venv / "bin" / "python"
+    result = CliRunner().invoke(
+        main, ["status", "--installed", "--python", str(python)]
+    )
+    assert result.exit_code == 0, result.output
+    headers = [line for line in result.output.splitlines() if str(site) in line]
+    assert headers == [
+        f"vLLM 0.1.0 installed in {site} (python {python}; version from "
+        "vllm-0.1.0.dist-info/METADATA)"
+    ]

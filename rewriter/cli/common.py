@@ -315,17 +315,12 @@ def open_installed_tree(python: Path | None) -> VllmTree:
     from deepstack_patch.engine.installed import find_installed, open_installed
 
     found = find_installed(python)
-    # One unwrapped line on stderr: a log keeps the paths whole.
+    # One unwrapped line on stderr: a log keeps the paths whole. An install
+    # itself is named by the command's own header (one line, not two).
     if found.editable:
         click.echo(
             f"vllm {found.version} is an editable install of {found.source_root}: "
             "working on that checkout as a source tree",
-            err=True,
-        )
-    else:
-        click.echo(
-            f"vLLM {found.version} installed in {found.site_packages} "
-            f"(python {found.python})",
             err=True,
         )
     return open_installed(found)
