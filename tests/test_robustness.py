@@ -847,7 +847,11 @@ def test_the_nearest_release_is_suggested() -> None:
 def test_a_release_not_on_the_index_suggests_the_nearest(
     asked: str, tmp_path: Path
 ) -> None:
-    for args in (["status", "--release", asked], ["apply", "--release", asked]):
+    for args in (
+        ["status", "--release", asked],
+        ["apply", "--release", asked],
+        ["wheel", "--release", asked, "--out", "wheels"],
+    ):
         result = cli(*args, cwd=tmp_path)
         stderr = refused(result, "hint: did you mean 0.20.2?")
         assert stderr.startswith("error:"), stderr  # nothing downloaded, nor said
