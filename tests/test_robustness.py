@@ -807,17 +807,22 @@ def test_every_error_raised_in_the_code_has_a_hint() -> None:
         ("wheel", "--wheel", "{tmp}/vllm-0.20.2-py3-none-any.whl", "--platform", "x"),
         ("wheel", "--wheel", "{tmp}/vllm-0.20.2-py3-none-any.whl"),
         ("matrix", "--releases", "{tmp}/bad.toml"),
+        ("apply", "--vllm-src", "{tree}", "--vllm-src", "{tmp}"),
+        ("status", "--release", "0.20.2", "--release", "0.21.0"),
+        ("apply", "--vllm-src", "{tree}"),  # no version, none of the files
+        ("export", "--vllm-src", "{tree}", "--series", "{tmp}/series"),
+        ("doctor", "--python", "/bin/ls"),
+        ("apply", "--installed", "--python", "/bin/ls"),
     ],
 )
 def test_bad_input_is_an_error_with_a_hint_and_writes_nothing(
     args: tuple[str, ...], tmp_path: Path
 ) -> None:
+    """Issue 25's bad inputs: exit 2, ``error:`` and ``hint:``, nothing written
+    (the tree is a stray ``vllm/__init__.py``, no vLLM tree)."""
     tree = tmp_path / "tree"
     (tree / "vllm").mkdir(parents=True)
     (tree / "vllm" / "__init__.py").write_text("")
-    (tree / "PKG-INFO").write_text(
-        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.20.2\n"
-    )
     (tmp_path / "bad.toml").write_text("releases = [\n")
     before = support.snapshot(tmp_path)
     result = cli(*(a.format(tree=tree, tmp=tmp_path) for a in args), cwd=tmp_path)
