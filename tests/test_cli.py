@@ -15,6 +15,8 @@ from deepstack_patch.cli import COMMANDS, main
 from deepstack_patch.patches import SERIES
 from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
 
+from tests import support
+
 MODEL = "vllm/model_executor/models/granite4_vision.py"
 
 
@@ -103,7 +105,7 @@ def test_drifted_apply_refuses_and_writes_nothing(drifted_tree: Path) -> None:
     before = (drifted_tree / MODEL).read_bytes()
     code, output = run("apply", "--vllm-src", str(drifted_tree))
     assert code == 2
-    assert "drifted" in output and "refused" in output
+    assert "drifted" in output and "nothing was written" in output
     # The line of what was found (the slice by another bound), not the def.
     assert f"{MODEL}:5" in output and "expected" in output
     assert (drifted_tree / MODEL).read_bytes() == before
@@ -188,3 +190,203 @@ def test_list_says_every_change_granite_s_rewrite_makes() -> None:
     assert "self._ds_buffers[lvl][:n]" in changes
     # and the rewrite of its example does make exactly those two changes
     assert "[:n]" in granite.AFTER and "[:n]" not in granite.BEFORE
+
+
+# -- issue 25: bad input is refused, with a hint, and writes nothing ----------
+
+
+def refused_here(args: list[str], *fragments: str) -> str:
+    """Exit 2 with ``error:`` and ``hint:``; every fragment said."""
+    code, output = run(*args)
+    assert code == 2, output
+    assert "error:" in output and "hint:" in output, output
+    for fragment in fragments:
+        assert fragment in output, f"{fragment!r} not in:\n{output}"
+    return output
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "values"),
+    [
+        ("apply", "--vllm-src", ("{a}", "{b}")),
+        ("status", "--vllm-src", ("{a}", "{b}")),
+        ("status", "--release", ("0.20.2", "0.21.0")),
+        ("apply", "--release", ("0.20.2", "0.21.0")),
+        ("apply", "--format", ("text", "json")),
+        ("export", "--series", ("{a}/s1", "{a}/s2")),
+        ("apply", "--out", ("{a}/o1", "{a}/o2")),
+        ("doctor", "--python", ("python3", "python3")),
+        ("watch", "--reviewed", ("{a}/r1.toml", "{a}/r2.toml")),
+    ],
+)
+def test_a_repeated_single_valued_option_is_refused(
+    command: str, option: str, values: tuple[str, str], tmp_path: Path
+) -> None:
+    a = make_tree(tmp_path / "a", granite.BEFORE)
+    b = make_tree(tmp_path / "b", granite.BEFORE)
+    before = [support.snapshot(a), support.snapshot(b)]
+    first, second = (v.format(a=a, b=b) for v in values)
+    args = [command, option, first, "--only=vllm#40917", f"{option}={second}"]
+    if command == "watch":
+        args = [command, "--since", "0.20.2", option, first, option, second]
+    elif command == "doctor":
+        args = [command, option, first, option, second]
+    output = refused_here(args, f"{option} given 2 times ({first}, {second})")
+    assert f"hint: give {option} once" in output
+    assert [support.snapshot(a), support.snapshot(b)] == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_dry_run_with_check_prints_the_diff_and_the_verdict(
+    needing_tree: Path,
+) -> None:
+    before = support.snapshot(needing_tree)
+    result = CliRunner().invoke(
+        main, ["apply", "--dry-run", "--check", "--vllm-src", str(needing_tree)]
+    )
+    assert result.exit_code == 1, result.output
+    assert f"--- a/{MODEL}" in result.stdout
+    assert "+            n = inputs_embeds.size(0)" in result.stdout
+    assert "needed: vllm#40917" in result.stderr  # the diff stays a diff
+    code, output = run(
+        "apply",
+        "--dry-run",
+        "--check",
+        "--vllm-src",
+        str(needing_tree),
+        "--format=json",
+    )
+    assert code == 1 and f"--- a/{MODEL}" in json.loads(output)["diff"]
+    assert support.snapshot(needing_tree) == before
+
+
+def test_dry_run_on_a_patched_tree_says_nothing_to_do(needing_tree: Path) -> None:
+    assert run("apply", "--vllm-src", str(needing_tree))[0] == 0
+    result = CliRunner().invoke(
+        main, ["apply", "--dry-run", "--vllm-src", str(needing_tree)]
+    )
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "nothing to do" in result.stderr
+    result = CliRunner().invoke(
+        main, ["apply", "--dry-run", "--check", "--vllm-src", str(needing_tree)]
+    )
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "nothing needed" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["apply"],
+        ["apply", "--dry-run"],
+        ["apply", "--commit"],
+        ["export", "--series", "{tmp}/series"],
+    ],
+)
+def test_drift_is_an_error_like_every_other_refusal(
+    args: list[str], drifted_tree: Path, tmp_path: Path
+) -> None:
+    """``error:``/``hint:`` on stderr, exit 2; the JSON keeps the plan and
+    gains the ``error`` object every error document has."""
+    import subprocess
+
+    if "--commit" in args:
+        for git in (["init", "-q"], ["add", "."], ["commit", "-qm", "vLLM"]):
+            subprocess.run(
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", *git],
+                cwd=drifted_tree,
+                check=True,
+            )
+    before = support.snapshot(drifted_tree)
+    args = [a.format(tmp=tmp_path) for a in args] + ["--vllm-src", str(drifted_tree)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "refused:" not in result.output
+    assert result.stderr.startswith(f"error: {MODEL}:3: vllm#40917 drifted")
+    assert "hint: " in result.stderr and "--skip vllm#40917" in result.stderr
+    assert "vllm#40917" in result.stdout and "drifted" in result.stdout  # the plan
+    result = CliRunner().invoke(main, [*args, "--format", "json"])
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document["command"] == args[0]
+    (patch,) = [p for p in document["patches"] if p["id"] == "vllm#40917"]
+    assert patch["state"] == "drifted" and document["written"] == []
+    error = document["error"]
+    assert set(error) == {"message", "path", "line", "hint"}
+    assert (error["path"], error["line"]) == (MODEL, 3)
+    assert "drifted" in error["message"] and "--skip vllm#40917" in error["hint"]
+    assert support.snapshot(drifted_tree) == before
+    assert not (tmp_path / "series").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["apply"],
+        ["apply", "--check"],
+        ["apply", "--dry-run"],
+        ["export", "--series", "{tmp}/series"],
+    ],
+)
+def test_a_folder_that_is_not_a_vllm_tree_is_an_error(
+    args: list[str], tmp_path: Path
+) -> None:
+    stray = tmp_path / "stray"
+    (stray / "vllm").mkdir(parents=True)
+    (stray / "vllm" / "__init__.py").write_text("")
+    before = support.snapshot(tmp_path)
+    args = [a.format(tmp=tmp_path) for a in args] + ["--vllm-src", str(stray)]
+    refused_here(args, f"{stray}: not a vLLM tree: no version", "hint: pass the root")
+    assert support.snapshot(tmp_path) == before
+
+
+def test_a_release_too_old_for_every_patch_is_nothing_to_do(tmp_path: Path) -> None:
+    old = make_tree(tmp_path / "old", "")
+    (old / MODEL).unlink()
+    (old / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.4.0\n")
+    code, output = run("apply", "--check", "--vllm-src", str(old))
+    assert code == 0 and "nothing needed" in output
+
+
+def test_whether_a_tree_is_vllm_is_decided_by_the_series_given(tmp_path: Path) -> None:
+    """No version: a tree holding one of the series' files is a tree; one
+    holding none of them (for this series) is not."""
+    from deepstack_patch.engine.errors import DeepstackError
+    from deepstack_patch.engine.plan import plan_tree
+    from deepstack_patch.engine.tree import VllmTree
+
+    root = make_tree(tmp_path / "granite-only", granite.BEFORE)
+    (root / "PKG-INFO").unlink()
+    tree = VllmTree.open(root)
+    assert tree.version_source == "unknown"
+    (patch,) = [p for p in SERIES if p.id == "vllm#40917"]
+    others = [p for p in SERIES if not set(tree.glob(p.paths))]
+    assert others  # a patch whose files this tree lacks
+    assert plan_tree(tree, [patch]).needed
+    with pytest.raises(DeepstackError, match="not a vLLM tree"):
+        plan_tree(tree, others)
+
+
+def test_status_installed_names_the_install_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.test_permissions import fake_vllm
+
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    (site,) = venv.glob("lib/python3*/site-packages")
+    fake_vllm(site)
+    python = venv / "bin" / "python"
+    result = CliRunner().invoke(
+        main, ["status", "--installed", "--python", str(python)]
+    )
+    assert result.exit_code == 0, result.output
+    headers = [line for line in result.output.splitlines() if str(site) in line]
+    assert headers == [
+        f"vLLM 0.1.0 installed in {site} (python {python}; version from "
+        "vllm-0.1.0.dist-info/METADATA)"
+    ]

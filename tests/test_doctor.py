@@ -268,7 +268,22 @@ def test_a_python_that_is_not_one_is_an_error(tmp_path: Path) -> None:
     fake.chmod(0o755)
     code, document = doctor(tmp_path, args=("--python", str(fake)))
     assert code == 2
-    assert "did not answer as a Python would" in document["output"]
+    assert "not a Python interpreter" in document["output"]
+
+
+@pytest.mark.parametrize("program", ["/bin/ls", "/bin/echo", "/bin/true"])
+def test_a_program_that_is_no_python_is_named_in_one_line(
+    program: str, tmp_path: Path
+) -> None:
+    """/bin/ls echoed the whole probe back: an 11.9 KB error (issue 25)."""
+    for command in (["doctor"], ["status", "--installed"]):
+        result = CliRunner().invoke(main, [*command, "--python", program])
+        assert result.exit_code == 2
+        error, hint = result.stderr.splitlines()
+        assert error == f"error: --python {program}: not a Python interpreter " + (
+            "(it did not run a one-line Python program)"
+        )
+        assert hint.startswith("hint: give the Python that runs vLLM")
 
 
 # --- the official wheel ---------------------------------------------------------

@@ -476,6 +476,22 @@ def test_a_changed_file_blocks_revert(tmp_path) -> None:
     assert snapshot(site) == before
 
 
+def test_revert_hint_names_the_installed_version(tmp_path) -> None:
+    """The hint said ``vllm==VERSION`` literally (issue 25)."""
+    site = fake_install(tmp_path)
+    installed = installed_in_folder(site, site / "vllm-9.9.9.dist-info")
+    apply_in_place(installed, [FileEdit(MODULE, OLD_SOURCE, NEW_SOURCE, ["x"])], [])
+    (site / MODULE).write_bytes(b"def answer():\n    return 43\n")
+    before = snapshot(site)
+    result = run("revert", "--vllm-src", str(site))
+    assert_refused(result, "changed after deepstack-patch wrote it")
+    assert "hint: reinstall vllm (pip install --force-reinstall --no-deps " in (
+        result.stderr
+    )
+    assert "vllm==9.9.9)" in result.stderr and "VERSION" not in result.stderr
+    assert snapshot(site) == before
+
+
 def test_an_editable_install_is_its_checkout(tmp_path, monkeypatch) -> None:
     checkout = tmp_path / "checkout"
     (checkout / "vllm").mkdir(parents=True)

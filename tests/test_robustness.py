@@ -764,3 +764,151 @@ def test_speed_doc_row_counts_what_apply_does_on_0_20_2(tmp_path: Path) -> None:
     assert needed and files
     row = f"`apply` (fresh copy, {len(needed)} patches, {len(files)} files)"
     assert row in SPEED_DOC.read_text()
+
+
+# -- issue 25: every error a user can meet has a hint ----------------------------
+
+
+def test_every_error_raised_in_the_code_has_a_hint() -> None:
+    """A DeepstackError without a hint prints ``error:`` and no ``hint:``
+    (``apply --vllm-src T --out D``, ``watch --reviewed missing.toml``)."""
+    import ast
+
+    package = Path(__file__).resolve().parent.parent
+    raised, without = 0, []
+    for folder in ("rewriter", "patches"):
+        for path in sorted((package / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                match node:
+                    case ast.Call(func=ast.Name(id="DeepstackError")):
+                        raised += 1
+                        hints = [k.value for k in node.keywords if k.arg == "hint"]
+                        hint = [*node.args[1:2], *hints]
+                        if not hint or hint[0] == ast.Constant(""):
+                            without.append(f"{path.name}:{node.lineno}")
+    assert raised > 100  # the walk found the errors
+    assert not without, f"DeepstackError without a hint: {without}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("apply", "--vllm-src", "{tree}", "--out", "{tmp}/D"),
+        ("status", "--installed", "--out", "{tmp}/D"),
+        (
+            "watch",
+            "--since",
+            "0.20.2",
+            "--until",
+            "0.20.2",
+            "--reviewed",
+            "{tmp}/no.toml",
+        ),
+        ("wheel", "--wheel", "{tmp}/vllm-0.20.2-py3-none-any.whl", "--platform", "x"),
+        ("wheel", "--wheel", "{tmp}/vllm-0.20.2-py3-none-any.whl"),
+        ("matrix", "--releases", "{tmp}/bad.toml"),
+        ("apply", "--vllm-src", "{tree}", "--vllm-src", "{tmp}"),
+        ("status", "--release", "0.20.2", "--release", "0.21.0"),
+        ("apply", "--vllm-src", "{tree}"),  # no version, none of the files
+        ("export", "--vllm-src", "{tree}", "--series", "{tmp}/series"),
+        ("doctor", "--python", "/bin/ls"),
+        ("apply", "--installed", "--python", "/bin/ls"),
+    ],
+)
+def test_bad_input_is_an_error_with_a_hint_and_writes_nothing(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
+    """Issue 25's bad inputs: exit 2, ``error:`` and ``hint:``, nothing written
+    (the tree is a stray ``vllm/__init__.py``, no vLLM tree)."""
+    tree = tmp_path / "tree"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    (tmp_path / "bad.toml").write_text("releases = [\n")
+    before = support.snapshot(tmp_path)
+    result = cli(*(a.format(tree=tree, tmp=tmp_path) for a in args), cwd=tmp_path)
+    refused(result)
+    assert support.snapshot(tmp_path) == before
+
+
+def test_the_nearest_release_is_suggested() -> None:
+    from deepstack_patch.fetch.index import nearest_release
+
+    versions = ["0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0"]
+    versions += ["0.22.0rc1", "0.22.0", "0.33.0"]
+    for asked, nearest in [
+        ("v0.20.2", "0.20.2"),  # a tag's name
+        ("0.20", "0.20.2"),  # a partial version: the newest of that minor
+        ("0.21", "0.21.0"),
+        ("0.20.9", "0.20.2"),  # no such patch release: the closest before
+        ("0.0.1", "0.19.0"),
+        ("latest", "0.33.0"),  # no version at all: the newest
+    ]:
+        assert nearest_release(asked, versions) == nearest, asked
+    assert nearest_release("0.20", []) is None
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("asked", ["v0.20.2", "0.20"])
+def test_a_release_not_on_the_index_suggests_the_nearest(
+    asked: str, tmp_path: Path
+) -> None:
+    for args in (
+        ["status", "--release", asked],
+        ["apply", "--release", asked],
+        ["wheel", "--release", asked, "--out", "wheels"],
+    ):
+        result = cli(*args, cwd=tmp_path)
+        stderr = refused(result, "hint: did you mean 0.20.2?")
+        assert stderr.startswith("error:"), stderr  # nothing downloaded, nor said
+        assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.release
+def test_a_refused_extraction_says_nothing_before_the_error(tmp_path: Path) -> None:
+    cached("0.20.2")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine\n")
+    before = support.snapshot(tmp_path)
+    result = cli("apply", "--release", "0.20.2", "--out", str(taken))
+    stderr = refused(result, f"{taken} exists and is not an extraction")
+    assert stderr.startswith("error:"), stderr  # no "extracting ... into ..."
+    assert support.snapshot(tmp_path) == before
+
+
+@pytest.mark.release
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only folder")
+def test_a_read_only_destination_is_refused_before_any_progress(
+    read_only_folder: Path,
+) -> None:
+    cached("0.20.2")
+    for out in (read_only_folder, read_only_folder / "vllm-0.20.2"):
+        result = cli("apply", "--release", "0.20.2", "--out", str(out))
+        stderr = refused(result, f"hint: {read_only_folder} is on a read-only file")
+        assert stderr.startswith("error: cannot extract into"), stderr
+    assert list(read_only_folder.iterdir()) == []
+
+
+@pytest.mark.release
+def test_a_read_only_tree_names_every_unwritable_place_in_one_error(
+    partial_copy: Callable[[str], Path],
+) -> None:
+    """Not the folder, then the file, then the next folder, one per run."""
+    tree = partial_copy("0.20.2")
+    needed = json.loads(
+        cli("status", "--vllm-src", str(tree), "--format", "json").stdout
+    )["patches"]
+    files = sorted({f for p in needed if p["state"] == "needed" for f in p["files"]})
+    folders = sorted({str(Path(f).parent) for f in files})
+    assert len(files) > 1 and len(folders) > 1
+    subprocess.run(["chmod", "-R", "a-w", str(tree)], check=True)
+    try:
+        before = snapshot(tree)
+        result = cli("apply", "--vllm-src", str(tree))
+        stderr = refused(result, f"{len(files) + len(folders)} places", "chmod u+w")
+        error = stderr.split("hint:")[0]
+        for place in [*files, *(f"{folder}/" for folder in folders)]:
+            assert place in error, place
+        assert snapshot(tree) == before
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(tree)], check=True)

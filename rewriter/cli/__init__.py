@@ -19,6 +19,7 @@ from deepstack_patch.cli.common import (
     interrupted,
     invoked_command,
     os_error,
+    refuse_repeated_options,
     report_error,
     wants_json,
 )
@@ -61,6 +62,14 @@ class DeepstackGroup(click.Group):
         module_name, _, attribute = COMMANDS[name].partition(":")
         module = importlib.import_module(f"deepstack_patch.cli.{module_name}")
         return getattr(module, attribute)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and name is not None:
+            refuse_repeated_options(command, name, ctx, rest)
+        return name, command, rest
 
     def main(self, args: Any = None, *pargs: Any, **kwargs: Any) -> Any:
         # Not list(): importing the `list` command module shadows the builtin here.

@@ -72,6 +72,7 @@ def apply(
     from deepstack_patch.engine.apply import CHECK, DRY_RUN, WRITE, apply_tree
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.engine.recognition_cache import RecognitionCache
+    from deepstack_patch.output.documents import dump_json, plan_json
 
     series = load_series()
     selected = select_patches(series, only, skip)
@@ -88,24 +89,29 @@ def apply(
         )
     if commit:
         sys.exit(apply_with_commits(tree, series, selected, allow_dirty, output_format))
-    mode = CHECK if check else DRY_RUN if dry_run else WRITE
+    # A dry run computes the diff, and with --check also gives its verdict.
+    mode = DRY_RUN if dry_run else CHECK if check else WRITE
     # The recognition cache serves only files nothing is rewritten in.
     cache = RecognitionCache.for_series(series)
-    result = apply_tree(tree, series, selected, mode, cache)
+    result = apply_tree(tree, series, selected, mode, cache, check=check)
+    if result.drifted:
+        fields = _apply_fields(result, dry_run, check)
+        sys.exit(refuse_drifted(result.plan, output_format, "apply", **fields))
     if output_format == "json":
-        click.echo(_apply_json(result, dry_run, check))
-    elif dry_run and not result.drifted:
-        from deepstack_patch.output.diffs import unified_diff
-
-        sys.stdout.write(unified_diff(result.plan.edits))
+        document = plan_json(
+            result.plan, "apply", **_apply_fields(result, dry_run, check)
+        )
+        click.echo(dump_json(document))
+    elif dry_run:
+        _print_dry_run(result)
     else:
         _print_apply(result)
     sys.exit(result.exit_code)
 
 
-def _apply_json(result: Any, dry_run: bool, check: bool) -> str:
+def _apply_fields(result: Any, dry_run: bool, check: bool) -> dict[str, Any]:
+    """What apply's JSON document has beside the plan."""
     from deepstack_patch.output.diffs import unified_diff
-    from deepstack_patch.output.documents import dump_json, plan_json
 
     extra: dict[str, Any] = {
         "dry_run": dry_run,
@@ -117,7 +123,23 @@ def _apply_json(result: Any, dry_run: bool, check: bool) -> str:
         extra["hard_links"] = result.hard_links
     if dry_run:
         extra["diff"] = unified_diff(result.plan.edits)
-    return dump_json(plan_json(result.plan, "apply", **extra))
+    return extra
+
+
+def _print_dry_run(result: Any) -> None:
+    """The diff on stdout (for `git apply`, `patch -p1`); what it amounts to
+    on stderr, as `ruff format --diff` says it, so the diff stays a diff."""
+    from deepstack_patch.output.diffs import unified_diff
+
+    sys.stdout.write(unified_diff(result.plan.edits))
+    if result.check:
+        needed = ", ".join(r.patch.id for r in result.plan.needed)
+        click.echo(f"needed: {needed}" if needed else "nothing needed", err=True)
+    elif not result.plan.edits:
+        click.echo(
+            "nothing to do: every selected patch is applied or not applicable",
+            err=True,
+        )
 
 
 def _print_apply(result: Any) -> None:
@@ -132,14 +154,7 @@ def _print_apply(result: Any) -> None:
     console = stdout_console()
     print_tree_header(console, plan.tree)
     print_plan_table(console, plan)
-    if result.drifted:
-        names = ", ".join(r.patch.id for r in result.drifted)
-        console.print(
-            f"[bold red]refused:[/] {names} drifted: the target code has a shape "
-            "this tool does not recognise, so nothing was written. Each location "
-            "above says what was expected; use --skip ID to apply the others."
-        )
-    elif result.mode == "check":
+    if result.check:
         needed = ", ".join(r.patch.id for r in plan.needed)
         console.print(f"needed: {needed}" if needed else "nothing needed")
     elif result.written:

@@ -78,16 +78,21 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
         document = {
             "schema": 1,
             "command": invoked_command(words),
-            "error": {
-                "message": exc.message,
-                "path": exc.path,
-                "line": exc.line,
-                "hint": exc.hint,
-            },
+            "error": error_json(exc),
         }
         click.echo(json.dumps(document, indent=2))
     print_error(exc)
     sys.exit(EXIT_ERROR)
+
+
+def error_json(exc: DeepstackError) -> dict[str, Any]:
+    """The ``error`` object of every JSON document that reports an error."""
+    return {
+        "message": exc.message,
+        "path": exc.path,
+        "line": exc.line,
+        "hint": exc.hint,
+    }
 
 
 def print_error(exc: DeepstackError) -> None:
@@ -100,6 +105,61 @@ def print_error(exc: DeepstackError) -> None:
     if exc.hint:
         # Escaped: hints quote things like 'deepstack-patch[verify]'.
         console.print(f"[bold]hint:[/] {escape(exc.hint)}")
+
+
+#: Options a later repetition may override, as ``make -j`` does: a tuning
+#: knob, where a wrapper's default followed by the user's choice is common.
+LAST_ONE_WINS = frozenset({"jobs"})
+
+
+def refuse_repeated_options(
+    command: click.Command, name: str, parent: click.Context, args: Sequence[str]
+) -> None:
+    """Refuse a single-valued option given twice, before anything runs.
+
+    click keeps the last value, so ``--vllm-src A --vllm-src B`` would work
+    on B without a word: a tree, a release or an output path given twice is
+    a mistake in the command line, never a choice.
+    """
+    single = [
+        param
+        for param in command.params
+        if isinstance(param, click.Option)
+        and not (param.multiple or param.count or param.is_flag)
+        and param.name not in LAST_ONE_WINS
+    ]
+    if not single:
+        return
+    parser = command.make_parser(
+        command.context_class(command, info_name=name, parent=parent)
+    )
+    try:
+        _, _, order = parser.parse_args(args=[*args])
+    except click.UsageError:
+        return  # the command's own parse reports it
+    for param in single:
+        if order.count(param) > 1:
+            flag = param.opts[0]
+            values = _values_of(param.opts, args)
+            raise DeepstackError(
+                f"{flag} given {len(values)} times ({', '.join(values)}): it "
+                "takes one value",
+                f"give {flag} once; to work on several, run the command once for each",
+            )
+
+
+def _values_of(flags: Sequence[str], args: Sequence[str]) -> list[str]:
+    """Every value ``args`` gives one option (``--opt V`` or ``--opt=V``)."""
+    values = []
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            break
+        if word in flags:
+            values.append(next(words, ""))
+        elif "=" in word and word.partition("=")[0] in flags:
+            values.append(word.partition("=")[2])
+    return values
 
 
 def wants_json(words: Sequence[str]) -> bool:
@@ -216,7 +276,13 @@ def open_tree(
             "--installed for the vLLM this Python imports",
         )
     if out is not None and release is None:
-        raise DeepstackError("--out goes with --release, not with --vllm-src")
+        given = "--installed" if installed else "--vllm-src"
+        raise DeepstackError(
+            f"--out goes with --release, not with {given}",
+            f"drop --out: {given} works on that tree where it is (to patch a "
+            "copy, copy the tree first), or fetch a release into a folder with "
+            "--release VERSION --out DIR",
+        )
     if installed:
         return open_installed_tree(python)
     if vllm_src is not None:
@@ -249,17 +315,12 @@ def open_installed_tree(python: Path | None) -> VllmTree:
     from deepstack_patch.engine.installed import find_installed, open_installed
 
     found = find_installed(python)
-    # One unwrapped line on stderr: a log keeps the paths whole.
+    # One unwrapped line on stderr: a log keeps the paths whole. An install
+    # itself is named by the command's own header (one line, not two).
     if found.editable:
         click.echo(
             f"vllm {found.version} is an editable install of {found.source_root}: "
             "working on that checkout as a source tree",
-            err=True,
-        )
-    else:
-        click.echo(
-            f"vLLM {found.version} installed in {found.site_packages} "
-            f"(python {found.python})",
             err=True,
         )
     return open_installed(found)
@@ -391,21 +452,48 @@ def selected_drifted(plan: Plan) -> list[Any]:
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
 
 
-def refuse_drifted(plan: Plan, output_format: str, command: str) -> int:
-    """Print the plan and the refusal; return exit code 2 (nothing was written)."""
+def refuse_drifted(plan: Plan, output_format: str, command: str, **extra: Any) -> int:
+    """Refuse a run with a drifted selected patch: the plan on stdout (``extra``
+    goes into its JSON document, with the ``error`` object every error has),
+    ``error:`` and ``hint:`` on stderr; return exit code 2 (nothing written)."""
     from deepstack_patch.output.documents import dump_json, plan_json
     from deepstack_patch.output.tables import print_plan_table, print_tree_header
 
+    error = drift_error(plan)
     if output_format == "json":
-        click.echo(dump_json(plan_json(plan, command, written=[])))
+        document = plan_json(plan, command, **{"written": [], **extra})
+        document["error"] = error_json(error)
+        click.echo(dump_json(document))
     else:
         console = stdout_console()
         print_tree_header(console, plan.tree)
         print_plan_table(console, plan)
-        names = ", ".join(r.patch.id for r in selected_drifted(plan))
-        console.print(
-            f"[bold red]refused:[/] {names} drifted: the target code has a shape "
-            "this tool does not recognise, so nothing was written. Each location "
-            "above says what was expected; use --skip ID to leave a patch out."
-        )
+    print_error(error)
     return EXIT_ERROR
+
+
+def drift_error(plan: Plan) -> DeepstackError:
+    """The refusal of a plan with drifted selected patches, at the first
+    drifted location (the table, or the JSON patches, show every one)."""
+    from deepstack_patch.engine.protocol import PatchState
+
+    drifted = selected_drifted(plan)
+    where = next(
+        (
+            location
+            for report in drifted
+            for location in report.locations
+            if location.state is PatchState.DRIFTED
+        ),
+        None,
+    )
+    names = ", ".join(r.patch.id for r in drifted)
+    reason = f" ({where.finding.reason})" if where and where.finding.reason else ""
+    return DeepstackError(
+        f"{names} drifted: the target code has a shape this tool does not "
+        f"recognise{reason}; nothing was written",
+        "each drifted location in the table says what was expected; check the "
+        f"code there, or leave the patch out with --skip {drifted[0].patch.id}",
+        path=where.path if where else None,
+        line=where.finding.line if where else None,
+    )

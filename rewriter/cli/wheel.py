@@ -86,7 +86,10 @@ def wheel(
             "e.g. --release 0.20.2",
         )
     if wheel_file is not None and platform is not None:
-        raise DeepstackError("--platform goes with --release, not with --wheel")
+        raise DeepstackError(
+            "--platform goes with --release, not with --wheel",
+            "drop --platform: the wheel file's name says its platform",
+        )
     series = load_series()
     selected = select_patches(series, only, skip)
     local_version(release or "0", label)  # a bad label fails before a download

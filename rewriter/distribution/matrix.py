@@ -304,7 +304,10 @@ def read_releases(path: Path) -> list[str]:
         try:
             releases = list(tomllib.loads(text).get("releases", []))
         except tomllib.TOMLDecodeError as exc:
-            raise DeepstackError(f"--releases {path}: {exc}") from None
+            raise DeepstackError(
+                f"--releases {path}: {exc}",
+                'fix the TOML: releases = ["0.20.2", "0.21.0"]',
+            ) from None
     else:
         releases = [
             line.split("#", 1)[0].strip()

@@ -97,7 +97,11 @@ def open_repository(tree: VllmTree) -> git.Repo:
             "there first, or apply without --commit",
         ) from None
     if repo.bare or repo.working_tree_dir is None:
-        raise DeepstackError(f"--commit: {repo.git_dir} is a bare repository")
+        raise DeepstackError(
+            f"--commit: {repo.git_dir} is a bare repository",
+            "commit in a work tree of it (git worktree add PATH, or a clone), "
+            "or apply without --commit",
+        )
     if not repo.head.is_valid():
         _refuse_unsafe_repository(repo)
         raise DeepstackError(

@@ -159,13 +159,22 @@ def default_reviewed_path() -> Path:
     ).resolve()
 
 
+def _reason(exc: Exception) -> str:
+    """An OSError's reason without its errno and repeated file name."""
+    return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+
+
 def load_reviewed(path: Path | None = None) -> list[Reviewed]:
     path = path or default_reviewed_path()
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        message = f"{path}: cannot read the reviewed changes: {exc}"
-        raise DeepstackError(message) from None
+        message = f"{path}: cannot read the reviewed changes: {_reason(exc)}"
+        raise DeepstackError(
+            message,
+            "give a readable TOML file of [[reviewed]] entries with --reviewed, "
+            "or leave --reviewed out for the watch.toml shipped with the tool",
+        ) from None
     entries = []
     for number, entry in enumerate(data.get("reviewed", []), start=1):
         missing = [k for k in ("patch", "release", "symbol", "reason", "reviewed")]

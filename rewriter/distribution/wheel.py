@@ -175,9 +175,15 @@ def _release_of(wheel: Path) -> tuple[str, str]:
             f"--wheel {wheel}: {exc}", "give a vllm-*.whl file as the index names it"
         ) from None
     if name != "vllm":
-        raise DeepstackError(f"--wheel {wheel}: a wheel of {name}, not of vllm")
+        raise DeepstackError(
+            f"--wheel {wheel}: a wheel of {name}, not of vllm",
+            "give a vllm-*.whl file, or fetch one with --release VERSION",
+        )
     if not wheel.is_file():
-        raise DeepstackError(f"--wheel {wheel}: no such file")
+        raise DeepstackError(
+            f"--wheel {wheel}: no such file",
+            "give the path of a vllm-*.whl file, or fetch one with --release VERSION",
+        )
     return str(version), name
 
 
@@ -203,7 +209,11 @@ def _extract_tree(
     for info in members:
         path = scratch / info.filename
         if ".." in Path(info.filename).parts:
-            raise DeepstackError(f"{source.filename}: unsafe member {info.filename}")
+            raise DeepstackError(
+                f"{source.filename}: unsafe member {info.filename} (it would "
+                "land outside the folder)",
+                "give the official wheel from the package index",
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(source.read(info))
     return VllmTree.open(scratch)
@@ -229,7 +239,10 @@ def _wheel_name(filename: str, name: str, release: str, new_version: str) -> str
     """PEP 427: only the version part of the file name changes."""
     prefix = f"{name}-{release}-"
     if not filename.startswith(prefix):
-        raise DeepstackError(f"{filename}: expected a name starting with {prefix}")
+        raise DeepstackError(
+            f"{filename}: expected a name starting with {prefix}",
+            "give the wheel under the name the index gives it (PEP 427)",
+        )
     return f"{name}-{new_version}-{filename[len(prefix) :]}"
 
 

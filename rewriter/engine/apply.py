@@ -35,6 +35,9 @@ class ApplyResult:
     applied_now: list[str] = field(default_factory=list)
     #: Written files with other hard-linked names: how many other names each has.
     hard_links: dict[str, int] = field(default_factory=dict)
+    #: A ``--check`` run (``check`` mode, or a dry run with ``--check``):
+    #: needed patches make the exit code 1.
+    check: bool = False
 
     @property
     def drifted(self) -> list[PatchReport]:
@@ -47,7 +50,7 @@ class ApplyResult:
         """2 drifted; with ``check``, 1 when patches are needed; else 0."""
         if self.drifted:
             return EXIT_ERROR
-        if self.mode == CHECK and self.plan.needed:
+        if self.check and self.plan.needed:
             return EXIT_NEEDED
         return EXIT_OK
 
@@ -58,16 +61,19 @@ def apply_tree(
     selected: set[str],
     mode: str = WRITE,
     cache: RecognitionCache | None = None,
+    *,
+    check: bool = False,
 ) -> ApplyResult:
     """Plan ``series`` on ``tree``; in ``write`` mode write every edit or none.
 
     A drifted selected patch writes nothing. ``check`` computes states only
-    (no rewrites); ``dry-run`` computes the edits without writing them.
+    (no rewrites); ``dry-run`` computes the edits without writing them, and
+    with ``check=True`` also gives ``check``'s exit code.
     """
     writes = mode == WRITE
     with tree_lock(tree.root) if writes else contextlib.nullcontext():
         plan = plan_tree(tree, series, selected, rewrite=mode != CHECK, cache=cache)
-        result = ApplyResult(plan, mode)
+        result = ApplyResult(plan, mode, check=check or mode == CHECK)
         if writes and not result.drifted:
             refuse_blocked(plan)
             if plan.edits:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -70,6 +71,12 @@ def writable_folder_of(path: Path) -> Path:
     return path
 
 
+def reinstall_hint(version: str | None, then: str = "") -> str:
+    """Reinstall the release an install says it is (pinned where known)."""
+    pinned = f"vllm=={version}" if version and version != "unknown" else "vllm"
+    return f"reinstall vllm (pip install --force-reinstall --no-deps {pinned}){then}"
+
+
 #: The way round a site-packages folder this user may not write that needs
 #: nobody's rights at run time: change the install where its image is built.
 IMAGE_BUILD = (
@@ -79,31 +86,41 @@ IMAGE_BUILD = (
 
 
 def permission_hint(
-    path: Path,
+    path: Path | Sequence[Path],
     instead: str,
     *,
     status: os.stat_result | None = None,
     euid: int | None = None,
 ) -> str:
-    """The fix to try when this user may not write ``path``; ``instead`` is
-    the way round it that needs no one's rights (e.g. patch a copy).
+    """The fix to try when this user may not write ``path`` (or several
+    paths, named together; the first one's owner speaks for all); ``instead``
+    is the way round it that needs no one's rights (e.g. patch a copy).
 
     ``chmod u+w`` is advice only for the owner, and for root, who may chmod
     anything: anyone else cannot do it, so is told whose ``path`` is and to
     run as that user. ``status`` and ``euid`` stand in for ``path``'s stat
     and this process's user (tests).
     """
+    paths = [path] if isinstance(path, Path) else [*path]
+    named = " ".join(map(str, paths))
+    # Several paths are listed once, in the command to run.
+    subject, is_ = (str(paths[0]), "is") if len(paths) == 1 else ("they", "are")
     if euid is None and hasattr(os, "geteuid"):
         euid = os.geteuid()
     if status is None:
         try:
-            status = path.stat()
+            status = paths[0].stat()
         except OSError:
             status = None
     if status is None or euid is None:  # whose it is cannot be known
-        return f"{path} is not writable by this user: make it writable, or {instead}"
+        return (
+            f"{subject} {is_} not writable by this user: make "
+            f"{'it' if len(paths) == 1 else f'them ({named})'} writable, or {instead}"
+        )
     if euid in (0, status.st_uid):
-        return f"{path} is not writable: chmod u+w {path}, or {instead}"
+        if len(paths) > 1:
+            return f"make them writable: chmod u+w {named}, or {instead}"
+        return f"{subject} {is_} not writable: chmod u+w {named}, or {instead}"
     owner = _user_name(status.st_uid)
     match status.st_uid:
         case 0:
@@ -113,7 +130,8 @@ def permission_hint(
         case _:
             run_as = f"sudo -u {owner} deepstack-patch …"
     return (
-        f"{path} belongs to {owner}, and deepstack-patch runs as "
+        f"{subject} {'belongs' if len(paths) == 1 else 'belong'} to {owner}, and "
+        "deepstack-patch runs as "
         f"{_user_name(euid)}: run it as {owner} ({run_as}), or {instead}"
     )
 

@@ -25,7 +25,7 @@ from deepstack_patch.engine.bytecode import (
     bytecode_files,
     rebuild_bytecode,
 )
-from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.errors import DeepstackError, reinstall_hint
 from deepstack_patch.engine.installed import (
     ORIGINALS_DIR,
     RECORD_NAME,
@@ -87,7 +87,9 @@ def apply_in_place(
     dist = _rel(installed, installed.dist_info)
     record_rel = f"{dist}/RECORD"
     record_raw = (installed.dist_info / "RECORD").read_bytes()
-    require_rows(record_raw, [edit.relpath for edit in edits], record_rel)
+    require_rows(
+        record_raw, [edit.relpath for edit in edits], record_rel, installed.version
+    )
     document = load_change_record(installed.dist_info / RECORD_NAME)
     changes = Changes(edits=list(edits))
     new_files: dict[str, bytes | None] = {}
@@ -271,8 +273,7 @@ def revert_in_place(installed: InstalledVllm) -> RevertResult:
             f"{', '.join(changed_since)}: changed after deepstack-patch wrote it "
             f"(its sha256 differs from the record in {dist}/{RECORD_NAME}); "
             "nothing was reverted",
-            "reinstall vllm (pip install --force-reinstall --no-deps "
-            "vllm==VERSION) to return to the release's files",
+            reinstall_hint(installed.version, " to return to the release's files"),
         )
     for entry in document["files"]:
         if current[entry["path"]] == entry["sha256_before"]:
@@ -317,15 +318,20 @@ def _read_original(dist_info: Path, entry: dict[str, Any], sha256: str | None) -
         raise DeepstackError(
             f"{path}: cannot read the original of {entry['path']}: {exc.strerror}; "
             "nothing was reverted",
-            "reinstall vllm (pip install --force-reinstall --no-deps vllm==VERSION)",
+            reinstall_hint(_version_of(dist_info)),
         ) from None
     if sha256 is not None and sha256_hex(content) != sha256:
         raise DeepstackError(
             f"{path}: the kept original of {entry['path']} is damaged (sha256 "
             "differs from the record); nothing was reverted",
-            "reinstall vllm (pip install --force-reinstall --no-deps vllm==VERSION)",
+            reinstall_hint(_version_of(dist_info)),
         )
     return content
+
+
+def _version_of(dist_info: Path) -> str:
+    """The release a ``vllm-X.Y.Z.dist-info`` folder names."""
+    return dist_info.name.removeprefix("vllm-").removesuffix(".dist-info")
 
 
 def _give_back_bytecode(

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.errors import DeepstackError, reinstall_hint
 from deepstack_patch.engine.tree import VllmTree
 
 #: The change record, in the dist-info folder, listed in RECORD.
@@ -91,7 +91,7 @@ def find_installed(python: Path | None = None) -> InstalledVllm:
         raise DeepstackError(
             f"--python {python}: the vllm distribution at {dist_info} has no "
             "importable vllm package",
-            "reinstall it: pip install --force-reinstall --no-deps vllm==VERSION",
+            reinstall_hint(answer.get("version")),
         )
     dist_path = Path(dist_info)
     editable = _editable(answer.get("direct_url"))
@@ -146,14 +146,57 @@ def _ask(python: Path) -> dict[str, object]:
                 return json.loads(line.removeprefix("DEEPSTACK-FIND "))
             except ValueError:
                 break
-    detail = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+    raise interpreter_error(python, done.returncode, done.stderr)
+
+
+#: What to pass instead of an interpreter that did not answer.
+PYTHON_HINT = (
+    "give the Python that runs vLLM, e.g. --python /opt/venv/bin/python "
+    "(in that environment, python -c 'import sys; print(sys.executable)' "
+    "names it)"
+)
+
+
+def interpreter_error(
+    python: str | Path, returncode: int, stderr: str
+) -> DeepstackError:
+    """Why ``python`` gave no answer to a script run with ``-c``, in one line:
+    it is not a Python, it is too old, or the last line of its error."""
+    version = python_version(python)
+    if version is None:
+        return DeepstackError(
+            f"--python {python}: not a Python interpreter (it did not run a "
+            "one-line Python program)",
+            PYTHON_HINT,
+        )
+    shown = ".".join(map(str, version))
+    if version < (3, 8):
+        return DeepstackError(
+            f"--python {python}: Python {shown}; deepstack-patch needs 3.8 or "
+            "newer there (vLLM needs newer still)",
+            PYTHON_HINT,
+        )
+    detail = (stderr.strip().splitlines() or ["no output"])[-1]
     if len(detail) > 160:  # a program that echoes our script back at us
         detail = detail[:160] + "..."
-    raise DeepstackError(
-        f"--python {python}: is not a Python that answers (exit {done.returncode}: "
-        f"{detail})",
-        hint,
+    return DeepstackError(
+        f"--python {python}: Python {shown} failed (exit {returncode}): {detail}",
+        "check that interpreter's environment (the last line of its error is "
+        "above), or " + PYTHON_HINT,
     )
+
+
+def python_version(python: str | Path) -> tuple[int, int] | None:
+    """``python``'s version (major, minor), or None if it is not a Python."""
+    probe = "import sys; print('DEEPSTACK-PY %d.%d' % sys.version_info[:2])"
+    try:
+        done = subprocess.run(
+            [str(python), "-c", probe], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    found = re.search(r"^DEEPSTACK-PY (\d+)\.(\d+)$", done.stdout, re.MULTILINE)
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 def _package_root(origin: str) -> Path:

@@ -144,6 +144,7 @@ def _plan(
     globbed: dict[str, list[str]] = {}
     for pattern in dict.fromkeys(pat for p in series for pat in p.paths):
         globbed[pattern] = tree.glob((pattern,))
+    refuse_unrecognised_tree(tree, globbed)
     files_of = {
         p.id: {rel for pattern in p.paths for rel in globbed[pattern]} for p in series
     }
@@ -175,6 +176,24 @@ def _plan(
     _block_unmet_requirements(reports, selected)
     refuse_partial_patches(reports)
     return Plan(tree=tree, reports=list(reports.values()), edits=edits)
+
+
+def refuse_unrecognised_tree(tree: VllmTree, globbed: dict[str, list[str]]) -> None:
+    """A folder with no version and none of the series' files is not a vLLM
+    tree (a stray ``vllm/__init__.py``): every patch would be not-applicable
+    and every check would pass. A release that is too old for every patch
+    has its version, and stays "nothing to do"."""
+    if tree.version_source != "unknown" or any(globbed.values()):
+        return
+    patterns = [*globbed]
+    shown = ", ".join(patterns[:3]) + (", ..." if len(patterns) > 3 else "")
+    raise DeepstackError(
+        f"{tree.root}: not a vLLM tree: no version (no PKG-INFO, vllm/_version.py "
+        f"or git tag) and none of the files the patches look for ({shown})",
+        "pass the root of a vLLM source tree: a git checkout with its tags "
+        "(git fetch --tags), or an extracted vllm-X.Y.Z.tar.gz; or fetch a "
+        "release with --release VERSION",
+    )
 
 
 def _plan_file(

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.errors import DeepstackError, reinstall_hint
 
 
 def record_hash(data: bytes) -> str:
@@ -76,7 +76,9 @@ def record_rows(raw: bytes) -> dict[str, list[str]]:
     return {row[0]: row for row in parse_record(raw)}
 
 
-def require_rows(raw: bytes, paths: list[str], record_relpath: str) -> None:
+def require_rows(
+    raw: bytes, paths: list[str], record_relpath: str, version: str | None = None
+) -> None:
     """Refuse an install whose RECORD does not list a file to be rewritten."""
     rows = record_rows(raw)
     missing = [path for path in paths if path not in rows]
@@ -84,8 +86,7 @@ def require_rows(raw: bytes, paths: list[str], record_relpath: str) -> None:
         raise DeepstackError(
             f"{record_relpath}: has no row for {', '.join(missing)}; the install "
             "does not match its RECORD, so nothing was written",
-            "reinstall vllm (pip install --force-reinstall --no-deps "
-            "vllm==VERSION), then run again",
+            reinstall_hint(version, ", then run again"),
         )
 
 

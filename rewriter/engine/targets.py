@@ -65,7 +65,11 @@ def load_targets(path: Path | None = None) -> Targets:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise DeepstackError(f"{path}: cannot read targets: {exc}") from None
+        raise DeepstackError(
+            f"{path}: cannot read targets: {exc}",
+            "give a readable targets.toml (see the one shipped with the tool, "
+            "and docs/vendor.md)",
+        ) from None
     patches = {}
     for patch_id, table in data.get("patches", {}).items():
         try:

@@ -69,6 +69,10 @@ def write_edits(
     # no temporary file behind and stale ones are cleared before new ones exist.
     targets = [_checked_target(root, edit) for edit in edits]
     extra_targets = [_checked_extra(root, change) for change in extra]
+    _refuse_unwritable(root, targets, extra_targets)
+    for target in [*targets, *extra_targets]:
+        if target.parent.is_dir():
+            _remove_stale_stages(target)
     staged: list[tuple[FileEdit, Path, Path]] = []
     extra_staged: list[_StagedExtra] = []
     try:
@@ -141,14 +145,41 @@ def _checked_target(root: Path, edit: FileEdit) -> Path:
             f"{edit.relpath}: changed on disk while the plan was computed",
             "another program is editing the tree; run again when it is done",
         )
-    for path, what in ((target.parent, "its folder"), (target, "the file")):
-        if not _writable(path):
-            raise DeepstackError(
-                f"{edit.relpath}: {what} is read-only for this user ({path})",
-                permission_hint(path, _way_round(root)),
-            )
-    _remove_stale_stages(target)
     return target
+
+
+def _refuse_unwritable(
+    root: Path, targets: Sequence[Path], extra_targets: Sequence[Path]
+) -> None:
+    """Name every place the run must write and this user may not, at once: a
+    read-only tree is made writable in one go, not one path per run. A file
+    is replaced by a rename, so its folder must be writable; the file's own
+    write bit says whether it is meant to change."""
+    places = [p for t in targets for p in (t.parent, t)]
+    places += [_existing_ancestor(t.parent) for t in extra_targets]
+    unwritable = [p for p in dict.fromkeys(places) if not _writable(p)]
+    if not unwritable:
+        return
+    if len(unwritable) == 1:
+        (place,) = unwritable
+        what = "the folder" if place.is_dir() else "the file"
+        message = f"{what} {place} is read-only for this user"
+    else:
+        names = [_shown(root, place) for place in unwritable]
+        message = (
+            f"{len(unwritable)} places this run must write are read-only for this "
+            f"user (in {root}): {', '.join(names)}"
+        )
+    raise DeepstackError(
+        message + "; nothing was written",
+        permission_hint(unwritable, _way_round(root)),
+    )
+
+
+def _shown(root: Path, place: Path) -> str:
+    """``place`` relative to ``root`` where it lies inside; a folder ends in /."""
+    shown = place.relative_to(root).as_posix() if place.is_relative_to(root) else place
+    return f"{shown}/" if place.is_dir() else str(shown)
 
 
 def _way_round(root: Path) -> str:
@@ -264,14 +295,6 @@ def _checked_extra(root: Path, change: ExtraChange) -> Path:
             f"{change.relpath}: vanished while the run was planned",
             "another program is changing the install; run again when it is done",
         )
-    folder = _existing_ancestor(target.parent)
-    if not _writable(folder):
-        raise DeepstackError(
-            f"{change.relpath}: its folder {folder} is read-only for this user",
-            permission_hint(folder, _way_round(root)),
-        )
-    if folder == target.parent:
-        _remove_stale_stages(target)
     return target
 
 

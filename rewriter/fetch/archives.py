@@ -10,7 +10,9 @@ destination (holding the lock, so it cannot be a live run's) removes it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import os
 import re
 import shutil
 import tarfile
@@ -83,6 +85,23 @@ def _extract_once(
             _guarded(lambda: _move_into_place(extracted, out), archive, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def extraction_target(out: Path, version: str) -> bool:
+    """Whether ``out`` holds this release's extraction already (True) or can
+    take one (False). A folder holding something else, or one this user
+    cannot write, is refused before anything is downloaded or said."""
+    if _reusable(out, version):
+        return True
+    folder = writable_folder_of(out.absolute())
+    if not os.access(folder, os.W_OK):
+        read_only = os.statvfs(folder).f_flag & os.ST_RDONLY
+        code = errno.EROFS if read_only else errno.EACCES
+        raise DeepstackError(
+            f"cannot extract into {out}: {os.strerror(code)} ({folder})",
+            os_error_hint(OSError(code, os.strerror(code)), folder),
+        )
+    return False
 
 
 def _reusable(out: Path, version: str) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import configparser
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -249,10 +250,48 @@ def find_release(version: str, index_url: str | None = None) -> SourceRelease:
         {p.version for p in page.packages if p.package_type == "sdist" and p.version},
         key=_version_key,
     )
+    nearest = nearest_release(version, sdists)
+    newest = f"the newest: {', '.join(sdists[-3:])}"
     raise DeepstackError(
         f"{shown} has no source release {filename}",
-        f"choose a released version, e.g. one of: {', '.join(sdists[-8:])}",
+        f"did you mean {nearest}? ({newest})" if nearest else f"choose one of {newest}",
     )
+
+
+def nearest_release(asked: str, versions: Sequence[str]) -> str | None:
+    """The release a version not on the index most likely means: ``v0.20.2``
+    is 0.20.2, a partial ``0.20`` the newest 0.20.x, any other version the
+    closest release before it (else the first), anything else the newest."""
+    from packaging.version import InvalidVersion, Version
+
+    known = sorted(
+        (parsed, text)
+        for text in versions
+        if (parsed := _parsed(text)) is not None and not parsed.is_prerelease
+    )
+    if not known:
+        return None
+    try:
+        wanted = Version(asked.strip())  # accepts a leading "v"
+    except InvalidVersion:
+        return known[-1][1]
+    if len(wanted.release) < 3:  # 0.20: the newest 0.20.x
+        series = [
+            t for v, t in known if v.release[: len(wanted.release)] == wanted.release
+        ]
+        if series:
+            return series[-1]
+    before = [t for v, t in known if v <= wanted]
+    return before[-1] if before else known[0][1]
+
+
+def _parsed(text: str) -> Any:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
 
 
 def source_versions(index_url: str | None = None) -> list[str]:

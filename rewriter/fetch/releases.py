@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from deepstack_patch.engine.tree import VllmTree, detect_version
-from deepstack_patch.fetch.archives import extract_release
+from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.fetch.archives import extract_release, extraction_target
 from deepstack_patch.fetch.cache import (
     Progress,
     cache_dir,
@@ -66,9 +66,10 @@ def release_archive(
         if note:
             note(f"using the verified {cached.name} from the cache (index not asked)")
         return cached
+    release = find_release(version)  # a version the index lacks is said first
     if note:
-        note(f"downloading {PROJECT}-{version}.tar.gz")
-    return download_release(find_release(version), progress)
+        note(f"downloading {release.filename}")
+    return download_release(release, progress)
 
 
 def fetch_release(
@@ -77,9 +78,10 @@ def fetch_release(
     progress: Progress | None = None,
     note: Callable[[str], None] | None = None,
 ) -> VllmTree:
-    """Find, download (cached, verified) and extract a release into ``out``."""
-    already_there = out.is_dir() and (out / "vllm" / "__init__.py").is_file()
-    if already_there and detect_version(out)[0] == version:
+    """Find, download (cached, verified) and extract a release into ``out``.
+
+    ``out`` is checked first: a refusal comes before any download or note."""
+    if extraction_target(out, version):
         return VllmTree.open(out)
     archive = release_archive(version, progress, note)
     if note:

@@ -59,9 +59,14 @@ def find_wheel(
         if p.package_type == "wheel" and p.version == version and p.filename
     ]
     if not wheels:
+        from deepstack_patch.fetch.index import nearest_release
+
+        released = {p.version for p in page.packages if p.package_type == "wheel"}
+        nearest = nearest_release(version, [v for v in released if v])
         raise DeepstackError(
             f"{index_url} has no wheel of vllm {version}",
-            "choose a release that has wheels on the index (see "
+            (f"did you mean {nearest}? " if nearest else "")
+            + "choose a release that has wheels on the index (see "
             f"{index_url.rstrip('/')}/vllm/), or pass --wheel FILE",
         )
     chosen = choose_wheel([p.filename for p in wheels], platform)

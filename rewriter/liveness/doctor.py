@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.installed import PYTHON_HINT, interpreter_error
 from deepstack_patch.engine.protocol import Patch, PatchReport, PatchState
 from deepstack_patch.engine.tree import VllmTree, detect_version
 from deepstack_patch.liveness import probe
@@ -172,25 +173,19 @@ def run_probe(python: str, request: dict[str, Any]) -> Any:
             text=True,
             timeout=timeout,
         )
+    except FileNotFoundError:
+        raise DeepstackError(f"--python {python}: no such file", PYTHON_HINT) from None
     except (OSError, subprocess.SubprocessError) as exc:
         raise DeepstackError(
             f"--python {python}: cannot run it: {exc}",
             "give the path of the Python that runs vLLM, e.g. /opt/venv/bin/python",
         ) from None
-    lines = done.stderr.strip().splitlines()
-    if done.returncode != 0:
-        raise DeepstackError(
-            f"--python {python}: the probe failed (exit {done.returncode}): "
-            f"{lines[-1] if lines else 'no output'}",
-            "give the path of a Python (3.8 or newer) that runs vLLM",
-        )
     try:
-        return json.loads(done.stdout)
+        if done.returncode == 0:
+            return json.loads(done.stdout)
     except ValueError:
-        raise DeepstackError(
-            f"--python {python}: did not answer as a Python would",
-            "give the path of the Python that runs vLLM",
-        ) from None
+        pass
+    raise interpreter_error(python, done.returncode, done.stderr)
 
 
 def _same(left: str | os.PathLike[str], right: str | os.PathLike[str]) -> bool:

@@ -23,6 +23,14 @@ STATE_STYLE = {
 
 
 def print_tree_header(console: Console, tree: VllmTree) -> None:
+    installed = getattr(tree, "installed", None)  # an InstalledTree's install
+    if installed is not None:  # the one line about it (--installed says no other)
+        console.print(
+            f"vLLM [bold]{tree.version}[/] installed in {tree.root} "
+            f"[dim](python {installed.python}; version from "
+            f"{tree.version_source})[/]"
+        )
+        return
     if tree.version_source == "unknown":
         console.print(
             f"vLLM tree at {tree.root} [dim](no version metadata: no PKG-INFO, "

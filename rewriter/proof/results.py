@@ -67,7 +67,11 @@ def read_results(path: Path) -> list[TestCase]:
     try:
         rows = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise DeepstackError(f"{path}: cannot read pytest's results: {exc}") from None
+        raise DeepstackError(
+            f"{path}: cannot read pytest's results: {exc}",
+            "pytest stopped before writing them: run again; if it happens "
+            "again, run the tests with pytest directly to see why",
+        ) from None
     return [
         TestCase(r["nodeid"], r["outcome"], r["message"], r["seconds"]) for r in rows
     ]
