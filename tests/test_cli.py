@@ -302,7 +302,7 @@ def test_drift_is_an_error_like_every_other_refusal(
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert "refused:" not in result.output
-    assert result.stderr.startswith(f"error: {MODEL}:3: vllm#40917 drifted")
+    assert result.stderr.startswith(f"error: {MODEL}:5: vllm#40917 drifted")
     assert "hint: " in result.stderr and "--skip vllm#40917" in result.stderr
     assert "vllm#40917" in result.stdout and "drifted" in result.stdout  # the plan
     result = CliRunner().invoke(main, [*args, "--format", "json"])
@@ -313,7 +313,7 @@ def test_drift_is_an_error_like_every_other_refusal(
     assert patch["state"] == "drifted" and document["written"] == []
     error = document["error"]
     assert set(error) == {"message", "path", "line", "hint"}
-    assert (error["path"], error["line"]) == (MODEL, 3)
+    assert (error["path"], error["line"]) == (MODEL, 5)
     assert "drifted" in error["message"] and "--skip vllm#40917" in error["hint"]
     assert support.snapshot(drifted_tree) == before
     assert not (tmp_path / "series").exists()
