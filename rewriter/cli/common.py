@@ -75,6 +75,8 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
     if wants_json(words):
         import json  # only here: the command line's import stays light
 
+        from deepstack_patch.output.documents import error_json
+
         document = {
             "schema": 1,
             "command": invoked_command(words),
@@ -83,16 +85,6 @@ def report_error(exc: DeepstackError, words: Sequence[str]) -> NoReturn:
         click.echo(json.dumps(document, indent=2))
     print_error(exc)
     sys.exit(EXIT_ERROR)
-
-
-def error_json(exc: DeepstackError) -> dict[str, Any]:
-    """The ``error`` object of every JSON document that reports an error."""
-    return {
-        "message": exc.message,
-        "path": exc.path,
-        "line": exc.line,
-        "hint": exc.hint,
-    }
 
 
 def print_error(exc: DeepstackError) -> None:
@@ -456,7 +448,7 @@ def refuse_drifted(plan: Plan, output_format: str, command: str, **extra: Any) -
     """Refuse a run with a drifted selected patch: the plan on stdout (``extra``
     goes into its JSON document, with the ``error`` object every error has),
     ``error:`` and ``hint:`` on stderr; return exit code 2 (nothing written)."""
-    from deepstack_patch.output.documents import dump_json, plan_json
+    from deepstack_patch.output.documents import dump_json, error_json, plan_json
     from deepstack_patch.output.tables import print_plan_table, print_tree_header
 
     error = drift_error(plan)
