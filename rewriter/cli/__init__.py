@@ -40,6 +40,7 @@ COMMANDS = {
     "doctor": "doctor:doctor",
     "revert": "revert:revert",
     "watch": "watch:watch",
+    "derive": "derive:derive",
 }
 
 

@@ -1,0 +1,396 @@
+"""The rewrite of a derived patch, in LibCST, at the statement level.
+
+Only whole statements are replaced or inserted; every statement the fix does
+not touch keeps its text (comments, formatting). The block is found again
+here by the same keys recognition used (definitions by name, other compound
+statements by header, the edit by its anchors): the engine may hand over a
+skeleton of the file, whose line numbers and top-level indices differ from
+the ones recognition saw, but whose names and statements do not.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import libcst as cst
+from deepstack_patch.engine import derived_shapes as shapes
+from deepstack_patch.engine.derived import (
+    _ShapeCache,
+    _with_block,
+    bound_name,
+    import_aliases,
+    occurrences,
+)
+from deepstack_patch.engine.plan import RewriteRefused
+
+if TYPE_CHECKING:
+    from deepstack_patch.engine.derived import _CompiledEdit
+
+Statements = list[cst.BaseStatement]
+
+
+def apply_edit(
+    module: cst.Module, compiled: _CompiledEdit, details: Mapping[str, Any]
+) -> cst.Module:
+    """``module`` with one edit made (see :class:`~.derived.Edit`)."""
+    rewriter = _Rewriter(module)
+    edit = compiled.edit
+    if edit.kind == "imports":
+        return rewriter.imports(compiled, details)
+    if edit.kind == "header":
+        steps = compiled.steps
+        action: Callable[[Statements], Statements] = lambda stmts: rewriter.header(  # noqa: E731
+            stmts, steps[-1][0], compiled
+        )
+        return module.with_changes(
+            body=rewriter.walk(list(module.body), steps[:-1], action)
+        )
+    return module.with_changes(
+        body=rewriter.walk(
+            list(module.body),
+            compiled.steps,
+            lambda stmts: rewriter.statements(stmts, compiled),
+        )
+    )
+
+
+class _Rewriter:
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.shapes = _ShapeCache()
+        self._parsed: dict[int, list[ast.stmt]] = {}
+        self._keep: list[cst.CSTNode] = []
+
+    def ast_of(self, statement: cst.CSTNode) -> list[ast.stmt]:
+        """The statement as CPython parses it (several for ``a; b``)."""
+        key = id(statement)
+        if key not in self._parsed:
+            self._keep.append(statement)
+            code = textwrap.dedent(self.module.code_for_node(statement))
+            self._parsed[key] = ast.parse(code).body
+        return self._parsed[key]
+
+    def identity(self, statement: cst.BaseStatement) -> str | None:
+        match statement:
+            case cst.FunctionDef(name=cst.Name(value=name)):
+                return f"def {name}"
+            case cst.ClassDef(name=cst.Name(value=name)):
+                return f"class {name}"
+            case cst.SimpleStatementLine():
+                return None  # never a step on the way to a block
+        parsed = self.ast_of(statement)
+        return shapes.identity(parsed[0]) if len(parsed) == 1 else None
+
+    def walk(
+        self,
+        statements: Statements,
+        steps: Sequence[tuple[str, str, str]],
+        action: Callable[[Statements], Statements],
+    ) -> Statements:
+        if not steps:
+            return action(statements)
+        identity, field_name, code = steps[0]
+        index = self._one(statements, identity, code)
+        node = statements[index]
+        changed = _with_inner(
+            node, field_name, lambda inner: self.walk(inner, steps[1:], action)
+        )
+        return [*statements[:index], changed, *statements[index + 1 :]]
+
+    def _one(self, statements: Statements, identity: str, code: str) -> int:
+        found = [i for i, s in enumerate(statements) if self.identity(s) == identity]
+        if len(found) != 1:
+            raise RewriteRefused(
+                f"`{code.strip().splitlines()[0]}` found {len(found)} times"
+            )
+        return found[0]
+
+    def header(
+        self, statements: Statements, identity: str, compiled: _CompiledEdit
+    ) -> Statements:
+        index = self._one(statements, identity, compiled.edit.header_before)
+        node = statements[index]
+        if shapes.header(self.ast_of(node)[0]) != compiled.header_before:
+            raise RewriteRefused("the header is not the one the fix expects")
+        new = cst.parse_statement(_with_block(compiled.edit.header_after))
+        if not isinstance(new, cst.FunctionDef | cst.ClassDef):
+            raise RewriteRefused("the fixed header is not a definition")
+        assert isinstance(node, cst.FunctionDef | cst.ClassDef)
+        replaced = new.with_changes(body=node.body, leading_lines=node.leading_lines)
+        return [*statements[:index], replaced, *statements[index + 1 :]]
+
+    def statements(self, statements: Statements, compiled: _CompiledEdit) -> Statements:
+        # One entry per CPython statement: (cst index, position in its line).
+        entries: list[tuple[int, int]] = []
+        nodes: list[ast.stmt] = []
+        for index, statement in enumerate(statements):
+            for position, node in enumerate(self.ast_of(statement)):
+                entries.append((index, position))
+                nodes.append(node)
+        offset = len(nodes) - len(shapes.without_docstring(nodes))
+        at_start = compiled.before_anchor is None
+        at_end = compiled.after_anchor is None
+        found = occurrences(
+            nodes, compiled.before_pattern, at_start, at_end, self.shapes
+        )
+        if len(found) != 1:
+            raise RewriteRefused(
+                f"the code the fix changes is found {len(found)} times, not once"
+            )
+        start = found[0] + offset + (0 if at_start else 1)
+        end = start + len(compiled.removed)
+        for boundary in (start, end):
+            if boundary < len(entries) and entries[boundary][1] != 0:
+                raise RewriteRefused(
+                    "the fix splits a line that holds several statements"
+                )
+        first = entries[start][0] if start < len(entries) else len(statements)
+        last = entries[end][0] if end < len(entries) else len(statements)
+        new = _parsed_statements(compiled.edit.inserted)
+        if new and first < last:
+            # Comments above a replaced statement stay above its replacement,
+            # followed by the fix's own (those the target has already once).
+            kept = list(statements[first].leading_lines)
+            known = {_comment(line) for line in kept}
+            new[0] = new[0].with_changes(
+                leading_lines=[
+                    *kept,
+                    *(
+                        line
+                        for line in new[0].leading_lines
+                        if _comment(line) not in known
+                    ),
+                ]
+            )
+        elif new and not new[0].leading_lines and _is_definition(new[0]):
+            neighbour = statements[first] if first < len(statements) else None
+            if neighbour is None or not _is_definition(neighbour):
+                neighbour = statements[first - 1] if first > 0 else None
+            if neighbour is not None:
+                blank = [
+                    line for line in neighbour.leading_lines if line.comment is None
+                ]
+                new[0] = new[0].with_changes(leading_lines=blank)
+        result = [*statements[:first], *new, *statements[last:]]
+        if not result:
+            raise RewriteRefused("the fix would leave the block empty")
+        return result
+
+    # -- imports ----------------------------------------------------------
+
+    def imports(
+        self, compiled: _CompiledEdit, details: Mapping[str, Any]
+    ) -> cst.Module:
+        add = [tuple(a) for a in details.get("add", ())]
+        drop = [tuple(a) for a in details.get("drop", ())]
+        body = list(self.module.body)
+        if drop:
+            body = [s for s in (self._without(s, drop) for s in body) if s is not None]
+        after = details.get("after", "")
+        for statement in shapes.parse_statements(compiled.edit.inserted):
+            wanted = [a for a in import_aliases([statement]) if a in add]
+            if not wanted:
+                continue
+            if isinstance(statement, ast.ImportFrom):
+                index = self._import_from(body, statement)
+                if index is not None:
+                    body[index] = self._extended(body[index], statement, wanted)
+                    continue
+            kept = [
+                alias
+                for alias, key in zip(
+                    statement.names, import_aliases([statement]), strict=True
+                )
+                if key in wanted
+            ]
+            reduced = ast.unparse(_with_names(statement, kept))
+            position = self._position_after(body, after)
+            body.insert(position, cst.parse_statement(reduced + "\n"))
+            after = reduced
+        return self.module.with_changes(body=body)
+
+    def _without(
+        self, statement: cst.BaseStatement, drop: list[tuple[Any, ...]]
+    ) -> cst.BaseStatement | None:
+        match statement:
+            case cst.SimpleStatementLine(
+                body=[cst.Import() | cst.ImportFrom() as node]
+            ):
+                pass
+            case _:
+                return statement
+        if isinstance(node.names, cst.ImportStar):
+            return statement
+        parsed = self.ast_of(statement)[0]
+        keys = import_aliases([parsed])
+        names = [
+            alias
+            for alias, key in zip(node.names, keys, strict=True)
+            if key not in drop
+        ]
+        if len(names) == len(node.names):
+            return statement
+        if not names:
+            return None
+        names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return statement.with_changes(body=[node.with_changes(names=names)])
+
+    def _import_from(self, body: Statements, statement: ast.ImportFrom) -> int | None:
+        for index, line in enumerate(body):
+            match line:
+                case cst.SimpleStatementLine(body=[cst.ImportFrom() as node]):
+                    if isinstance(node.names, cst.ImportStar):
+                        continue
+                    module = (
+                        self.module.code_for_node(node.module) if node.module else ""
+                    )
+                    if module == (statement.module or "") and len(node.relative) == (
+                        statement.level or 0
+                    ):
+                        return index
+        return None
+
+    def _extended(
+        self,
+        line: cst.BaseStatement,
+        statement: ast.ImportFrom,
+        wanted: list[tuple[Any, ...]],
+    ) -> cst.BaseStatement:
+        """``from m import a`` with the wanted names, in upstream's order."""
+        assert isinstance(line, cst.SimpleStatementLine)
+        node = line.body[0]
+        assert isinstance(node, cst.ImportFrom) and not isinstance(
+            node.names, cst.ImportStar
+        )
+        names = list(node.names)
+        upstream = import_aliases([statement])
+        comma = next(
+            (a.comma for a in names[:-1] if isinstance(a.comma, cst.Comma)),
+            cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
+        )
+        for key in wanted:
+            present = [bound_name(k) for k in _aliases_of(names)]
+            earlier = upstream[: upstream.index(key)]
+            position = 0
+            for previous in reversed(earlier):
+                if bound_name(previous) in present:
+                    position = present.index(bound_name(previous)) + 1
+                    break
+            alias = cst.ImportAlias(
+                name=cst.parse_expression(key[3]),  # type: ignore[arg-type]
+                asname=cst.AsName(name=cst.Name(key[4])) if key[4] else None,
+            )
+            if position == len(names):
+                alias = alias.with_changes(comma=names[-1].comma)
+                names[-1] = names[-1].with_changes(comma=comma)
+            else:
+                alias = alias.with_changes(comma=comma)
+            names.insert(position, alias)
+        return line.with_changes(body=[node.with_changes(names=names)])
+
+    def _position_after(self, body: Statements, after: str) -> int:
+        if after:
+            target = shapes.shape(ast.parse(after).body[0])
+            for index, statement in enumerate(body):
+                if isinstance(statement, cst.SimpleStatementLine) and [
+                    shapes.shape(n) for n in self.ast_of(statement)
+                ] == [target]:
+                    return index + 1
+        # After the docstring and any `from __future__` import.
+        position = 0
+        for index, statement in enumerate(body):
+            parsed = (
+                self.ast_of(statement)
+                if isinstance(statement, cst.SimpleStatementLine)
+                else []
+            )
+            match parsed:
+                case [ast.Expr(value=ast.Constant(value=str()))] if index == 0:
+                    position = 1
+                case [ast.ImportFrom(module="__future__")]:
+                    position = index + 1
+                case _:
+                    break
+        return position
+
+
+def _aliases_of(
+    names: Sequence[cst.ImportAlias],
+) -> list[tuple[str, str, int, str, str]]:
+    found = []
+    for alias in names:
+        name = cst.Module([]).code_for_node(alias.name)
+        asname = (
+            cst.Module([]).code_for_node(alias.asname.name)
+            if alias.asname is not None
+            else ""
+        )
+        found.append(("from", "", 0, name, asname))
+    return found
+
+
+def _with_names(
+    statement: ast.Import | ast.ImportFrom, names: list[ast.alias]
+) -> ast.stmt:
+    import copy
+
+    reduced = copy.copy(statement)
+    reduced.names = names
+    return reduced
+
+
+def _parsed_statements(code: str) -> Statements:
+    """The statements of ``code``, comments above the first one included
+    (LibCST gives a module's leading comments to the module, not to it)."""
+    if not code.strip():
+        return []
+    return list(cst.parse_module("pass\n" + code).body[1:])
+
+
+def _comment(line: cst.EmptyLine) -> str | None:
+    return line.comment.value.strip() if line.comment is not None else None
+
+
+def _is_definition(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.FunctionDef | cst.ClassDef)
+
+
+def _with_inner(
+    node: cst.BaseStatement,
+    field_name: str,
+    change: Callable[[Statements], Statements],
+) -> cst.BaseStatement:
+    """``node`` with the block ``field_name`` (ast's name for it) changed."""
+
+    def indented(block: Any) -> Any:
+        if not isinstance(block, cst.IndentedBlock):
+            raise RewriteRefused(
+                "the block is on the line of its header; the fix needs it indented"
+            )
+        return block.with_changes(body=change(list(block.body)))
+
+    match field_name:
+        case "body":
+            return node.with_changes(body=indented(node.body))  # type: ignore[attr-defined]
+        case "orelse":
+            orelse = getattr(node, "orelse", None)
+            match orelse:
+                case cst.Else():
+                    return node.with_changes(
+                        orelse=orelse.with_changes(body=indented(orelse.body))
+                    )
+                case cst.If():  # an elif: ast's else block holds that one `if`
+                    changed = change([orelse])
+                    if len(changed) != 1 or not isinstance(changed[0], cst.If):
+                        raise RewriteRefused("the fix changes an elif chain's shape")
+                    return node.with_changes(orelse=changed[0])
+        case "finalbody":
+            final = getattr(node, "finalbody", None)
+            if isinstance(final, cst.Finally):
+                return node.with_changes(
+                    finalbody=final.with_changes(body=indented(final.body))
+                )
+    raise RewriteRefused(f"no {field_name} block to change")

@@ -1,0 +1,152 @@
+"""Statements compared as a derived patch compares them: by their ``ast.dump``
+without positions, docstrings left out.
+
+A statement has two keys. Its *shape* is the whole statement. Its *identity*
+is what names it in its block: a function or class by its kind and name, any
+other compound statement (``if``, ``for``, ``with``, ``try``) by its header
+(the statement with its blocks emptied), a simple statement by its shape.
+Recognition matches anchors by one or the other (see ``Anchor.match``), and
+the statements a fix removes or inserts always by their shape.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import textwrap
+from collections.abc import Sequence
+
+#: The fields of a compound statement that hold a block a diff may change
+#: inside (an ``except`` clause's block is part of the ``try``'s header).
+BLOCK_FIELDS = ("body", "orelse", "finalbody")
+
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def is_docstring(node: ast.stmt) -> bool:
+    match node:
+        case ast.Expr(value=ast.Constant(value=str())):
+            return True
+        case _:
+            return False
+
+
+def without_docstring(block: Sequence[ast.stmt]) -> list[ast.stmt]:
+    """A block's statements after its docstring (a leading string)."""
+    if block and is_docstring(block[0]):
+        return list(block[1:])
+    return list(block)
+
+
+def is_compound(node: ast.stmt) -> bool:
+    return any(
+        isinstance(getattr(node, name, None), list)
+        and getattr(node, name)
+        and isinstance(getattr(node, name)[0], ast.stmt)
+        for name in BLOCK_FIELDS
+    ) or isinstance(node, DEFINITIONS)
+
+
+def shape(node: ast.AST) -> str:
+    """The whole statement, positions and docstrings left out."""
+    if any(
+        isinstance(inner, (*DEFINITIONS, ast.Module))
+        and inner.body
+        and is_docstring(inner.body[0])
+        for inner in ast.walk(node)
+    ):
+        node = copy.deepcopy(node)
+        for inner in ast.walk(node):
+            if isinstance(inner, (*DEFINITIONS, ast.Module)):
+                inner.body = without_docstring(inner.body)
+    return ast.dump(node, include_attributes=False)
+
+
+def header(node: ast.stmt) -> str:
+    """The statement with its blocks emptied (a def's decorators, name,
+    signature and return annotation; a class's bases; an ``if``'s test)."""
+    emptied = copy.copy(node)
+    for name in BLOCK_FIELDS:
+        if isinstance(getattr(emptied, name, None), list):
+            setattr(emptied, name, [])
+    return ast.dump(emptied, include_attributes=False)
+
+
+def identity(node: ast.stmt) -> str:
+    """What names a statement in its block (see the module's docstring)."""
+    match node:
+        case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+            return f"def {name}"
+        case ast.ClassDef(name=name):
+            return f"class {name}"
+    if is_compound(node):
+        return header(node)
+    return shape(node)
+
+
+def header_code(node: ast.stmt) -> str:
+    """The header as readable code: the statement with ``...`` as its block."""
+    emptied = copy.copy(node)
+    for name in BLOCK_FIELDS:
+        if isinstance(getattr(emptied, name, None), list):
+            setattr(emptied, name, [])
+    emptied.body = [ast.Expr(ast.Constant(...))]  # type: ignore[attr-defined]
+    return ast.unparse(emptied)
+
+
+def header_source(source_lines: Sequence[str], node: ast.stmt) -> str:
+    """A definition's header as the file writes it (decorators to the colon),
+    dedented; ``header_code`` where it cannot be cut out on whole lines."""
+    body = node.body  # type: ignore[attr-defined]
+    first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+    last = body[0].lineno - 1
+    text = textwrap.dedent("".join(source_lines[first - 1 : last]))
+    try:
+        parsed = ast.parse(text + "    ...\n") if text.endswith("\n") else None
+    except SyntaxError:
+        parsed = None
+    if (
+        parsed is not None
+        and len(parsed.body) == 1
+        and header(parsed.body[0]) == header(node)
+    ):
+        return text.rstrip() + "\n"
+    return header_code(node) + "\n"
+
+
+def statements_code(
+    source_lines: Sequence[str],
+    nodes: Sequence[ast.stmt],
+    comments_above: bool = False,
+) -> str:
+    """The source of consecutive statements, dedented (as the file writes
+    them, comments between them included, and with ``comments_above`` the
+    comment lines right above the first); ``ast.unparse`` where the source
+    cannot be cut out on whole lines."""
+    if not nodes:
+        return ""
+    first = min(
+        [nodes[0].lineno, *(d.lineno for d in getattr(nodes[0], "decorator_list", []))]
+    )
+    while (
+        comments_above
+        and first > 1
+        and source_lines[first - 2].lstrip().startswith("#")
+    ):
+        first -= 1
+    last = nodes[-1].end_lineno or nodes[-1].lineno
+    text = textwrap.dedent("".join(source_lines[first - 1 : last]))
+    try:
+        parsed = ast.parse(text)
+    except SyntaxError:
+        parsed = None
+    if parsed is not None and [shape(n) for n in parsed.body] == [
+        shape(n) for n in nodes
+    ]:
+        return text if text.endswith("\n") else text + "\n"
+    return "\n".join(ast.unparse(n) for n in nodes) + "\n"
+
+
+def parse_statements(code: str) -> list[ast.stmt]:
+    """The statements of a piece of recorded code."""
+    return ast.parse(code).body if code.strip() else []

@@ -1,0 +1,265 @@
+"""The units one file's change consists of, as a derived patch records them.
+
+The two versions of the file are compared block by block: statements are
+aligned by their identity (a definition by its name, a compound statement by
+its header, a simple statement by its whole shape; see
+:mod:`.derived_shapes`). Aligned statements that differ inside are compared
+inside (a header that changed is a header edit); everything else is an edit
+of its block between the nearest neighbours, which become its anchors.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deepstack_patch.engine import derived_shapes as shapes
+from deepstack_patch.engine.derived import Anchor, Edit, Step, Unit
+
+
+@dataclass
+class _Found:
+    """An edit, with the definitions on its way in both versions."""
+
+    edit: Edit
+    chain: tuple[tuple[ast.stmt, ast.stmt], ...]  # (before, after) definitions
+
+
+class _Differ:
+    def __init__(self, before: str, after: str) -> None:
+        self.before_lines = before.splitlines(keepends=True)
+        self.after_lines = after.splitlines(keepends=True)
+        self.found: list[_Found] = []
+
+    def block(
+        self,
+        old_block: Sequence[ast.stmt],
+        new_block: Sequence[ast.stmt],
+        steps: tuple[Step, ...],
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+    ) -> None:
+        old = shapes.without_docstring(old_block)
+        new = shapes.without_docstring(new_block)
+        matcher = difflib.SequenceMatcher(
+            a=[shapes.identity(n) for n in old],
+            b=[shapes.identity(n) for n in new],
+            autojunk=False,
+        )
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag != "equal":
+                self.edit(old, new, (i1, i2), (j1, j2), steps, chain)
+                continue
+            for offset in range(i2 - i1):
+                was, now = old[i1 + offset], new[j1 + offset]
+                if shapes.shape(was) == shapes.shape(now):
+                    continue
+                if _inside_only(was, now):
+                    self.inside(was, now, steps, chain)
+                else:
+                    at = i1 + offset
+                    self.edit(
+                        old,
+                        new,
+                        (at, at + 1),
+                        (j1 + offset, j1 + offset + 1),
+                        steps,
+                        chain,
+                    )
+
+    def inside(
+        self,
+        was: ast.stmt,
+        now: ast.stmt,
+        steps: tuple[Step, ...],
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+    ) -> None:
+        """Two aligned compound statements that differ inside."""
+        definition = isinstance(was, shapes.DEFINITIONS)
+        if definition:
+            chain = (*chain, (was, now))
+            code = shapes.header_source(self.before_lines, was)
+            if shapes.header(was) != shapes.header(now):
+                self.found.append(
+                    _Found(
+                        Edit(
+                            kind="header",
+                            block=(*steps, Step(code, "header")),
+                            header_before=code,
+                            header_after=shapes.header_source(self.after_lines, now),
+                        ),
+                        chain,
+                    )
+                )
+        else:
+            code = shapes.header_code(was)
+        for name in shapes.BLOCK_FIELDS:
+            old_inner = getattr(was, name, None)
+            new_inner = getattr(now, name, None)
+            if not isinstance(old_inner, list) or not old_inner:
+                continue
+            if [shapes.shape(n) for n in old_inner] == [
+                shapes.shape(n) for n in new_inner or []
+            ]:
+                continue
+            self.block(old_inner, new_inner, (*steps, Step(code, name)), chain)
+
+    def edit(
+        self,
+        old: Sequence[ast.stmt],
+        new: Sequence[ast.stmt],
+        removed: tuple[int, int],
+        inserted: tuple[int, int],
+        steps: tuple[Step, ...],
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+    ) -> None:
+        (i1, i2), (j1, j2) = removed, inserted
+        removed_nodes, inserted_nodes = old[i1:i2], new[j1:j2]
+        kind = "body"
+        statements = [*removed_nodes, *inserted_nodes]
+        if not steps and all(
+            isinstance(n, ast.Import | ast.ImportFrom) for n in statements
+        ):
+            kind = "imports"
+        self.found.append(
+            _Found(
+                Edit(
+                    kind=kind,
+                    block=steps,
+                    before_anchor=self.anchor(old[i1 - 1]) if i1 > 0 else None,
+                    after_anchor=self.anchor(old[i2]) if i2 < len(old) else None,
+                    removed=shapes.statements_code(self.before_lines, removed_nodes),
+                    inserted=shapes.statements_code(
+                        self.after_lines, inserted_nodes, comments_above=True
+                    ),
+                ),
+                chain,
+            )
+        )
+
+    def anchor(self, node: ast.stmt) -> Anchor:
+        if shapes.is_compound(node):
+            return Anchor(shapes.header_code(node), "header")
+        code = shapes.statements_code(self.before_lines, [node])
+        return Anchor(code.rstrip("\n"), "statement")
+
+
+def _inside_only(was: ast.stmt, now: ast.stmt) -> bool:
+    """Whether two aligned statements can be compared block by block: the
+    same kind of compound statement, each changed block there on both sides."""
+    if type(was) is not type(now) or not shapes.is_compound(was):
+        return False
+    if not isinstance(was, shapes.DEFINITIONS) and shapes.header(was) != shapes.header(
+        now
+    ):
+        return False
+    for name in shapes.BLOCK_FIELDS:
+        old_inner = getattr(was, name, None)
+        new_inner = getattr(now, name, None)
+        if isinstance(old_inner, list) and bool(old_inner) != bool(new_inner):
+            return False
+    return True
+
+
+def units_of_change(path: str, before: str, after: str) -> list[Unit]:
+    """The units of one file's change (empty if no code changed)."""
+    differ = _Differ(before, after)
+    differ.block(ast.parse(before).body, ast.parse(after).body, (), ())
+    units: dict[tuple[str, str], list[Edit]] = {}
+    texts: dict[tuple[str, str], tuple[str, str]] = {}
+    for found in differ.found:
+        kind, name, unit_texts = _unit_of(found, differ)
+        key = (kind, name)
+        if key in units and kind not in ("function", "method", "import", "class"):
+            number = 2
+            while (kind, f"{name} ({number})") in units:
+                number += 1
+            key = (kind, f"{name} ({number})")
+        units.setdefault(key, []).append(found.edit)
+        texts.setdefault(key, ("", ""))
+        old_before, old_after = texts[key]
+        if kind in ("function", "method") and found.chain and _first_def(found.chain):
+            texts[key] = unit_texts
+        else:
+            texts[key] = (old_before + unit_texts[0], old_after + unit_texts[1])
+    return [
+        Unit(
+            path,
+            kind,
+            name,
+            texts[(kind, name)][0],
+            texts[(kind, name)][1],
+            tuple(edits),
+        )
+        for (kind, name), edits in units.items()
+    ]
+
+
+def _first_def(
+    chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+) -> tuple[int, tuple[ast.stmt, ast.stmt]] | None:
+    for index, pair in enumerate(chain):
+        if isinstance(pair[0], ast.FunctionDef | ast.AsyncFunctionDef):
+            return index, pair
+    return None
+
+
+def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]:
+    """The unit an edit belongs to: (kind, qualified name, (before, after))."""
+    chain = found.chain
+    first = _first_def(chain)
+    if first is not None:
+        index, (was, now) = first
+        names = [pair[0].name for pair in chain[: index + 1]]  # type: ignore[attr-defined]
+        kind = (
+            "method"
+            if index > 0 and isinstance(chain[index - 1][0], ast.ClassDef)
+            else "function"
+        )
+        return (
+            kind,
+            ".".join(names),
+            (
+                shapes.statements_code(differ.before_lines, [was]),
+                shapes.statements_code(differ.after_lines, [now]),
+            ),
+        )
+    edit = found.edit
+    prefix = ".".join(pair[0].name for pair in chain)  # type: ignore[attr-defined]
+    texts = (edit.removed, edit.inserted)
+    if edit.kind == "header":  # a class's bases or decorators
+        return "class", prefix, texts
+    if edit.kind == "imports":
+        return "import", "imports", texts
+    statements = [
+        *shapes.parse_statements(edit.removed),
+        *shapes.parse_statements(edit.inserted),
+    ]
+    in_class = bool(chain) and isinstance(chain[-1][0], ast.ClassDef)
+    if statements and all(isinstance(n, shapes.DEFINITIONS) for n in statements):
+        name = statements[0].name  # type: ignore[attr-defined]
+        if isinstance(statements[0], ast.ClassDef):
+            kind = "class"
+        else:
+            kind = "method" if in_class else "function"
+        return kind, f"{prefix}.{name}" if prefix else name, texts
+    name = _statement_name(statements)
+    if in_class:
+        return "class-attribute", f"{prefix}.{name}", texts
+    return "module-statement", f"{prefix}.{name}" if prefix else name, texts
+
+
+def _statement_name(statements: Sequence[ast.stmt]) -> str:
+    for node in statements:
+        match node:
+            case ast.Assign(targets=[ast.Name(id=name), *_]):
+                return name
+            case (
+                ast.AnnAssign(target=ast.Name(id=name))
+                | ast.AugAssign(target=ast.Name(id=name))
+            ):
+                return name
+            case ast.FunctionDef(name=name) | ast.ClassDef(name=name):
+                return name
+    return type(statements[0]).__name__.lower() if statements else "statement"
