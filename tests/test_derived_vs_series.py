@@ -23,14 +23,19 @@ the built-in vllm#40932 comes first on both sides). Each cell is one of
                hand-written one contradicts without refusing (``applied``
                where the fix is needed). There must be none.
 
-A derived patch must be correct (``same``) on at least 80% of the cells where
-the hand-written patch writes. ``python tests/test_derived_vs_series.py``
-prints the table.
+Cells are counted as the drift corpus counts them: one per release, and one
+per release and drift kind; a ``rename`` cell holds one case per renamed
+local and is ``same`` only if every case is. A derived patch must be correct
+(``same``) on at least 80% of the cells where the hand-written patch writes.
+``python tests/test_derived_vs_series.py`` prints the table, with the rename
+cases one by one.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -63,14 +68,12 @@ VERDICTS = ("same", "refused", "different")
 
 def derive(fix_id: str, release_root: Callable[[str], Path]) -> Patch:
     """The patch ``derive`` makes from upstream's diff on the fix's base."""
-    from deepstack_patch.distribution.derive import derive_patch
+    from deepstack_patch.distribution.derive import derive_patch_from_text
 
     fix = FIXES[fix_id]
-    return derive_patch(
-        upstream_diff(fix_id, release_root),
-        base=release_root(fix.before),
-        patch_id=fix_id,
-    )
+    base = VllmTree.open(release_root(fix.before))
+    diff = upstream_diff(fix_id, release_root)
+    return derive_patch_from_text(diff, base, fix_id).patch
 
 
 def requirements(fix_id: str) -> list[Patch]:
@@ -111,16 +114,45 @@ def derived_side(root: Path, fix_id: str, derived: Patch) -> Side:
 
 
 @dataclass(frozen=True)
-class Cell:
+class Case:
+    """One input: a release, or one drifted copy of a release's files."""
+
     fix: str
     corpus: str  # "release" or a drift kind
     release: str
-    case: str
+    name: str  # the drift kind, or for a rename the function and the local
     verdict: str
     hand: PatchState
     derived: PatchState
     hand_writes: bool
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A cell as the drift corpus counts them: one release, or one release
+    and one drift kind (a rename cell holds a case per renamed local)."""
+
+    fix: str
+    corpus: str
+    release: str
+    cases: tuple[Case, ...]
+
+    @property
+    def verdict(self) -> str:
+        verdicts = {case.verdict for case in self.cases}
+        return next(v for v in ("different", "refused", "same") if v in verdicts)
+
+    @property
+    def hand_writes(self) -> bool:
+        return all(case.hand_writes for case in self.cases)
+
+
+def cells_of(cases: list[Case]) -> list[Cell]:
+    grouped: dict[tuple[str, str, str], list[Case]] = {}
+    for case in cases:
+        grouped.setdefault((case.fix, case.corpus, case.release), []).append(case)
+    return [Cell(*key, tuple(group)) for key, group in grouped.items()]
 
 
 def same_code(hand: dict[str, bytes], derived: dict[str, bytes]) -> str:
@@ -151,16 +183,16 @@ def verdict(hand: Side, derived: Side) -> tuple[str, str]:
 
 
 def compare(
-    fix_id: str, derived: Patch, root: Path, corpus: str, release: str, case: str
-) -> Cell:
+    fix_id: str, derived: Patch, root: Path, corpus: str, release: str, name: str
+) -> Case:
     hand = hand_side(root, fix_id)
     other = derived_side(root, fix_id, derived)
     result, detail = verdict(hand, other)
-    return Cell(
+    return Case(
         fix_id,
         corpus,
         release,
-        case,
+        name,
         result,
         hand.state,
         other.state,
@@ -172,9 +204,9 @@ def compare(
 # -- the corpora -------------------------------------------------------------------
 
 
-def release_cells(
+def release_cases(
     fix_id: str, derived: Patch, release_root: Callable[[str], Path]
-) -> Iterator[Cell]:
+) -> Iterator[Case]:
     for release in TARGETS.releases:
         yield compare(fix_id, derived, release_root(release), "release", release, "")
 
@@ -208,9 +240,9 @@ def drift_inputs(
                     yield kind, f"{qualname}:{old}", {**original, rel: renamed}
 
 
-def drift_cells(
+def drift_cases(
     fix_id: str, derived: Patch, release_root: Callable[[str], Path], work: Path
-) -> Iterator[Cell]:
+) -> Iterator[Case]:
     for release, state in TARGETS.patches[fix_id].expected.items():
         if state is not PatchState.NEEDED:
             continue
@@ -224,14 +256,14 @@ def drift_cells(
             yield compare(fix_id, derived, root, kind, release, case)
 
 
-def fix_cells(
+def fix_cases(
     fix_id: str, release_root: Callable[[str], Path], work: Path
-) -> list[Cell]:
+) -> list[Case]:
     derived = derive(fix_id, release_root)
     work.mkdir(parents=True, exist_ok=True)
     return [
-        *release_cells(fix_id, derived, release_root),
-        *drift_cells(fix_id, derived, release_root, work),
+        *release_cases(fix_id, derived, release_root),
+        *drift_cases(fix_id, derived, release_root, work),
     ]
 
 
@@ -246,8 +278,6 @@ def test_upstream_diff_is_the_restricted_change(
     """``git apply`` takes each diff on its base without fuzz and gives the
     restricted release after the fix (else the comparison derives from a
     diff that is not upstream's change)."""
-    import subprocess
-
     fix = FIXES[fix_id]
     diff = upstream_diff(fix_id, release_tree)
     expected = restricted_tree(fix_id, release_tree)
@@ -267,40 +297,101 @@ def test_upstream_diff_is_the_restricted_change(
     assert len(expected) == len(fix.files) + len(fix.new_tests)
 
 
+@pytest.fixture(scope="session")
+def comparison(
+    release_tree: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], list[Case]]:
+    """``comparison(fix_id)``: every case of one fix, computed once a session."""
+    cases: dict[str, list[Case]] = {}
+
+    def get(fix_id: str) -> list[Case]:
+        if fix_id not in cases:
+            work = tmp_path_factory.mktemp(fix_id.replace("#", ""))
+            cases[fix_id] = fix_cases(fix_id, release_tree, work)
+        return cases[fix_id]
+
+    return get
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("fix_id", list(FIXES))
+def test_derived_is_the_series_code_or_refuses(
+    fix_id: str, comparison: Callable[[str], list[Case]]
+) -> None:
+    """Never different; the same code on at least 80% of the cells where the
+    hand-written patch writes; every release and drift kind compared."""
+    cases = comparison(fix_id)
+    different = [
+        f"{c.corpus} {c.release} {c.name}: {c.detail}"
+        for c in cases
+        if c.verdict == "different"
+    ]
+    assert not different, "derived differs from the series:\n" + "\n".join(different)
+    releases = [c for c in cases if c.corpus == "release"]
+    assert len(releases) == len(TARGETS.releases), "a release was not compared"
+    assert {c.corpus for c in cases} == {"release", *KINDS}, "a drift kind is missing"
+    writes = [cell for cell in cells_of(cases) if cell.hand_writes]
+    assert any(cell.corpus == "release" for cell in writes), "no release needs it"
+    refused = [(c.release, c.corpus) for c in writes if c.verdict != "same"]
+    assert len(writes) - len(refused) >= CORRECT_SHARE * len(writes), (
+        f"{fix_id}: refused {len(refused)} of {len(writes)} cells where the series "
+        f"writes: {refused}"
+    )
+
+
 # -- the table ---------------------------------------------------------------------
+
+HEADER = (
+    "                       series writes                 series writes nothing\n"
+    "fix         corpus      cells same refused different  cells same refused different"
+)
+
+
+def counts_row(fix_id: str, corpus: str, cells: list[Cell]) -> str:
+    row = f"{fix_id:11} {corpus:10}"
+    for writes in (True, False):
+        group = [c for c in cells if c.hand_writes is writes]
+        counts = Counter(c.verdict for c in group)
+        row += f" {len(group):6} {counts['same']:4} {counts['refused']:7} "
+        row += f"{counts['different']:9}"
+    return row
 
 
 def table(release_root: Callable[[str], Path], work: Path) -> Iterator[str]:
-    """Rows ``fix corpus same refused different`` and the refusals."""
+    """A row per fix and corpus, the fix's total, the refused cases, then the
+    rename cases one by one (a rename cell is the same only if all are)."""
+    every: list[Cell] = []
     for fix_id in FIXES:
-        cells = fix_cells(fix_id, release_root, work / fix_id.replace("#", ""))
+        cases = fix_cases(fix_id, release_root, work / fix_id.replace("#", ""))
+        cells = cells_of(cases)
+        every += cells
         for corpus in ("release", *KINDS):
-            counts = Counter(c.verdict for c in cells if c.corpus == corpus)
-            writes = sum(c.hand_writes for c in cells if c.corpus == corpus)
-            yield (
-                f"{fix_id:11} {corpus:10} {counts['same']:4} {counts['refused']:7} "
-                f"{counts['different']:9} {writes:11}"
-            )
-        for cell in cells:
-            if cell.verdict != "same":
+            yield counts_row(fix_id, corpus, [c for c in cells if c.corpus == corpus])
+        yield counts_row(fix_id, "all", cells)
+        renames = Counter(c.verdict for c in cases if c.corpus == "rename")
+        yield f"    rename cases: {dict(renames)}"
+        for case in cases:
+            if case.verdict != "same":
                 yield (
-                    f"    {cell.verdict}: {cell.corpus} {cell.release} {cell.case} "
-                    f"(hand-written {cell.hand}, derived {cell.derived}): "
-                    f"{cell.detail}"
+                    f"    {case.verdict}: {case.corpus} {case.release} {case.name} "
+                    f"(series {case.hand}, derived {case.derived}): {case.detail}"
                 )
+    yield counts_row("all", "all", every)
 
 
 if __name__ == "__main__":
+    # python tests/test_derived_vs_series.py [FOLDER]: the releases are
+    # extracted into FOLDER (kept for the next run) or a temporary folder.
     import tempfile
 
     from deepstack_patch.fetch.releases import fetch_release
 
     with tempfile.TemporaryDirectory() as scratch:
+        releases = Path(sys.argv[1] if len(sys.argv) > 1 else scratch) / "releases"
 
         def release_root(version: str) -> Path:
-            out = Path(scratch) / "releases" / version
-            return out if out.is_dir() else fetch_release(version, out).root
+            return fetch_release(version, releases / version).root
 
-        print("fix         corpus     same refused different hand-writes")
+        print(HEADER)
         for row in table(release_root, Path(scratch) / "work"):
             print(row, flush=True)
