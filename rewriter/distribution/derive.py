@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deepstack_patch.distribution.unified_diff import (
+    BASE_HINT,
+    FileDiff,
+    Hunk,
+    apply_file_diff,
+    parse_diff,
+)
 from deepstack_patch.engine.derived import (
     DerivedPatch,
     Unit,
@@ -28,45 +34,19 @@ from deepstack_patch.engine.derived import (
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState, RecordedTest
+from deepstack_patch.engine.source import SourceFile
 from deepstack_patch.engine.tree import VllmTree
 
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-BASE_HINT = (
-    "give the release (--base) or tree (--base-src) the pull request was made "
-    "against: its diff applies exactly there"
-)
-
-
-@dataclass
-class Hunk:
-    old_start: int
-    old_count: int
-    new_start: int
-    new_count: int
-    #: (" " | "-" | "+", the line's text without its newline)
-    lines: list[tuple[str, str]]
-    header: str
-    #: The hunk's line in the diff file.
-    line: int
-    old_ends_without_newline: bool = False
-    new_ends_without_newline: bool = False
-
-
-@dataclass
-class FileDiff:
-    old_path: str | None
-    new_path: str | None
-    hunks: list[Hunk] = field(default_factory=list)
-    binary: bool = False
-    rename: bool = False
-    new_file: bool = False
-    deleted: bool = False
-    line: int = 0
-
-    @property
-    def path(self) -> str:
-        return self.new_path or self.old_path or ""
+# The diff's API is importable from here too.
+__all__ = [
+    "DeriveResult",
+    "FileDiff",
+    "Hunk",
+    "apply_file_diff",
+    "derive",
+    "derive_patch_from_text",
+    "parse_diff",
+]
 
 
 @dataclass
@@ -84,197 +64,6 @@ class DeriveResult:
     tests: list[RecordedTest]
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
-
-
-def parse_diff(text: str, name: str = "diff") -> list[FileDiff]:
-    """The files of a unified diff; a DeepstackError if it is not one."""
-    lines = text.splitlines()
-    files: list[FileDiff] = []
-    current: FileDiff | None = None
-    index = 0
-    while index < len(lines):
-        line = lines[index]
-        number = index + 1
-        if line.startswith("diff --git "):
-            paths = _git_paths(line[len("diff --git ") :])
-            current = FileDiff(paths[0], paths[1], line=number)
-            files.append(current)
-        elif (
-            current is not None
-            and not current.hunks
-            and line.startswith(
-                ("new file mode", "deleted file mode", "rename from", "rename to")
-            )
-        ):
-            if line.startswith("new file mode"):
-                current.new_file = True
-            elif line.startswith("deleted file mode"):
-                current.deleted = True
-            elif line.startswith("rename from "):
-                current.rename, current.old_path = True, line[len("rename from ") :]
-            else:
-                current.rename, current.new_path = True, line[len("rename to ") :]
-        elif line.startswith("Binary files ") or line == "GIT binary patch":
-            if current is None:
-                current = FileDiff(None, None, line=number)
-                files.append(current)
-            current.binary = True
-        elif (
-            line.startswith("--- ")
-            and index + 1 < len(lines)
-            and lines[index + 1].startswith("+++ ")
-        ):
-            old, new = _header_path(line[4:]), _header_path(lines[index + 1][4:])
-            if current is None or current.hunks or current.binary:
-                current = FileDiff(old, new, line=number)
-                files.append(current)
-            else:
-                current.old_path, current.new_path = old, new
-            current.new_file = current.new_file or old is None
-            current.deleted = current.deleted or new is None
-            index += 1
-        elif line.startswith("@@"):
-            if current is None:
-                raise DeepstackError(
-                    f"a hunk before any file header (line {number})",
-                    "give a whole unified diff (the PR's .diff, git diff, or "
-                    "git format-patch output)",
-                    path=name,
-                    line=number,
-                )
-            hunk, index = _read_hunk(lines, index, name)
-            current.hunks.append(hunk)
-            continue
-        index += 1
-    if not files:
-        raise DeepstackError(
-            "not a diff: no file header (diff --git, or ---/+++ lines) in it",
-            "give a unified diff: GitHub serves a PR's at "
-            "https://github.com/OWNER/REPO/pull/N.diff; git diff or git "
-            "format-patch writes one",
-            path=name,
-        )
-    return files
-
-
-def _git_paths(rest: str) -> tuple[str | None, str | None]:
-    match = re.match(r"a/(.*) b/(.*)$", rest)
-    if match:
-        return match.group(1), match.group(2)
-    return None, None
-
-
-def _header_path(text: str) -> str | None:
-    text = text.split("\t")[0].strip()
-    if text == "/dev/null":
-        return None
-    if text.startswith(("a/", "b/")):
-        return text[2:]
-    return text
-
-
-def _read_hunk(lines: list[str], index: int, name: str) -> tuple[Hunk, int]:
-    header = lines[index]
-    match = _HUNK.match(header)
-    if match is None:
-        raise DeepstackError(
-            f"a malformed hunk header: {header!r}",
-            "give the diff unchanged, as git or GitHub wrote it",
-            path=name,
-            line=index + 1,
-        )
-    old_start, old_count, new_start, new_count = (
-        int(match.group(1)),
-        int(match.group(2) or 1),
-        int(match.group(3)),
-        int(match.group(4) or 1),
-    )
-    hunk = Hunk(old_start, old_count, new_start, new_count, [], header, index + 1)
-    old_seen = new_seen = 0
-    index += 1
-    while index < len(lines) and (old_seen < old_count or new_seen < new_count):
-        line = lines[index]
-        tag, text = (line[:1], line[1:]) if line else (" ", "")
-        if tag == "\\":
-            index += 1
-            continue
-        if tag not in " -+":
-            break
-        hunk.lines.append((tag, text))
-        old_seen += tag in " -"
-        new_seen += tag in " +"
-        index += 1
-    if (old_seen, new_seen) != (old_count, new_count):
-        raise DeepstackError(
-            f"hunk {header} ends early: {old_seen} of {old_count} old and "
-            f"{new_seen} of {new_count} new lines",
-            "give the diff unchanged, as git or GitHub wrote it (an editor may "
-            "have cut lines or trailing spaces)",
-            path=name,
-            line=hunk.line,
-        )
-    # "\ No newline at end of file" right after the hunk's last old/new line.
-    position = index
-    while position < len(lines) and lines[position].startswith("\\"):
-        previous = hunk.lines[-1][0] if hunk.lines else " "
-        if previous in " -":
-            hunk.old_ends_without_newline = True
-        if previous in " +":
-            hunk.new_ends_without_newline = True
-        position += 1
-    return hunk, position
-
-
-def apply_file_diff(file_diff: FileDiff, base_text: str) -> str:
-    """The file after the diff: every hunk applies exactly (no fuzz; a hunk
-    may sit at other lines than its header says, as git apply allows)."""
-    base = base_text.splitlines(keepends=True)
-    plain = [line.rstrip("\r\n") for line in base]
-    out: list[str] = []
-    position = 0
-    for number, hunk in enumerate(file_diff.hunks, 1):
-        old = [text for tag, text in hunk.lines if tag in " -"]
-        new = [text for tag, text in hunk.lines if tag in " +"]
-        start = hunk.old_start - 1 if hunk.old_count else hunk.old_start
-        found = _nearest(plain, old, start, position)
-        if found is None:
-            raise DeepstackError(
-                f"hunk {number} ({hunk.header}) of {file_diff.path} does not "
-                "apply: " + _mismatch(plain, old, max(start, position)),
-                BASE_HINT,
-                path=file_diff.path,
-                line=hunk.old_start,
-            )
-        out.extend(base[position:found])
-        newline = "\n"
-        out.extend(text + newline for text in new)
-        if new and hunk.new_ends_without_newline:
-            out[-1] = out[-1][:-1]
-        position = found + len(old)
-    out.extend(base[position:])
-    return "".join(out)
-
-
-def _nearest(plain: list[str], old: list[str], start: int, earliest: int) -> int | None:
-    size = len(old)
-    for distance in range(len(plain) + 1):
-        for at in (start - distance, start + distance) if distance else (start,):
-            if earliest <= at <= len(plain) - size and plain[at : at + size] == old:
-                return at
-    return None
-
-
-def _mismatch(plain: list[str], old: list[str], start: int) -> str:
-    for offset, expected in enumerate(old):
-        at = start + offset
-        if at >= len(plain):
-            return f"the file ends at line {len(plain)}, the hunk expects more"
-        if plain[at] != expected:
-            return (
-                f"line {at + 1} is {plain[at].strip()[:60]!r}, "
-                f"the hunk expects {expected.strip()[:60]!r}"
-            )
-    return "its lines are not there"
 
 
 def is_test_path(path: str) -> bool:
@@ -318,42 +107,7 @@ def derive_patch_from_text(
     started = time.monotonic()
     check_patch_id(patch_id, taken_ids)
     files = parse_diff(diff_text, diff_name)
-    notes: list[str] = []
-    units: list[Unit] = []
-    tests: list[RecordedTest] = []
-    results: dict[str, tuple[str, str]] = {}  # path -> (before, after)
-    for file_diff in files:
-        path = file_diff.path
-        _refuse_shape(file_diff, diff_name)
-        if is_test_path(path):
-            test = _recorded_test(file_diff, base, notes)
-            if test is not None:
-                tests.append(test)
-            continue
-        if not path.endswith(".py"):
-            notes.append(f"{path}: not Python, left out")
-            continue
-        if file_diff.new_file or file_diff.deleted:
-            action = "adds" if file_diff.new_file else "deletes"
-            raise DeepstackError(
-                f"the diff {action} {path}: a derived patch changes code that "
-                "is there, and never adds or deletes a file",
-                "carry the file's change by hand (a patch module), or leave "
-                "that file out of the diff",
-                path=diff_name,
-                line=file_diff.line,
-            )
-        before = _base_text(base, path, base_label)
-        after = apply_file_diff(file_diff, before)
-        _parses(after, path, "after the diff")
-        from deepstack_patch.engine.derived_units import units_of_change
-
-        changed = units_of_change(path, before, after)
-        if not changed:
-            notes.append(f"{path}: only comments, docstrings or formatting change")
-            continue
-        units.extend(changed)
-        results[path] = (before, after)
+    units, tests, results, notes = _read_changes(files, base, diff_name, base_label)
     if not units:
         raise DeepstackError(
             "the diff changes no Python code: "
@@ -386,6 +140,50 @@ def derive_patch_from_text(
         seconds=time.monotonic() - started,
         notes=notes,
     )
+
+
+def _read_changes(
+    files: Sequence[FileDiff], base: VllmTree, diff_name: str, base_label: str
+) -> tuple[list[Unit], list[RecordedTest], dict[str, tuple[str, str]], list[str]]:
+    """The diff's units, its recorded tests, each Python file before and
+    after, and notes on what was left out."""
+    from deepstack_patch.engine.derived_units import units_of_change
+
+    notes: list[str] = []
+    units: list[Unit] = []
+    tests: list[RecordedTest] = []
+    results: dict[str, tuple[str, str]] = {}  # path -> (before, after)
+    for file_diff in files:
+        path = file_diff.path
+        _refuse_shape(file_diff, diff_name)
+        if is_test_path(path):
+            test = _recorded_test(file_diff, base, notes)
+            if test is not None:
+                tests.append(test)
+            continue
+        if not path.endswith(".py"):
+            notes.append(f"{path}: not Python, left out")
+            continue
+        if file_diff.new_file or file_diff.deleted:
+            action = "adds" if file_diff.new_file else "deletes"
+            raise DeepstackError(
+                f"the diff {action} {path}: a derived patch changes code that "
+                "is there, and never adds or deletes a file",
+                "carry the file's change by hand (a patch module), or leave "
+                "that file out of the diff",
+                path=diff_name,
+                line=file_diff.line,
+            )
+        before = _base_text(base, path, base_label)
+        after = apply_file_diff(file_diff, before)
+        _parses(after, path, "after the diff")
+        changed = units_of_change(path, before, after)
+        if not changed:
+            notes.append(f"{path}: only comments, docstrings or formatting change")
+            continue
+        units.extend(changed)
+        results[path] = (before, after)
+    return units, tests, results, notes
 
 
 def _refuse_shape(file_diff: FileDiff, diff_name: str) -> None:
@@ -463,8 +261,7 @@ def self_check(
     files: Sequence[FileDiff],
 ) -> str:
     """The checks before anything is written; how the round trip compared."""
-    from deepstack_patch.engine.plan import plan_tree, rewrite_text
-    from deepstack_patch.engine.source import SourceFile
+    from deepstack_patch.engine.plan import plan_tree
 
     hunk_lines = {
         f.path: [(h.old_start, h.old_start + max(h.old_count, 1) - 1) for h in f.hunks]
@@ -508,13 +305,14 @@ def self_check(
                 + _short_diff(after, ours)
             )
         compared = "ast"
-        # The result is recognised applied, and a second pass changes nothing.
+    # The result is recognised applied, and so is the diff's own result; a
+    # second pass over either changes nothing (only needed findings are ever
+    # rewritten, and rewrite_text runs the engine's pass to show it).
     for path, (_before, after) in results.items():
-        for text, what in (
-            (edited[path].decode("utf-8"), "its rewrite"),
-            (after, "the diff's result"),
-        ):
-            states = patch.recognise(ast.parse(text), path)
+        ours = edited[path].decode("utf-8")
+        for text, what in ((ours, "its rewrite"), (after, "the diff's result")):
+            source = SourceFile(path, text.encode("utf-8"))
+            states = patch.recognise(source.ast, path)
             wrong = [f for f in states if f.state is not PatchState.APPLIED]
             if wrong or len(states) != sum(u.path == path for u in patch.units):
                 raise _check_failed(
@@ -526,9 +324,20 @@ def self_check(
                         or "a unit is missing"
                     )
                 )
-            if rewrite_text(patch, text, path) != text:
+            if _second_pass(patch, source) != text:
                 raise _check_failed(f"a second pass over {what} of {path} changes it")
     return compared
+
+
+def _second_pass(patch: DerivedPatch, source: SourceFile) -> str:
+    from deepstack_patch.engine.plan import rewrite_text
+
+    needed = [
+        f
+        for f in patch.recognise(source.ast, source.relpath)
+        if f.state is PatchState.NEEDED
+    ]
+    return rewrite_text(patch, source.text, source.relpath) if needed else source.text
 
 
 def _check_failed(reason: str) -> DeepstackError:

@@ -18,14 +18,33 @@ The data file is TOML (schema 1), one per patch; docs/derive.md describes it.
 from __future__ import annotations
 
 import ast
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine import derived_shapes as shapes
+from deepstack_patch.engine.derived_data import (
+    BROKEN_HINT,
+    EDIT_KINDS,
+    SCHEMA,
+    UNIT_KINDS,
+    Anchor,
+    Edit,
+    Step,
+    Unit,
+    data_file_name,
+    dump_derived,
+    read_fields,
+    write_derived,
+)
+from deepstack_patch.engine.derived_match import (
+    CompiledEdit,
+    ShapeCache,
+    bound_name,
+    import_aliases,
+    occurrences,
+)
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
     Finding,
@@ -36,85 +55,6 @@ from deepstack_patch.engine.protocol import (
 
 if TYPE_CHECKING:
     import libcst
-
-SCHEMA = 1
-
-#: The kinds of unit, as the data file names them.
-UNIT_KINDS = (
-    "function",
-    "method",
-    "class",
-    "class-attribute",
-    "module-statement",
-    "import",
-)
-EDIT_KINDS = ("body", "header", "imports")
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step from a unit's block into a nested one: the compound statement
-    (by its header code) and which of its blocks (``body``, ``orelse``,
-    ``finalbody``; ``header`` for the definition a header edit changes)."""
-
-    header: str
-    field: str = "body"
-
-
-@dataclass(frozen=True)
-class Anchor:
-    """A neighbour of an edit in its block. ``match`` is ``statement`` (the
-    whole statement must be the same) or ``header`` (a definition by its
-    kind and name, another compound statement by its header)."""
-
-    code: str
-    match: str = "statement"
-
-
-@dataclass(frozen=True)
-class Edit:
-    """One change in one block.
-
-    ``body``: in the block ``block`` leads to, the statements ``removed``,
-    right after ``before_anchor`` (None: at the block's start) and right
-    before ``after_anchor`` (None: at its end), become ``inserted``.
-    ``header``: the definition ``block`` leads to has ``header_before`` as
-    its header (decorators, signature, bases) and gets ``header_after``.
-    ``imports``: the module's imports ``inserted`` are added where missing
-    and those of ``removed`` that nothing else uses are dropped.
-    """
-
-    kind: str
-    block: tuple[Step, ...] = ()
-    before_anchor: Anchor | None = None
-    after_anchor: Anchor | None = None
-    removed: str = ""
-    inserted: str = ""
-    header_before: str = ""
-    header_after: str = ""
-
-
-@dataclass(frozen=True)
-class Unit:
-    """A function, method, class or module statement the diff changes."""
-
-    path: str
-    kind: str
-    name: str
-    before: str
-    after: str
-    edits: tuple[Edit, ...]
-
-    @property
-    def part(self) -> str:
-        return f"{self.path}::{self.name}"
-
-    @property
-    def description(self) -> str:
-        what = {"class-attribute": "statement of class", "import": "imports"}
-        if self.kind == "import":
-            return f"imports of {self.path}"
-        return f"{what.get(self.kind, self.kind)} {self.name} in {self.path}"
 
 
 class DerivedPatch(Patch):
@@ -154,7 +94,7 @@ class DerivedPatch(Patch):
             "Nothing beyond the statements of the upstream diff (the data file "
             "shows each unit before and after)."
         )
-        self._compiled: dict[Edit, _CompiledEdit] = {}
+        self._compiled: dict[Edit, CompiledEdit] = {}
 
     # -- recognition ---------------------------------------------------
 
@@ -162,7 +102,7 @@ class DerivedPatch(Patch):
         units = [unit for unit in self.units if unit.path == path]
         if not units:
             return []
-        shapes_of = _ShapeCache()
+        shapes_of = ShapeCache()
         found: list[tuple[Unit, _UnitState | None]] = [
             (unit, self._recognise_unit(unit, tree, shapes_of)) for unit in units
         ]
@@ -193,7 +133,7 @@ class DerivedPatch(Patch):
         return findings
 
     def _recognise_unit(
-        self, unit: Unit, tree: ast.Module, shapes_of: _ShapeCache
+        self, unit: Unit, tree: ast.Module, shapes_of: ShapeCache
     ) -> _UnitState | None:
         states: list[tuple[PatchState, str]] = []
         spans: list[tuple[int, int]] = []
@@ -237,9 +177,9 @@ class DerivedPatch(Patch):
         )
         return _UnitState(PatchState.DRIFTED, (first, last), reason)
 
-    def _compile(self, edit: Edit) -> _CompiledEdit:
+    def _compile(self, edit: Edit) -> CompiledEdit:
         if edit not in self._compiled:
-            self._compiled[edit] = _CompiledEdit.of(edit)
+            self._compiled[edit] = CompiledEdit.of(edit)
         return self._compiled[edit]
 
     # -- rewrite ---------------------------------------------------------
@@ -281,123 +221,6 @@ class _UnitState:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-class _ShapeCache:
-    """Each node's shape and identity, made once per recognition."""
-
-    def __init__(self) -> None:
-        self._shape: dict[int, str] = {}
-        self._identity: dict[int, str] = {}
-        self._keep: list[ast.AST] = []  # ids stay unique while cached
-
-    def shape(self, node: ast.stmt) -> str:
-        key = id(node)
-        if key not in self._shape:
-            self._keep.append(node)
-            self._shape[key] = shapes.shape(node)
-        return self._shape[key]
-
-    def identity(self, node: ast.stmt) -> str:
-        key = id(node)
-        if key not in self._identity:
-            self._keep.append(node)
-            self._identity[key] = shapes.identity(node)
-        return self._identity[key]
-
-
-@dataclass(frozen=True)
-class _Key:
-    """One statement of a pattern: its key, and by which key it matches."""
-
-    key: str
-    by: str  # "shape" | "identity"
-    code: str  # for messages
-
-    def matches(self, node: ast.stmt, shapes_of: _ShapeCache) -> bool:
-        if self.by == "identity":
-            return shapes_of.identity(node) == self.key
-        return shapes_of.shape(node) == self.key
-
-
-@dataclass(frozen=True)
-class _CompiledEdit:
-    """An edit with every key it is matched by computed once."""
-
-    edit: Edit
-    steps: tuple[tuple[str, str, str], ...]  # (identity, field, code)
-    before_anchor: _Key | None
-    after_anchor: _Key | None
-    removed: tuple[_Key, ...]
-    inserted: tuple[_Key, ...]
-    header_before: str
-    header_after: str
-
-    @classmethod
-    def of(cls, edit: Edit) -> _CompiledEdit:
-        def key_of(anchor: Anchor | None) -> _Key | None:
-            if anchor is None:
-                return None
-            node = _one_statement(anchor.code)
-            if anchor.match == "header":
-                return _Key(shapes.identity(node), "identity", anchor.code)
-            return _Key(shapes.shape(node), "shape", anchor.code)
-
-        def keys_of(code: str) -> tuple[_Key, ...]:
-            return tuple(
-                _Key(shapes.shape(node), "shape", ast.unparse(node))
-                for node in shapes.parse_statements(code)
-            )
-
-        steps = tuple(
-            (shapes.identity(_one_statement(_with_block(s.header))), s.field, s.header)
-            for s in edit.block
-        )
-        headers = [
-            shapes.header(_one_statement(_with_block(code))) if code else ""
-            for code in (edit.header_before, edit.header_after)
-        ]
-        return cls(
-            edit,
-            steps,
-            key_of(edit.before_anchor),
-            key_of(edit.after_anchor),
-            keys_of(edit.removed),
-            keys_of(edit.inserted),
-            headers[0],
-            headers[1],
-        )
-
-    @property
-    def before_pattern(self) -> list[_Key]:
-        return [
-            *([self.before_anchor] if self.before_anchor else []),
-            *self.removed,
-            *([self.after_anchor] if self.after_anchor else []),
-        ]
-
-    @property
-    def after_pattern(self) -> list[_Key]:
-        return [
-            *([self.before_anchor] if self.before_anchor else []),
-            *self.inserted,
-            *([self.after_anchor] if self.after_anchor else []),
-        ]
-
-
-def _with_block(header_code: str) -> str:
-    """A header's code made a whole statement (``...`` as its block)."""
-    text = header_code.rstrip()
-    if text.endswith(":"):
-        return text + "\n    ...\n"
-    return text + "\n"
-
-
-def _one_statement(code: str) -> ast.stmt:
-    body = ast.parse(code).body
-    if len(body) != 1:
-        raise ValueError(f"expected one statement, got {len(body)}: {code!r}")
-    return body[0]
-
-
 @dataclass
 class _Located:
     """Where an edit's block is in a tree: the block and what owns it."""
@@ -413,7 +236,7 @@ class _Located:
 
 
 def _locate(
-    compiled: _CompiledEdit, tree: ast.Module, shapes_of: _ShapeCache
+    compiled: CompiledEdit, tree: ast.Module, shapes_of: ShapeCache
 ) -> _Located | str | None:
     """The edit's block in ``tree``; None where a definition on the way is
     absent (the unit is not in this tree); a reason where it drifted."""
@@ -469,36 +292,10 @@ def _lines(node: ast.AST) -> tuple[int, int]:
     return first, node.end_lineno or first  # type: ignore[attr-defined]
 
 
-def occurrences(
-    block: Sequence[ast.stmt],
-    pattern: Sequence[_Key],
-    at_start: bool,
-    at_end: bool,
-    shapes_of: _ShapeCache,
-) -> list[int]:
-    """The indices of ``block`` (after its docstring) where ``pattern`` starts."""
-    statements = shapes.without_docstring(block)
-    size = len(pattern)
-    last_start = len(statements) - size
-    if last_start < 0:
-        return []
-    starts = [0] if at_start else list(range(last_start + 1))
-    if at_end:
-        starts = [start for start in starts if start == last_start]
-    return [
-        start
-        for start in starts
-        if all(
-            key.matches(statements[start + offset], shapes_of)
-            for offset, key in enumerate(pattern)
-        )
-    ]
-
-
 def _recognise_edit(
-    compiled: _CompiledEdit,
+    compiled: CompiledEdit,
     located: _Located,
-    shapes_of: _ShapeCache,
+    shapes_of: ShapeCache,
     unit_name: str,
 ) -> tuple[PatchState, str, tuple[int, int]]:
     span = _span(compiled, located)
@@ -516,23 +313,44 @@ def _recognise_edit(
             f"(`{first}`) nor the fixed one",
             span,
         )
-    at_start = compiled.before_anchor is None
-    at_end = compiled.after_anchor is None
     before = occurrences(
-        located.block, compiled.before_pattern, at_start, at_end, shapes_of
+        located.block,
+        compiled.before_pattern,
+        compiled.at_start,
+        compiled.at_end,
+        shapes_of,
     )
-    after = occurrences(
-        located.block, compiled.after_pattern, at_start, at_end, shapes_of
+    # Applied asks for the fix's own statements, not its anchors: the code
+    # around them may have changed since the fix went in.
+    fixed = (
+        occurrences(located.block, compiled.inserted, False, False, shapes_of)
+        if compiled.inserted
+        else []
     )
-    if len(before) == 1 and not after:
+    size_before, size_fixed = len(compiled.before_pattern), len(compiled.inserted)
+
+    def apart(
+        starts: list[int], size: int, others: list[int], other_size: int
+    ) -> list[int]:
+        return [
+            s
+            for s in starts
+            if not any(s < o + other_size and o < s + size for o in others)
+        ]
+
+    if len(before) == 1 and not apart(fixed, size_fixed, before, size_before):
         return PatchState.NEEDED, "", span
-    if len(after) == 1 and not before:
+    if compiled.inserted:
+        applied = len(fixed) == 1 and not apart(before, size_before, fixed, size_fixed)
+    else:  # a removal: applied where the removed statements are gone
+        applied = not before
+    if applied:
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
 
 
 def _drift_reason(
-    compiled: _CompiledEdit, located: _Located, shapes_of: _ShapeCache
+    compiled: CompiledEdit, located: _Located, shapes_of: ShapeCache
 ) -> str:
     """Which statement of the code the fix expects is missing or repeated."""
     where = _where(located.owner)
@@ -547,11 +365,18 @@ def _drift_reason(
         for key in compiled.inserted
     ):
         return f"both the code the fix replaces and the fixed code are in {where}"
-    around = [k for k in (compiled.before_anchor, compiled.after_anchor) if k]
+    around = (
+        [k for k in (compiled.before_anchor, compiled.after_anchor) if k]
+        if compiled.anchored
+        else []
+    )
     return (
         f"the statements of the fix in {where} are not where the fix expects "
         "them (" + ", ".join(f"`{_first_line(k.code)}`" for k in around) + ")"
         if around
+        else f"the statements the fix replaces in {where} are not together "
+        "or not in its order"
+        if not compiled.anchored
         else f"the statements of the fix are not the whole block of {where}"
     )
 
@@ -561,7 +386,7 @@ def _first_line(code: str) -> str:
     return line if len(line) <= 70 else line[:67] + "..."
 
 
-def _span(compiled: _CompiledEdit, located: _Located) -> tuple[int, int]:
+def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
     """The lines a rewrite of this edit may touch: the unit's definition, or
     for a change in a class or the module, the block around the edit."""
     if not isinstance(located.unit_node, ast.Module | ast.ClassDef) or (
@@ -582,32 +407,8 @@ def _span(compiled: _CompiledEdit, located: _Located) -> tuple[int, int]:
 # -- imports ----------------------------------------------------------------
 
 
-def import_aliases(
-    statements: Sequence[ast.stmt],
-) -> list[tuple[str, str, int, str, str]]:
-    """(kind, module, level, name, asname) of each name the statements import."""
-    found = []
-    for node in statements:
-        match node:
-            case ast.Import(names=names):
-                found += [("import", "", 0, a.name, a.asname or "") for a in names]
-            case ast.ImportFrom(module=module, level=level, names=names):
-                found += [
-                    ("from", module or "", level or 0, a.name, a.asname or "")
-                    for a in names
-                ]
-    return found
-
-
-def bound_name(alias: tuple[str, str, int, str, str]) -> str:
-    kind, _, _, name, asname = alias
-    if asname:
-        return asname
-    return name.split(".")[0] if kind == "import" else name
-
-
 def _recognise_imports(
-    compiled: _CompiledEdit, tree: ast.Module, shapes_of: _ShapeCache
+    compiled: CompiledEdit, tree: ast.Module, shapes_of: ShapeCache
 ) -> tuple[PatchState, str, tuple[int, int], dict[str, Any]]:
     """Imports are added where missing and dropped where the fix dropped them
     and nothing else uses them; they never drift."""
@@ -666,226 +467,30 @@ def _used_names(tree: ast.Module) -> set[str]:
     }
 
 
-# -- the data file ------------------------------------------------------------
-
-
-def data_file_name(patch_id: str) -> str:
-    """``vllm#49397`` -> ``vllm-49397.toml``."""
-    return patch_id.replace("#", "-").replace("/", "-") + ".toml"
-
-
 def load_derived(path: Path) -> DerivedPatch:
     """Read one data file; a broken one is a DeepstackError naming it."""
-    import sys
-
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-
-    hint = (
-        "restore the file, or derive it again with 'deepstack-patch derive' "
-        "(docs/derive.md describes the format)"
-    )
+    patch = DerivedPatch(**read_fields(path))
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DeepstackError(f"cannot read: {exc}", hint, path=str(path)) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        line = getattr(exc, "lineno", None)
-        if line is None:
-            import re
-
-            found = re.search(r"line (\d+)", str(exc))
-            line = int(found.group(1)) if found else None
+        for unit in patch.units:  # every recorded piece of code must parse
+            for edit in unit.edits:
+                patch._compile(edit)
+    except (SyntaxError, ValueError) as exc:
         raise DeepstackError(
-            f"not a valid TOML file: {exc}", hint, path=str(path), line=line
+            f"not a derived patch: recorded code does not parse: {exc}",
+            BROKEN_HINT,
+            path=str(path),
         ) from None
-    try:
-        return _from_data(data, str(path))
-    except (KeyError, TypeError, ValueError, SyntaxError) as exc:
-        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-        raise DeepstackError(
-            f"not a derived patch: {what}", hint, path=str(path)
-        ) from None
-
-
-def _from_data(data: dict[str, Any], origin: str) -> DerivedPatch:
-    if data.get("schema") != SCHEMA:
-        raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA}")
-
-    def text(table: dict[str, Any], name: str, default: str | None = None) -> str:
-        value = table.get(name, default)
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be a string")
-        return value
-
-    def anchor(value: Any) -> Anchor | None:
-        if value is None:
-            return None
-        match value:
-            case {"code": str(code), "match": "statement" | "header" as match}:
-                return Anchor(code, match)
-        raise ValueError(f"an anchor must be {{code, match}}, got {value!r}")
-
-    units = []
-    for table in data["units"]:
-        kind = text(table, "kind")
-        if kind not in UNIT_KINDS:
-            raise ValueError(f"unknown unit kind {kind!r}")
-        edits = []
-        for edit in table["edits"]:
-            edit_kind = text(edit, "kind")
-            if edit_kind not in EDIT_KINDS:
-                raise ValueError(f"unknown edit kind {edit_kind!r}")
-            edits.append(
-                Edit(
-                    kind=edit_kind,
-                    block=tuple(
-                        Step(text(s, "header"), text(s, "field", "body"))
-                        for s in edit.get("block", [])
-                    ),
-                    before_anchor=anchor(edit.get("before_anchor")),
-                    after_anchor=anchor(edit.get("after_anchor")),
-                    removed=text(edit, "removed", ""),
-                    inserted=text(edit, "inserted", ""),
-                    header_before=text(edit, "header_before", ""),
-                    header_after=text(edit, "header_after", ""),
-                )
-            )
-        units.append(
-            Unit(
-                path=text(table, "path"),
-                kind=kind,
-                name=text(table, "name"),
-                before=text(table, "before", ""),
-                after=text(table, "after", ""),
-                edits=tuple(edits),
-            )
-        )
-    if not units:
-        raise ValueError("it has no units")
-    patch = DerivedPatch(
-        id=text(data, "id"),
-        title=text(data, "title", ""),
-        symptom=text(data, "symptom", ""),
-        base=text(data, "base", ""),
-        base_tree=text(data, "base_tree", ""),
-        paths=[str(p) for p in data["paths"]],
-        units=units,
-        tests=[
-            RecordedTest(text(t, "path"), text(t, "content"))
-            for t in data.get("tests", [])
-        ],
-        requires=[str(r) for r in data.get("requires", [])],
-        origin=origin,
-        upstream_url=text(data, "upstream_url", ""),
-    )
-    for unit in patch.units:  # every recorded piece of code must parse
-        for edit in unit.edits:
-            patch._compile(edit)
     return patch
 
 
-def dump_derived(patch: DerivedPatch) -> str:
-    """The data file's text (TOML, schema 1)."""
-    out = [
-        f"# A derived patch: {patch.id}. Made by 'deepstack-patch derive' from the",
-        "# upstream diff; docs/derive.md describes this file.",
-        f"schema = {SCHEMA}",
-        f"id = {_string(patch.id)}",
-        f"title = {_string(patch.title)}",
-        f"symptom = {_string(patch.symptom)}",
-        f"upstream_url = {_string(patch.upstream_url)}",
-        f"base = {_string(patch.base)}",
-        f"base_tree = {_string(patch.base_tree)}",
-        "paths = [" + ", ".join(_string(p) for p in patch.paths) + "]",
-        "requires = [" + ", ".join(_string(r) for r in patch.requires) + "]",
-    ]
-    for test in patch.recorded_tests:
-        out += ["", "[[tests]]", f"path = {_string(test.path)}"]
-        out.append(f"content = {_text(test.content)}")
-    for unit in patch.units:
-        out += [
-            "",
-            "[[units]]",
-            f"path = {_string(unit.path)}",
-            f"kind = {_string(unit.kind)}",
-            f"name = {_string(unit.name)}",
-            f"before = {_text(unit.before)}",
-            f"after = {_text(unit.after)}",
-        ]
-        for edit in unit.edits:
-            out += ["", "[[units.edits]]", f"kind = {_string(edit.kind)}"]
-            steps = ", ".join(
-                f"{{header = {_string(s.header)}, field = {_string(s.field)}}}"
-                for s in edit.block
-            )
-            out.append(f"block = [{steps}]")
-            for name in ("before_anchor", "after_anchor"):
-                value = getattr(edit, name)
-                if value is not None:
-                    out.append(
-                        f"{name} = {{code = {_string(value.code)}, "
-                        f"match = {_string(value.match)}}}"
-                    )
-            for name in ("removed", "inserted", "header_before", "header_after"):
-                value = getattr(edit, name)
-                if value:
-                    out.append(f"{name} = {_text(value)}")
-    return "\n".join(out) + "\n"
-
-
-def write_derived(patch: DerivedPatch, out_dir: Path) -> Path:
-    """Write the data file into ``out_dir`` atomically; its path."""
-    target = out_dir / data_file_name(patch.id)
-    handle, staging = tempfile.mkstemp(prefix=".derive-", dir=out_dir)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(dump_derived(patch))
-        os.replace(staging, target)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def _string(value: str) -> str:
-    """A TOML basic string (one line)."""
-    escaped = []
-    for char in value:
-        if char in '"\\':
-            escaped.append("\\" + char)
-        elif char == "\n":
-            escaped.append("\\n")
-        elif char == "\t":
-            escaped.append("\\t")
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            escaped.append(f"\\u{ord(char):04x}")
-        else:
-            escaped.append(char)
-    return '"' + "".join(escaped) + '"'
-
-
-def _text(value: str) -> str:
-    """Code as a multi-line literal string where it can be one (a reviewer
-    reads it as the PR shows it), else as a basic string."""
-    readable = (
-        "'''" not in value
-        and not value.endswith("'")
-        and all(c in "\n\t" or (ord(c) >= 0x20 and ord(c) != 0x7F) for c in value)
-    )
-    if readable and value:
-        return "'''\n" + value + "'''"
-    return _string(value)
-
-
 __all__ = [
+    "EDIT_KINDS",
+    "SCHEMA",
+    "UNIT_KINDS",
     "Anchor",
     "DerivedPatch",
     "Edit",
+    "RecordedTest",
     "Step",
     "Unit",
     "data_file_name",

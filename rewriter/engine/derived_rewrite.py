@@ -17,23 +17,23 @@ from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived import (
-    _ShapeCache,
-    _with_block,
+from deepstack_patch.engine.derived_match import (
+    ShapeCache,
     bound_name,
     import_aliases,
     occurrences,
+    with_block,
 )
 from deepstack_patch.engine.plan import RewriteRefused
 
 if TYPE_CHECKING:
-    from deepstack_patch.engine.derived import _CompiledEdit
+    from deepstack_patch.engine.derived_match import CompiledEdit
 
 Statements = list[cst.BaseStatement]
 
 
 def apply_edit(
-    module: cst.Module, compiled: _CompiledEdit, details: Mapping[str, Any]
+    module: cst.Module, compiled: CompiledEdit, details: Mapping[str, Any]
 ) -> cst.Module:
     """``module`` with one edit made (see :class:`~.derived.Edit`)."""
     rewriter = _Rewriter(module)
@@ -60,7 +60,7 @@ def apply_edit(
 class _Rewriter:
     def __init__(self, module: cst.Module) -> None:
         self.module = module
-        self.shapes = _ShapeCache()
+        self.shapes = ShapeCache()
         self._parsed: dict[int, list[ast.stmt]] = {}
         self._keep: list[cst.CSTNode] = []
 
@@ -109,20 +109,20 @@ class _Rewriter:
         return found[0]
 
     def header(
-        self, statements: Statements, identity: str, compiled: _CompiledEdit
+        self, statements: Statements, identity: str, compiled: CompiledEdit
     ) -> Statements:
         index = self._one(statements, identity, compiled.edit.header_before)
         node = statements[index]
         if shapes.header(self.ast_of(node)[0]) != compiled.header_before:
             raise RewriteRefused("the header is not the one the fix expects")
-        new = cst.parse_statement(_with_block(compiled.edit.header_after))
+        new = cst.parse_statement(with_block(compiled.edit.header_after))
         if not isinstance(new, cst.FunctionDef | cst.ClassDef):
             raise RewriteRefused("the fixed header is not a definition")
         assert isinstance(node, cst.FunctionDef | cst.ClassDef)
         replaced = new.with_changes(body=node.body, leading_lines=node.leading_lines)
         return [*statements[:index], replaced, *statements[index + 1 :]]
 
-    def statements(self, statements: Statements, compiled: _CompiledEdit) -> Statements:
+    def statements(self, statements: Statements, compiled: CompiledEdit) -> Statements:
         # One entry per CPython statement: (cst index, position in its line).
         entries: list[tuple[int, int]] = []
         nodes: list[ast.stmt] = []
@@ -131,8 +131,7 @@ class _Rewriter:
                 entries.append((index, position))
                 nodes.append(node)
         offset = len(nodes) - len(shapes.without_docstring(nodes))
-        at_start = compiled.before_anchor is None
-        at_end = compiled.after_anchor is None
+        at_start, at_end = compiled.at_start, compiled.at_end
         found = occurrences(
             nodes, compiled.before_pattern, at_start, at_end, self.shapes
         )
@@ -140,7 +139,8 @@ class _Rewriter:
             raise RewriteRefused(
                 f"the code the fix changes is found {len(found)} times, not once"
             )
-        start = found[0] + offset + (0 if at_start else 1)
+        skip = 1 if compiled.anchored and compiled.before_anchor else 0
+        start = found[0] + offset + skip
         end = start + len(compiled.removed)
         for boundary in (start, end):
             if boundary < len(entries) and entries[boundary][1] != 0:
@@ -165,6 +165,25 @@ class _Rewriter:
                     ),
                 ]
             )
+        elif (
+            new
+            and first < len(statements)
+            and _moves_comment(statements[first], new[0])
+        ):
+            # Upstream put the insertion between the next statement and the
+            # comment above it; the comment stays above the insertion, once.
+            following = statements[first]
+            new[0] = new[0].with_changes(
+                leading_lines=[
+                    *following.leading_lines,
+                    *new[0].leading_lines[len(_comments(following)) :],
+                ]
+            )
+            statements = [
+                *statements[:first],
+                following.with_changes(leading_lines=[]),
+                *statements[first + 1 :],
+            ]
         elif new and not new[0].leading_lines and _is_definition(new[0]):
             neighbour = statements[first] if first < len(statements) else None
             if neighbour is None or not _is_definition(neighbour):
@@ -181,9 +200,7 @@ class _Rewriter:
 
     # -- imports ----------------------------------------------------------
 
-    def imports(
-        self, compiled: _CompiledEdit, details: Mapping[str, Any]
-    ) -> cst.Module:
+    def imports(self, compiled: CompiledEdit, details: Mapping[str, Any]) -> cst.Module:
         add = [tuple(a) for a in details.get("add", ())]
         drop = [tuple(a) for a in details.get("drop", ())]
         body = list(self.module.body)
@@ -347,7 +364,39 @@ def _parsed_statements(code: str) -> Statements:
     (LibCST gives a module's leading comments to the module, not to it)."""
     if not code.strip():
         return []
-    return list(cst.parse_module("pass\n" + code).body[1:])
+    parsed = cst.parse_module("pass\n" + code).visit(_UnindentedBlankLines())
+    return list(parsed.body[1:])
+
+
+class _UnindentedBlankLines(cst.CSTTransformer):
+    """Blank lines parsed at the module level are marked indented, which in
+    the target's block would write its indentation on them."""
+
+    def leave_EmptyLine(
+        self, original_node: cst.EmptyLine, updated_node: cst.EmptyLine
+    ) -> cst.EmptyLine:
+        if updated_node.comment is None:
+            return updated_node.with_changes(indent=False)
+        return updated_node
+
+
+def _comments(statement: cst.BaseStatement) -> list[str]:
+    return [
+        line.comment.value.strip()
+        for line in statement.leading_lines
+        if line.comment is not None
+    ]
+
+
+def _moves_comment(following: cst.BaseStatement, inserted: cst.BaseStatement) -> bool:
+    """Whether the inserted code starts with the comment lines above the
+    statement it goes before (and has more lines of its own after them)."""
+    theirs = _comments(following)
+    ours = [
+        line.comment.value.strip() if line.comment else None
+        for line in inserted.leading_lines
+    ]
+    return bool(theirs) and ours[: len(theirs)] == theirs
 
 
 def _comment(line: cst.EmptyLine) -> str | None:

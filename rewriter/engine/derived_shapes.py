@@ -47,32 +47,54 @@ def is_compound(node: ast.stmt) -> bool:
     ) or isinstance(node, DEFINITIONS)
 
 
-def shape(node: ast.AST) -> str:
-    """The whole statement, positions and docstrings left out."""
-    if any(
-        isinstance(inner, (*DEFINITIONS, ast.Module))
-        and inner.body
-        and is_docstring(inner.body[0])
-        for inner in ast.walk(node)
-    ):
-        node = copy.deepcopy(node)
-        for inner in ast.walk(node):
-            if isinstance(inner, (*DEFINITIONS, ast.Module)):
-                inner.body = without_docstring(inner.body)
-    return ast.dump(node, include_attributes=False)
+#: Shapes already made, by node id, with the node (so its id stays its own).
+Memo = dict[int, tuple[ast.AST, str]]
 
 
-def header(node: ast.stmt) -> str:
+def shape(node: ast.AST, memo: Memo | None = None) -> str:
+    """The whole statement, positions and docstrings left out.
+
+    With a ``memo`` each node is dumped once however often an enclosing
+    one is (a class, then each of its methods).
+    """
+    return _dump(node, memo if memo is not None else {})
+
+
+def _dump(node: object, memo: Memo, emptied: bool = False) -> str:
+    if isinstance(node, list):
+        return "[" + ", ".join(_dump(item, memo) for item in node) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    if not emptied:
+        cached = memo.get(id(node))
+        if cached is not None and cached[0] is node:
+            return cached[1]
+    fields = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if emptied and name in BLOCK_FIELDS and isinstance(value, list):
+            value = []
+        elif (
+            name == "body"
+            and isinstance(node, (*DEFINITIONS, ast.Module))
+            and value
+            and is_docstring(value[0])
+        ):
+            value = value[1:]
+        fields.append(f"{name}={_dump(value, memo)}")
+    text = f"{type(node).__name__}({', '.join(fields)})"
+    if not emptied:
+        memo[id(node)] = (node, text)
+    return text
+
+
+def header(node: ast.stmt, memo: Memo | None = None) -> str:
     """The statement with its blocks emptied (a def's decorators, name,
     signature and return annotation; a class's bases; an ``if``'s test)."""
-    emptied = copy.copy(node)
-    for name in BLOCK_FIELDS:
-        if isinstance(getattr(emptied, name, None), list):
-            setattr(emptied, name, [])
-    return ast.dump(emptied, include_attributes=False)
+    return _dump(node, memo if memo is not None else {}, emptied=True)
 
 
-def identity(node: ast.stmt) -> str:
+def identity(node: ast.stmt, memo: Memo | None = None) -> str:
     """What names a statement in its block (see the module's docstring)."""
     match node:
         case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
@@ -80,8 +102,8 @@ def identity(node: ast.stmt) -> str:
         case ast.ClassDef(name=name):
             return f"class {name}"
     if is_compound(node):
-        return header(node)
-    return shape(node)
+        return header(node, memo)
+    return shape(node, memo)
 
 
 def header_code(node: ast.stmt) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived import Anchor, Edit, Step, Unit
+from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
 
 
 @dataclass
@@ -32,6 +32,10 @@ class _Differ:
         self.before_lines = before.splitlines(keepends=True)
         self.after_lines = after.splitlines(keepends=True)
         self.found: list[_Found] = []
+        self.memo: shapes.Memo = {}
+
+    def shape(self, node: ast.stmt) -> str:
+        return shapes.shape(node, self.memo)
 
     def block(
         self,
@@ -43,8 +47,8 @@ class _Differ:
         old = shapes.without_docstring(old_block)
         new = shapes.without_docstring(new_block)
         matcher = difflib.SequenceMatcher(
-            a=[shapes.identity(n) for n in old],
-            b=[shapes.identity(n) for n in new],
+            a=[shapes.identity(n, self.memo) for n in old],
+            b=[shapes.identity(n, self.memo) for n in new],
             autojunk=False,
         )
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -53,9 +57,9 @@ class _Differ:
                 continue
             for offset in range(i2 - i1):
                 was, now = old[i1 + offset], new[j1 + offset]
-                if shapes.shape(was) == shapes.shape(now):
+                if self.shape(was) == self.shape(now):
                     continue
-                if _inside_only(was, now):
+                if _inside_only(was, now, self.memo):
                     self.inside(was, now, steps, chain)
                 else:
                     at = i1 + offset
@@ -80,7 +84,7 @@ class _Differ:
         if definition:
             chain = (*chain, (was, now))
             code = shapes.header_source(self.before_lines, was)
-            if shapes.header(was) != shapes.header(now):
+            if shapes.header(was, self.memo) != shapes.header(now, self.memo):
                 self.found.append(
                     _Found(
                         Edit(
@@ -99,8 +103,8 @@ class _Differ:
             new_inner = getattr(now, name, None)
             if not isinstance(old_inner, list) or not old_inner:
                 continue
-            if [shapes.shape(n) for n in old_inner] == [
-                shapes.shape(n) for n in new_inner or []
+            if [self.shape(n) for n in old_inner] == [
+                self.shape(n) for n in new_inner or []
             ]:
                 continue
             self.block(old_inner, new_inner, (*steps, Step(code, name)), chain)
@@ -145,14 +149,14 @@ class _Differ:
         return Anchor(code.rstrip("\n"), "statement")
 
 
-def _inside_only(was: ast.stmt, now: ast.stmt) -> bool:
+def _inside_only(was: ast.stmt, now: ast.stmt, memo: shapes.Memo) -> bool:
     """Whether two aligned statements can be compared block by block: the
     same kind of compound statement, each changed block there on both sides."""
     if type(was) is not type(now) or not shapes.is_compound(was):
         return False
-    if not isinstance(was, shapes.DEFINITIONS) and shapes.header(was) != shapes.header(
-        now
-    ):
+    if not isinstance(was, shapes.DEFINITIONS) and shapes.header(
+        was, memo
+    ) != shapes.header(now, memo):
         return False
     for name in shapes.BLOCK_FIELDS:
         old_inner = getattr(was, name, None)

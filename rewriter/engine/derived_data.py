@@ -1,0 +1,309 @@
+"""A derived patch's data: its units and edits, and the data file (TOML,
+schema 1, one per patch; docs/derive.md describes it)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.protocol import RecordedTest
+
+SCHEMA = 1
+
+#: The kinds of unit, as the data file names them.
+UNIT_KINDS = (
+    "function",
+    "method",
+    "class",
+    "class-attribute",
+    "module-statement",
+    "import",
+)
+EDIT_KINDS = ("body", "header", "imports")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step from a unit's block into a nested one: the compound statement
+    (by its header code) and which of its blocks (``body``, ``orelse``,
+    ``finalbody``; ``header`` for the definition a header edit changes)."""
+
+    header: str
+    field: str = "body"
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A neighbour of an edit in its block. ``match`` is ``statement`` (the
+    whole statement must be the same) or ``header`` (a definition by its
+    kind and name, another compound statement by its header)."""
+
+    code: str
+    match: str = "statement"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One change in one block.
+
+    ``body``: in the block ``block`` leads to, the statements ``removed``,
+    right after ``before_anchor`` (None: at the block's start) and right
+    before ``after_anchor`` (None: at its end), become ``inserted``.
+    ``header``: the definition ``block`` leads to has ``header_before`` as
+    its header (decorators, signature, bases) and gets ``header_after``.
+    ``imports``: the module's imports ``inserted`` are added where missing
+    and those of ``removed`` that nothing else uses are dropped.
+    """
+
+    kind: str
+    block: tuple[Step, ...] = ()
+    before_anchor: Anchor | None = None
+    after_anchor: Anchor | None = None
+    removed: str = ""
+    inserted: str = ""
+    header_before: str = ""
+    header_after: str = ""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A function, method, class or module statement the diff changes."""
+
+    path: str
+    kind: str
+    name: str
+    before: str
+    after: str
+    edits: tuple[Edit, ...]
+
+    @property
+    def part(self) -> str:
+        return f"{self.path}::{self.name}"
+
+    @property
+    def description(self) -> str:
+        what = {"class-attribute": "statement of class", "import": "imports"}
+        if self.kind == "import":
+            return f"imports of {self.path}"
+        return f"{what.get(self.kind, self.kind)} {self.name} in {self.path}"
+
+
+# -- the data file ------------------------------------------------------------
+
+
+def data_file_name(patch_id: str) -> str:
+    """``vllm#49397`` -> ``vllm-49397.toml``."""
+    return patch_id.replace("#", "-").replace("/", "-") + ".toml"
+
+
+#: What to do about a broken data file.
+BROKEN_HINT = (
+    "restore the file, or derive it again with 'deepstack-patch derive' "
+    "(docs/derive.md describes the format)"
+)
+
+
+def read_fields(path: Path) -> dict[str, Any]:
+    """A data file's fields, as :class:`DerivedPatch` takes them; a broken
+    file is a DeepstackError naming it (and the line, where TOML says)."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    hint = BROKEN_HINT
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DeepstackError(f"cannot read: {exc}", hint, path=str(path)) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = getattr(exc, "lineno", None)
+        if line is None:
+            import re
+
+            found = re.search(r"line (\d+)", str(exc))
+            line = int(found.group(1)) if found else None
+        raise DeepstackError(
+            f"not a valid TOML file: {exc}", hint, path=str(path), line=line
+        ) from None
+    try:
+        return _fields(data, str(path))
+    except (KeyError, TypeError, ValueError, SyntaxError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise DeepstackError(
+            f"not a derived patch: {what}", hint, path=str(path)
+        ) from None
+
+
+def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA}")
+
+    def text(table: dict[str, Any], name: str, default: str | None = None) -> str:
+        value = table.get(name, default)
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string")
+        return value
+
+    def anchor(value: Any) -> Anchor | None:
+        if value is None:
+            return None
+        match value:
+            case {"code": str(code), "match": "statement" | "header" as match}:
+                return Anchor(code, match)
+        raise ValueError(f"an anchor must be {{code, match}}, got {value!r}")
+
+    units = []
+    for table in data["units"]:
+        kind = text(table, "kind")
+        if kind not in UNIT_KINDS:
+            raise ValueError(f"unknown unit kind {kind!r}")
+        edits = []
+        for edit in table["edits"]:
+            edit_kind = text(edit, "kind")
+            if edit_kind not in EDIT_KINDS:
+                raise ValueError(f"unknown edit kind {edit_kind!r}")
+            edits.append(
+                Edit(
+                    kind=edit_kind,
+                    block=tuple(
+                        Step(text(s, "header"), text(s, "field", "body"))
+                        for s in edit.get("block", [])
+                    ),
+                    before_anchor=anchor(edit.get("before_anchor")),
+                    after_anchor=anchor(edit.get("after_anchor")),
+                    removed=text(edit, "removed", ""),
+                    inserted=text(edit, "inserted", ""),
+                    header_before=text(edit, "header_before", ""),
+                    header_after=text(edit, "header_after", ""),
+                )
+            )
+        units.append(
+            Unit(
+                path=text(table, "path"),
+                kind=kind,
+                name=text(table, "name"),
+                before=text(table, "before", ""),
+                after=text(table, "after", ""),
+                edits=tuple(edits),
+            )
+        )
+    if not units:
+        raise ValueError("it has no units")
+    return {
+        "id": text(data, "id"),
+        "title": text(data, "title", ""),
+        "symptom": text(data, "symptom", ""),
+        "base": text(data, "base", ""),
+        "base_tree": text(data, "base_tree", ""),
+        "paths": [str(p) for p in data["paths"]],
+        "units": units,
+        "tests": [
+            RecordedTest(text(t, "path"), text(t, "content"))
+            for t in data.get("tests", [])
+        ],
+        "requires": [str(r) for r in data.get("requires", [])],
+        "origin": origin,
+        "upstream_url": text(data, "upstream_url", ""),
+    }
+
+
+def dump_derived(patch: Any) -> str:
+    """A :class:`~.derived.DerivedPatch`'s data file text (TOML, schema 1)."""
+    out = [
+        f"# A derived patch: {patch.id}. Made by 'deepstack-patch derive' from the",
+        "# upstream diff; docs/derive.md describes this file.",
+        f"schema = {SCHEMA}",
+        f"id = {_string(patch.id)}",
+        f"title = {_string(patch.title)}",
+        f"symptom = {_string(patch.symptom)}",
+        f"upstream_url = {_string(patch.upstream_url)}",
+        f"base = {_string(patch.base)}",
+        f"base_tree = {_string(patch.base_tree)}",
+        "paths = [" + ", ".join(_string(p) for p in patch.paths) + "]",
+        "requires = [" + ", ".join(_string(r) for r in patch.requires) + "]",
+    ]
+    for test in patch.recorded_tests:
+        out += ["", "[[tests]]", f"path = {_string(test.path)}"]
+        out.append(f"content = {_text(test.content)}")
+    for unit in patch.units:
+        out += [
+            "",
+            "[[units]]",
+            f"path = {_string(unit.path)}",
+            f"kind = {_string(unit.kind)}",
+            f"name = {_string(unit.name)}",
+            f"before = {_text(unit.before)}",
+            f"after = {_text(unit.after)}",
+        ]
+        for edit in unit.edits:
+            out += ["", "[[units.edits]]", f"kind = {_string(edit.kind)}"]
+            steps = ", ".join(
+                f"{{header = {_string(s.header)}, field = {_string(s.field)}}}"
+                for s in edit.block
+            )
+            out.append(f"block = [{steps}]")
+            for name in ("before_anchor", "after_anchor"):
+                value = getattr(edit, name)
+                if value is not None:
+                    out.append(
+                        f"{name} = {{code = {_string(value.code)}, "
+                        f"match = {_string(value.match)}}}"
+                    )
+            for name in ("removed", "inserted", "header_before", "header_after"):
+                value = getattr(edit, name)
+                if value:
+                    out.append(f"{name} = {_text(value)}")
+    return "\n".join(out) + "\n"
+
+
+def write_derived(patch: Any, out_dir: Path) -> Path:
+    """Write the data file into ``out_dir`` atomically; its path."""
+    target = out_dir / data_file_name(patch.id)
+    handle, staging = tempfile.mkstemp(prefix=".derive-", dir=out_dir)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(dump_derived(patch))
+        os.replace(staging, target)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _string(value: str) -> str:
+    """A TOML basic string (one line)."""
+    escaped = []
+    for char in value:
+        if char in '"\\':
+            escaped.append("\\" + char)
+        elif char == "\n":
+            escaped.append("\\n")
+        elif char == "\t":
+            escaped.append("\\t")
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            escaped.append(f"\\u{ord(char):04x}")
+        else:
+            escaped.append(char)
+    return '"' + "".join(escaped) + '"'
+
+
+def _text(value: str) -> str:
+    """Code as a multi-line literal string where it can be one (a reviewer
+    reads it as the PR shows it), else as a basic string."""
+    readable = (
+        "'''" not in value
+        and not value.endswith("'")
+        and all(c in "\n\t" or (ord(c) >= 0x20 and ord(c) != 0x7F) for c in value)
+    )
+    if readable and value:
+        return "'''\n" + value + "'''"
+    return _string(value)

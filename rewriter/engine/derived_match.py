@@ -1,0 +1,189 @@
+"""How a derived patch's edits are matched: each statement's keys made once
+(:class:`ShapeCache`), each edit's patterns made once (:class:`CompiledEdit`),
+and where a pattern occurs in a block. Recognition (:mod:`.derived`) and the
+rewrite (:mod:`.derived_rewrite`) match with the same code."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deepstack_patch.engine import derived_shapes as shapes
+from deepstack_patch.engine.derived_data import Anchor, Edit
+
+
+class ShapeCache:
+    """Each node's shape and identity, made once per recognition."""
+
+    def __init__(self) -> None:
+        self.memo: shapes.Memo = {}
+
+    def shape(self, node: ast.stmt) -> str:
+        return shapes.shape(node, self.memo)
+
+    def identity(self, node: ast.stmt) -> str:
+        return shapes.identity(node, self.memo)
+
+
+@dataclass(frozen=True)
+class _Key:
+    """One statement of a pattern: its key, and by which key it matches."""
+
+    key: str
+    by: str  # "shape" | "identity"
+    code: str  # for messages
+
+    def matches(self, node: ast.stmt, shapes_of: ShapeCache) -> bool:
+        if self.by == "identity":
+            return shapes_of.identity(node) == self.key
+        return shapes_of.shape(node) == self.key
+
+
+@dataclass(frozen=True)
+class CompiledEdit:
+    """An edit with every key it is matched by computed once."""
+
+    edit: Edit
+    steps: tuple[tuple[str, str, str], ...]  # (identity, field, code)
+    before_anchor: _Key | None
+    after_anchor: _Key | None
+    removed: tuple[_Key, ...]
+    inserted: tuple[_Key, ...]
+    header_before: str
+    header_after: str
+
+    @classmethod
+    def of(cls, edit: Edit) -> CompiledEdit:
+        def key_of(anchor: Anchor | None) -> _Key | None:
+            if anchor is None:
+                return None
+            node = one_statement(anchor.code)
+            if anchor.match == "header":
+                return _Key(shapes.identity(node), "identity", anchor.code)
+            return _Key(shapes.shape(node), "shape", anchor.code)
+
+        def keys_of(code: str) -> tuple[_Key, ...]:
+            return tuple(
+                _Key(shapes.shape(node), "shape", ast.unparse(node))
+                for node in shapes.parse_statements(code)
+            )
+
+        steps = tuple(
+            (shapes.identity(one_statement(with_block(s.header))), s.field, s.header)
+            for s in edit.block
+        )
+        headers = [
+            shapes.header(one_statement(with_block(code))) if code else ""
+            for code in (edit.header_before, edit.header_after)
+        ]
+        return cls(
+            edit,
+            steps,
+            key_of(edit.before_anchor),
+            key_of(edit.after_anchor),
+            keys_of(edit.removed),
+            keys_of(edit.inserted),
+            headers[0],
+            headers[1],
+        )
+
+    @property
+    def anchored(self) -> bool:
+        """Whether the anchors take part in matching: for an insertion only.
+
+        The statements a fix removes or replaces place it by themselves
+        (found exactly once); an insertion has only its neighbours to say
+        where it goes.
+        """
+        return not self.removed
+
+    @property
+    def at_start(self) -> bool:
+        return self.anchored and self.before_anchor is None
+
+    @property
+    def at_end(self) -> bool:
+        return self.anchored and self.after_anchor is None
+
+    @property
+    def before_pattern(self) -> list[_Key]:
+        return self._around(self.removed)
+
+    @property
+    def after_pattern(self) -> list[_Key]:
+        return self._around(self.inserted)
+
+    def _around(self, statements: tuple[_Key, ...]) -> list[_Key]:
+        if not self.anchored:
+            return list(statements)
+        return [
+            *([self.before_anchor] if self.before_anchor else []),
+            *statements,
+            *([self.after_anchor] if self.after_anchor else []),
+        ]
+
+
+def with_block(header_code: str) -> str:
+    """A header's code made a whole statement (``...`` as its block)."""
+    text = header_code.rstrip()
+    if text.endswith(":"):
+        return text + "\n    ...\n"
+    return text + "\n"
+
+
+def one_statement(code: str) -> ast.stmt:
+    body = ast.parse(code).body
+    if len(body) != 1:
+        raise ValueError(f"expected one statement, got {len(body)}: {code!r}")
+    return body[0]
+
+
+def occurrences(
+    block: Sequence[ast.stmt],
+    pattern: Sequence[_Key],
+    at_start: bool,
+    at_end: bool,
+    shapes_of: ShapeCache,
+) -> list[int]:
+    """The indices of ``block`` (after its docstring) where ``pattern`` starts."""
+    statements = shapes.without_docstring(block)
+    size = len(pattern)
+    last_start = len(statements) - size
+    if last_start < 0:
+        return []
+    starts = [0] if at_start else list(range(last_start + 1))
+    if at_end:
+        starts = [start for start in starts if start == last_start]
+    return [
+        start
+        for start in starts
+        if all(
+            key.matches(statements[start + offset], shapes_of)
+            for offset, key in enumerate(pattern)
+        )
+    ]
+
+
+def import_aliases(
+    statements: Sequence[ast.stmt],
+) -> list[tuple[str, str, int, str, str]]:
+    """(kind, module, level, name, asname) of each name the statements import."""
+    found = []
+    for node in statements:
+        match node:
+            case ast.Import(names=names):
+                found += [("import", "", 0, a.name, a.asname or "") for a in names]
+            case ast.ImportFrom(module=module, level=level, names=names):
+                found += [
+                    ("from", module or "", level or 0, a.name, a.asname or "")
+                    for a in names
+                ]
+    return found
+
+
+def bound_name(alias: tuple[str, str, int, str, str]) -> str:
+    kind, _, _, name, asname = alias
+    if asname:
+        return asname
+    return name.split(".")[0] if kind == "import" else name

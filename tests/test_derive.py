@@ -1,0 +1,632 @@
+"""Derived patches: ``derive`` turns a diff into data; the engine reads it.
+
+The fast tier uses small synthetic modules written here; the release tier
+cuts a fix's diff from two cached releases at test time (no vLLM code is
+committed) and checks the derived patch's states on the other releases.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from deepstack_patch.cli import main
+from deepstack_patch.distribution.derive import (
+    apply_file_diff,
+    derive_patch_from_text,
+    parse_diff,
+)
+from deepstack_patch.engine.derived import (
+    DerivedPatch,
+    data_file_name,
+    dump_derived,
+    load_derived,
+)
+from deepstack_patch.engine.derived_units import units_of_change
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.plan import plan_tree, rewrite_text
+from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.tree import VllmTree
+
+PATH = "vllm/buffers.py"
+
+BEFORE = '''"""Buffers for a made-up model."""
+import os
+from typing import Any
+
+LIMIT = 4
+
+
+class Buffer:
+    size = 8
+
+    def __init__(self, n):
+        """Make it."""
+        self.n = n
+        if n > LIMIT:
+            self.data = [0] * n
+        self.ready = True
+
+    def read(self):
+        return self.n
+
+
+@staticmethod
+def helper(x):
+    return x + 1
+'''
+
+AFTER = '''"""Buffers for a made-up model."""
+import os
+from typing import Any, Optional
+
+LIMIT = 4
+
+
+class Buffer:
+    size = 16
+
+    def __init__(self, n, device=None):
+        """Make it."""
+        self.n = n
+        if n > LIMIT:
+            # only on a real device
+            if device != "meta":
+                self.data = [0] * n
+        self.ready = True
+
+    def read(self):
+        return self.n
+
+    def close(self):
+        self.ready = False
+
+
+@staticmethod
+def helper(x):
+    return x + 2
+'''
+
+
+def derived(before: str = BEFORE, after: str = AFTER) -> DerivedPatch:
+    units = units_of_change(PATH, before, after)
+    return DerivedPatch(
+        id="local#1",
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=[PATH],
+        units=units,
+    )
+
+
+def states(patch: DerivedPatch, source: str) -> dict[str, tuple[PatchState, str]]:
+    return {
+        f.symbol: (f.state, f.reason) for f in patch.recognise(ast.parse(source), PATH)
+    }
+
+
+# -- units and the four states ------------------------------------------------
+
+
+def test_units_of_a_change_name_every_changed_definition_and_statement() -> None:
+    units = {(u.kind, u.name): u for u in units_of_change(PATH, BEFORE, AFTER)}
+    assert set(units) == {
+        ("import", "imports"),
+        ("class-attribute", "Buffer.size"),
+        ("method", "Buffer.__init__"),
+        ("method", "Buffer.close"),
+        ("function", "helper"),
+    }
+    init = units[("method", "Buffer.__init__")]
+    assert [e.kind for e in init.edits] == ["header", "body"]
+    assert init.before.startswith("def __init__(self, n):")
+    assert init.after.startswith("def __init__(self, n, device=None):")
+
+
+def test_needed_becomes_the_diffs_result_then_stays_applied() -> None:
+    patch = derived()
+    assert {s for s, _ in states(patch, BEFORE).values()} == {PatchState.NEEDED}
+    fixed = rewrite_text(patch, BEFORE, PATH)
+    assert fixed == AFTER  # the text, comments and blank lines included
+    assert {s for s, _ in states(patch, fixed).values()} == {PatchState.APPLIED}
+    assert rewrite_text(patch, fixed, PATH) == fixed
+
+
+def test_formatting_comments_docstrings_and_other_code_do_not_matter() -> None:
+    patch = derived()
+    vendor = BEFORE.replace(
+        '        """Make it."""\n        self.n = n\n',
+        "        # the vendor's comment\n        self.n = (n)\n"
+        "        self.extra = 1\n",
+    ).replace("    return x + 1", "    # still one\n    return x+1")
+    assert {s for s, _ in states(patch, vendor).values()} == {PatchState.NEEDED}
+    fixed = rewrite_text(patch, vendor, PATH)
+    assert "self.extra = 1" in fixed and "# the vendor's comment" in fixed
+    # A comment above a replaced statement stays above its replacement.
+    assert "    # still one\n    return x + 2\n" in fixed
+    assert {s for s, _ in states(patch, fixed).values()} == {PatchState.APPLIED}
+
+
+def test_an_absent_unit_is_not_applicable_and_the_report_names_it(
+    tmp_path: Path,
+) -> None:
+    before = "def helper(x):\n    return x + 1\n"
+    after = "def helper(x):\n    return x + 2\n"
+    patch = derived(before, after)
+    assert patch.recognise(ast.parse("def other():\n    pass\n"), PATH) == []
+    tree = _tree(tmp_path, {PATH: "def other():\n    pass\n"})
+    report = plan_tree(tree, [patch], rewrite=False).report(patch.id)
+    assert report.state is PatchState.NOT_APPLICABLE
+    assert report.reason == f"target absent: no function helper in {PATH} in this tree"
+
+
+def test_a_statement_not_found_or_found_twice_drifts_and_is_named() -> None:
+    patch = derived()
+    gone = BEFORE.replace("            self.data = [0] * n\n", "            pass\n")
+    state, reason = states(patch, gone)["Buffer.__init__"]
+    assert state is PatchState.DRIFTED
+    assert reason == "`self.data = [0] * n` not found in the block at line 14"
+    twice = BEFORE.replace(
+        "            self.data = [0] * n\n",
+        "            self.data = [0] * n\n            self.data = [0] * n\n",
+    )
+    state, reason = states(patch, twice)["Buffer.__init__"]
+    assert state is PatchState.DRIFTED
+    assert "`self.data = [0] * n` found 2 times" in reason
+
+
+def test_a_header_change_is_recognised_like_a_statement() -> None:
+    before = "@compile(dynamic=True, backend=b)\ndef count(x):\n    return x\n"
+    after = "@compile(backend=b)\ndef count(x):\n    return x\n"
+    patch = derived(before, after)
+    assert [e.kind for e in patch.units[0].edits] == ["header"]
+    assert states(patch, before)["count"][0] is PatchState.NEEDED
+    assert rewrite_text(patch, before, PATH) == after
+    assert states(patch, after)["count"][0] is PatchState.APPLIED
+    other = before.replace("dynamic=True", "dynamic=False")
+    state, reason = states(patch, other)["count"]
+    assert state is PatchState.DRIFTED and "header of count" in reason
+
+
+def test_imports_are_added_where_missing_in_upstreams_order() -> None:
+    before = "import os\nfrom typing import Any, Dict\n\n\ndef f():\n    return 1\n"
+    after = (
+        "import os\nfrom typing import Any, Callable, Dict\n\n\n"
+        "def f():\n    return Callable\n"
+    )
+    patch = derived(before, after)
+    assert rewrite_text(patch, before, PATH) == after
+    # Where the file already imports it, nothing is added.
+    vendor = before.replace("import os\n", "import os\nfrom typing import Callable\n")
+    assert states(patch, vendor)["imports"][0] is PatchState.APPLIED
+    assert rewrite_text(patch, vendor, PATH).count("Callable") == 2
+
+
+def test_a_new_method_goes_after_the_sibling_that_precedes_it_upstream() -> None:
+    before = (
+        "class A:\n    def a(self):\n        pass\n\n    def c(self):\n        pass\n"
+    )
+    after = (
+        "class A:\n    def a(self):\n        pass\n\n    def b(self):\n"
+        "        return 2\n\n    def c(self):\n        pass\n"
+    )
+    patch = derived(before, after)
+    assert [(u.kind, u.name) for u in patch.units] == [("method", "A.b")]
+    assert rewrite_text(patch, before, PATH) == after
+    assert states(patch, after)["A.b"][0] is PatchState.APPLIED
+
+
+def test_a_patch_applies_whole_or_not_at_all_in_a_file() -> None:
+    before = "def f():\n    return 1\n\n\ndef g():\n    return 1\n"
+    after = "def f():\n    return 2\n\n\ndef g():\n    return 2\n"
+    patch = derived(before, after)
+    only_f = "def f():\n    return 1\n"
+    state, reason = states(patch, only_f)["f"]
+    assert state is PatchState.DRIFTED
+    assert "function g in vllm/buffers.py is absent while f is there" in reason
+
+
+def test_partly_applied_unit_drifts() -> None:
+    before = "def f():\n    a = 1\n    b = 1\n    c = 1\n    d = 1\n    return a\n"
+    after = "def f():\n    a = 2\n    b = 1\n    c = 1\n    d = 2\n    return a\n"
+    patch = derived(before, after)
+    half = before.replace("a = 1", "a = 2")
+    state, reason = states(patch, half)["f"]
+    assert state is PatchState.DRIFTED and "part of the fix is there" in reason
+
+
+# -- the data file ---------------------------------------------------------------
+
+
+def test_the_data_file_reads_back_as_the_same_patch(tmp_path: Path) -> None:
+    patch = derived()
+    path = tmp_path / data_file_name("vllm#49397")
+    assert path.name == "vllm-49397.toml"
+    path.write_text(dump_derived(patch))
+    loaded = load_derived(path)
+    assert loaded.units == patch.units
+    assert loaded.origin == str(path)
+    assert rewrite_text(loaded, BEFORE, PATH) == AFTER
+    text = path.read_text()
+    assert "after = '''\ndef __init__(self, n, device=None):" in text
+
+
+@pytest.mark.parametrize(
+    ("content", "message", "line"),
+    [
+        ("schema = 1\nid = = 2\n", "not a valid TOML file", 2),
+        ("schema = 2\nid = 'x'\n", "schema is 2, expected 1", None),
+        ("schema = 1\nid = 'x'\n", "missing field 'units'", None),
+    ],
+)
+def test_a_broken_data_file_names_itself(
+    tmp_path: Path, content: str, message: str, line: int | None
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(content)
+    with pytest.raises(DeepstackError) as caught:
+        load_derived(path)
+    assert message in caught.value.message
+    assert caught.value.path == str(path) and caught.value.line == line
+    assert "derive" in caught.value.hint
+
+
+# -- diffs -----------------------------------------------------------------------
+
+
+def git_diff(path: str, before: str, after: str) -> str:
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        f"a/{path}",
+        f"b/{path}",
+    )
+    return f"diff --git a/{path} b/{path}\nindex 1111111..2222222 100644\n" + "".join(
+        lines
+    )
+
+
+def test_diffs_as_git_github_and_format_patch_write_them() -> None:
+    diff = git_diff(PATH, BEFORE, AFTER)
+    format_patch = (
+        "From 0123 Mon Sep 17 00:00:00 2001\nFrom: A <a@b>\nSubject: [PATCH] x\n\n"
+        "---\n vllm/buffers.py | 2 +-\n\n" + diff + "-- \n2.40.0\n"
+    )
+    plain = diff.split("\n", 2)[2]  # diff -u: no git header
+    for text in (diff, format_patch, plain):
+        (file_diff,) = parse_diff(text)
+        assert file_diff.path == PATH
+        assert apply_file_diff(file_diff, BEFORE) == AFTER
+
+
+def test_no_newline_at_end_of_file() -> None:
+    diff = (
+        "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n\\ No newline at end of file\n"
+        "+a = 2\n\\ No newline at end of file\n"
+    )
+    (file_diff,) = parse_diff(diff)
+    assert apply_file_diff(file_diff, "a = 1") == "a = 2"
+
+
+# -- the command: written, and every refusal ---------------------------------
+
+
+def _tree(root: Path, files: dict[str, str]) -> VllmTree:
+    (root / "vllm").mkdir(parents=True, exist_ok=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    (root / "PKG-INFO").write_text(
+        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.0.1\n"
+    )
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return VllmTree.open(root)
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    return _tree(tmp_path / "base", {PATH: BEFORE}).root
+
+
+def derive_args(
+    diff: Path, base: Path, out: Path, patch_id: str = "local#F1"
+) -> list[str]:
+    return [
+        "derive",
+        "--diff",
+        str(diff),
+        "--base-src",
+        str(base),
+        "--id",
+        patch_id,
+        "--out",
+        str(out),
+    ]
+
+
+def test_derive_writes_one_checked_data_file(tmp_path: Path, base: Path) -> None:
+    diff = tmp_path / "fix.diff"
+    test_path = "tests/test_buffers.py"
+    diff.write_text(
+        git_diff(PATH, BEFORE, AFTER)
+        + git_diff(test_path, "", "def test_it():\n    assert True\n").replace(
+            f"--- a/{test_path}", "--- /dev/null"
+        )
+    )
+    out = tmp_path / "out"
+    code, output = run(*derive_args(diff, base, out), "--format", "json")
+    assert code == 0, output
+    document = json.loads(output)
+    assert document["round_trip"] == "text"
+    assert document["tests"] == [test_path]
+    patch = load_derived(out / "local-F1.toml")
+    assert patch.recorded_tests[0].content == "def test_it():\n    assert True\n"
+    assert patch.base == "0.0.1"
+    assert [f.name for f in out.iterdir()] == ["local-F1.toml"]
+
+
+def _refused(
+    tmp_path: Path, diff_text: str, base: Path, *extra: str, patch_id: str = "local#F1"
+) -> str:
+    diff = tmp_path / "input.diff"
+    diff.write_text(diff_text)
+    out = tmp_path / "refused-out"
+    code, output = run(*derive_args(diff, base, out, patch_id), *extra)
+    assert code == 2, output
+    assert "error:" in output and "hint:" in output
+    assert not out.exists() or not any(out.iterdir())
+    return output
+
+
+def test_not_a_diff_is_refused(tmp_path: Path, base: Path) -> None:
+    assert "not a diff" in _refused(tmp_path, "just some text\n", base)
+
+
+def test_a_binary_diff_is_refused(tmp_path: Path, base: Path) -> None:
+    text = (
+        "diff --git a/vllm/x.bin b/vllm/x.bin\nindex 1..2 100644\n"
+        "Binary files a/vllm/x.bin and b/vllm/x.bin differ\n"
+    )
+    assert "a binary diff" in _refused(tmp_path, text, base)
+
+
+def test_a_rename_only_diff_is_refused(tmp_path: Path, base: Path) -> None:
+    text = (
+        f"diff --git a/{PATH} b/vllm/renamed.py\nsimilarity index 100%\n"
+        f"rename from {PATH}\nrename to vllm/renamed.py\n"
+    )
+    assert "a rename without a change of code" in _refused(tmp_path, text, base)
+
+
+def test_a_diff_against_a_file_the_base_lacks_is_refused(
+    tmp_path: Path, base: Path
+) -> None:
+    text = git_diff("vllm/other.py", BEFORE, AFTER)
+    output = _refused(tmp_path, text, base)
+    assert "the diff changes vllm/other.py, which tree" in output
+    assert "the pull request was made against" in output
+
+
+def test_hunks_that_do_not_apply_are_refused_naming_hunk_and_file(
+    tmp_path: Path, base: Path
+) -> None:
+    text = git_diff(PATH, BEFORE.replace("size = 8", "size = 9"), AFTER)
+    output = _refused(tmp_path, text, base)
+    assert f"hunk 1 (@@ -1,24 +1,29 @@) of {PATH} does not apply" in output
+    assert "line 9 is 'size = 8', the hunk expects 'size = 9'" in output
+
+
+def test_a_diff_without_python_code_is_refused(tmp_path: Path, base: Path) -> None:
+    docs = git_diff("docs/x.md", "a\n", "b\n").replace("--- a/docs", "--- /dev/null\n#")
+    only_docs = "--- /dev/null\n+++ b/docs/x.md\n@@ -0,0 +1 @@\n+b\n"
+    assert "changes no Python code" in _refused(tmp_path, only_docs, base)
+    only_tests = (
+        "--- /dev/null\n+++ b/tests/test_x.py\n@@ -0,0 +1,2 @@\n"
+        "+def test_x():\n+    pass\n"
+    )
+    assert "only test files" in _refused(tmp_path, only_tests, base)
+    comment_only = git_diff(
+        PATH, BEFORE, BEFORE.replace("LIMIT = 4", "LIMIT = 4  # max")
+    )
+    assert "only comments" in _refused(tmp_path, comment_only, base)
+    assert docs  # built from the same helper: a sanity check of the helper
+
+
+def test_an_id_already_taken_is_refused(tmp_path: Path, base: Path) -> None:
+    text = git_diff(PATH, BEFORE, AFTER)
+    output = _refused(tmp_path, text, base, patch_id="vllm#49397")
+    assert "already taken by a patch of the series" in output
+    out = tmp_path / "out"
+    diff = tmp_path / "fix.diff"
+    diff.write_text(text)
+    assert run(*derive_args(diff, base, out))[0] == 0
+    before = (out / "local-F1.toml").read_text()
+    code, output = run(*derive_args(diff, base, out))
+    assert code == 2 and "already exists" in output
+    assert (out / "local-F1.toml").read_text() == before
+
+
+def test_an_id_with_spaces_is_refused(tmp_path: Path, base: Path) -> None:
+    output = _refused(tmp_path, git_diff(PATH, BEFORE, AFTER), base, patch_id="a b")
+    assert "an id is short text without spaces" in output
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused(
+    tmp_path: Path, base: Path
+) -> None:
+    diff = tmp_path / "fix.diff"
+    diff.write_text(git_diff(PATH, BEFORE, AFTER))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for out in (a_file, a_file / "below"):
+        code, output = run(*derive_args(diff, base, out))
+        assert code == 2 and "error:" in output and "--out" in output
+    assert a_file.read_text() == ""
+
+
+def test_adding_a_python_file_is_refused(tmp_path: Path, base: Path) -> None:
+    text = "--- /dev/null\n+++ b/vllm/new.py\n@@ -0,0 +1 @@\n+a = 1\n"
+    assert "the diff adds vllm/new.py" in _refused(tmp_path, text, base)
+
+
+def test_a_diff_whose_site_is_ambiguous_on_the_base_fails_the_self_check(
+    tmp_path: Path,
+) -> None:
+    before = "def f(x):\n    x = 1\n    y = 2\n    x = 1\n    return x\n"
+    after = "def f(x):\n    x = 1\n    y = 2\n    return x\n"
+    root = _tree(tmp_path / "ambiguous", {PATH: before}).root
+    output = _refused(tmp_path, git_diff(PATH, before, after), root)
+    assert "self-check" in output and "found 2 times" in output
+
+
+def test_derive_from_text_writes_nothing(tmp_path: Path, base: Path) -> None:
+    tree = VllmTree.open(base)
+    result = derive_patch_from_text(git_diff(PATH, BEFORE, AFTER), tree, "local#2")
+    assert result.data_file is None and result.round_trip == "text"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+# -- real releases: diffs cut from two cached releases -------------------------
+
+MODELS = "vllm/model_executor/models/"
+
+#: vllm#49397's change (0.27.1 -> 0.28.0): the three deepstack-buffer
+#: __init__s and the import of StageMissingLayer they use.
+DEEPSTACK_BUFFERS = {
+    MODELS + "qwen3_vl.py": (
+        ["Qwen3VLForConditionalGeneration.__init__"],
+        ["StageMissingLayer"],
+    ),
+    MODELS + "qwen3_vl_moe.py": (
+        ["Qwen3VLMoeForConditionalGeneration.__init__"],
+        ["StageMissingLayer"],
+    ),
+    MODELS + "qwen3_omni_moe_thinker.py": (
+        ["Qwen3OmniMoeThinkerForConditionalGeneration.__init__"],
+        ["StageMissingLayer"],
+    ),
+}
+
+#: vllm#38933's change (0.19.1 -> 0.20.0).
+SAMPLER_RECOMPILE = {
+    "vllm/v1/sample/ops/logprobs.py": (["batched_count_greater_than"], []),
+    "vllm/v1/sample/sampler.py": (["Sampler.gather_logprobs"], []),
+}
+
+
+def _states_on(patch: DerivedPatch, versions: list[str]) -> dict[str, PatchState]:
+    from tests.support.upstream_diff import release_files
+
+    found = {}
+    for version in versions:
+        tree = release_files(version, list(patch.paths))
+        found[version] = plan_tree(tree, [patch], rewrite=False).report(patch.id).state
+    return found
+
+
+@pytest.mark.release
+def test_vllm_49397_derived_from_its_diff(tmp_path: Path) -> None:
+    from tests.support.upstream_diff import release_files, upstream_diff
+
+    diff = tmp_path / "49397.diff"
+    diff.write_text(upstream_diff("0.27.1", "0.28.0", DEEPSTACK_BUFFERS))
+    out = tmp_path / "patches"
+    code, output = run(
+        "derive", "--diff", str(diff), "--base", "0.27.1", "--id", "local#49397",
+        "--out", str(out), "--format", "json",
+    )  # fmt: skip
+    assert code == 0, output
+    document = json.loads(output)
+    print(f"derive vllm#49397's change: {document['seconds']} s")
+    assert document["round_trip"] == "text"
+    patch = load_derived(out / "local-49397.toml")
+    assert sorted((u.kind, u.name) for u in patch.units) == sorted(
+        [("import", "imports")] * 3
+        + [("method", names[0]) for names, _ in DEEPSTACK_BUFFERS.values()]
+    )
+    needed = ["0.20.0", "0.20.2", "0.22.1", "0.23.0", "0.25.0", "0.27.1"]
+    found = _states_on(patch, [*needed, "0.28.0", "0.30.0", "0.19.1"])
+    assert found == {
+        **dict.fromkeys(needed, PatchState.NEEDED),
+        "0.28.0": PatchState.APPLIED,
+        "0.30.0": PatchState.APPLIED,
+        # The buffers' block has another shape there: refused, never guessed.
+        "0.19.1": PatchState.DRIFTED,
+    }
+    # On 0.20.2 the rewrite builds the buffers outside the tower block.
+    tree = release_files("0.20.2", list(patch.paths))
+    plan = plan_tree(tree, [patch])
+    assert {e.relpath for e in plan.edits} == set(DEEPSTACK_BUFFERS)
+    for edit in plan.edits:
+        module = ast.parse(edit.new)
+        assert any(
+            isinstance(node, ast.ImportFrom)
+            and "StageMissingLayer" in [a.name for a in node.names]
+            for node in module.body
+        )
+        (name,) = DEEPSTACK_BUFFERS[edit.relpath][0]
+        init = _definition(module, name)
+        at_top = [
+            node
+            for node in init.body
+            if isinstance(node, ast.If)
+            and ast.unparse(node.test) == "self.use_deepstack"
+        ]
+        assert len(at_top) == 1, name
+        for node in init.body:
+            if isinstance(node, ast.With):
+                assert "deepstack_input_embeds" not in ast.unparse(node), name
+        assert _states_on_text(patch, edit.relpath, edit.new.decode()) == {
+            PatchState.APPLIED
+        }
+
+
+@pytest.mark.release
+def test_vllm_38933_derived_from_its_diff(tmp_path: Path) -> None:
+    from tests.support.upstream_diff import release_files, upstream_diff
+
+    diff_text = upstream_diff("0.19.1", "0.20.0", SAMPLER_RECOMPILE)
+    base = release_files("0.19.1", list(SAMPLER_RECOMPILE))
+    result = derive_patch_from_text(diff_text, base, "local#38933")
+    print(f"derive vllm#38933's change: {result.seconds:.2f} s")
+    assert result.round_trip == "text"
+    header = next(e for u in result.units for e in u.edits if e.kind == "header")
+    assert "dynamic=True" in header.header_before
+    assert "dynamic=True" not in header.header_after
+    earlier = ["0.17.0", "0.18.0", "0.19.0"]
+    later = ["0.20.0", "0.20.2", "0.22.1", "0.25.0", "0.27.1"]
+    found = _states_on(result.patch, [*earlier, *later, "0.28.0"])
+    assert found == {
+        **dict.fromkeys(earlier, PatchState.NEEDED),
+        **dict.fromkeys(later, PatchState.APPLIED),
+        # 0.28.0 moved the fix's statements into a `with` block: refused.
+        "0.28.0": PatchState.DRIFTED,
+    }
+
+
+def _definition(module: ast.Module, qualified: str) -> ast.FunctionDef:
+    body: list[ast.stmt] = module.body
+    node: ast.stmt | None = None
+    for name in qualified.split("."):
+        node = next(
+            n
+            for n in body
+            if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == name
+        )
+        body = node.body
+    assert isinstance(node, ast.FunctionDef)
+    return node
+
+
+def _states_on_text(patch: DerivedPatch, path: str, text: str) -> set[PatchState]:
+    return {f.state for f in patch.recognise(ast.parse(text), path)}
