@@ -11,6 +11,7 @@ from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
     load_series,
+    patches_option,
     refuse_drifted,
     select_options,
     stdout_console,
@@ -24,6 +25,7 @@ from deepstack_patch.engine.tree import VllmTree
 
 
 @click.command()
+@patches_option
 @tree_options
 @select_options
 @click.option("--dry-run", is_flag=True, help="Print the unified diff; write nothing.")

@@ -10,6 +10,7 @@ from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
     load_series,
+    patches_option,
     refuse_drifted,
     select_options,
     stderr_console,
@@ -18,6 +19,7 @@ from deepstack_patch.cli.common import (
 
 
 @click.command()
+@patches_option
 @click.option(
     "--release",
     required=True,

@@ -303,12 +303,58 @@ def fetch_with_progress(version: str, out: Path) -> VllmTree:
     return tree
 
 
-def load_series() -> Sequence[Patch]:
-    """The patch series. The one place the command line imports the patches;
-    every layer below gets the series as an argument."""
-    from deepstack_patch.patches import SERIES
+#: Where ``patches_option`` keeps the ``--patches`` folders of the command.
+PATCHES_META = "deepstack_patch.patches_folders"
 
-    return SERIES
+
+def load_series(folders: Sequence[Path] | None = None) -> Sequence[Patch]:
+    """The patch series: the built-in one, then the patches of installed entry
+    points, then those of the ``--patches`` folders in the order given (by
+    default the current command's). The one place the command line imports
+    the patches; every layer below gets the series as an argument."""
+    context = click.get_current_context(silent=True)
+    meta = context.meta if context is not None else {}
+    if folders is None:
+        folders = meta.get(PATCHES_META, ())
+    key = (PATCHES_META, tuple(folders))
+    if key not in meta:  # once per command: a module runs once
+        from deepstack_patch.engine.series import (
+            assemble_series,
+            patches_from_entry_points,
+            patches_from_folder,
+        )
+        from deepstack_patch.patches import SERIES
+
+        extra = patches_from_entry_points()
+        for folder in folders:
+            extra.extend(patches_from_folder(folder))
+        meta[key] = assemble_series(SERIES, extra) if extra else SERIES
+    return meta[key]
+
+
+def patches_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--patches DIR`` (repeatable): patches from elsewhere join the series
+    that :func:`load_series` gives this command."""
+
+    @click.option(
+        "--patches",
+        "patches_folders",
+        multiple=True,
+        metavar="DIR",
+        type=click.Path(exists=True, path_type=Path),
+        help="Add the patches of this folder to the series, after the built-in "
+        "ones and those of installed packages (entry-point group "
+        "deepstack_patch.patches): derived patches (*.toml, from `derive`) and "
+        "patch modules (*.py defining PATCH or PATCHES). Repeatable; select "
+        "them by id with --only/--skip.",
+    )
+    @functools.wraps(command)
+    def wrapper(patches_folders: tuple[Path, ...], **kwargs: Any) -> Any:
+        click.get_current_context().meta[PATCHES_META] = patches_folders
+        load_series()  # a bad folder is refused before a release is fetched
+        return command(**kwargs)
+
+    return wrapper
 
 
 def select_options(command: Callable[..., Any]) -> Callable[..., Any]:

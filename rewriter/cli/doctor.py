@@ -12,12 +12,14 @@ from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
     load_series,
+    patches_option,
     print_error,
     stdout_console,
 )
 
 
 @click.command()
+@patches_option
 @click.option(
     "--python",
     type=click.Path(path_type=Path, dir_okay=False),

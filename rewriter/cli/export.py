@@ -10,6 +10,7 @@ from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
     load_series,
+    patches_option,
     refuse_drifted,
     select_options,
     stdout_console,
@@ -19,6 +20,7 @@ from deepstack_patch.engine.tree import VllmTree
 
 
 @click.command()
+@patches_option
 @tree_options
 @click.option(
     "--series",

@@ -5,11 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from deepstack_patch.cli.common import format_option, load_series, stdout_console
+from deepstack_patch.cli.common import (
+    format_option,
+    load_series,
+    patches_option,
+    stdout_console,
+)
 from deepstack_patch.engine.errors import DeepstackError
 
 
 @click.command("list")
+@patches_option
 @click.option(
     "--footprint",
     is_flag=True,
@@ -29,7 +35,11 @@ from deepstack_patch.engine.errors import DeepstackError
 def list_command(
     footprint: bool, vllm_src: Path | None, release: str | None, output_format: str
 ) -> None:
-    """List the patch series in the order it is applied, with metadata."""
+    """List the patch series in the order it is applied, with metadata.
+
+    Each patch says where it came from: built-in, a data file or module of a
+    --patches folder, or an installed package's entry point.
+    """
     series = load_series()
     if footprint:
         _print_footprints(series, vllm_src, release, output_format)

@@ -12,6 +12,7 @@ from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
     load_series,
+    patches_option,
     select_options,
     stderr_console,
     stdout_console,
@@ -20,6 +21,7 @@ from deepstack_patch.engine.errors import DeepstackError
 
 
 @click.command()
+@patches_option
 @click.option(
     "--releases",
     "releases_file",

@@ -10,6 +10,7 @@ from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
     load_series,
+    patches_option,
     read_tree_options,
     select_options,
     selected_drifted,
@@ -19,6 +20,7 @@ from deepstack_patch.engine.tree import VllmTree
 
 
 @click.command()
+@patches_option
 @read_tree_options
 @select_options
 @format_option

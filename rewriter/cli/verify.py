@@ -15,6 +15,7 @@ import click
 from deepstack_patch.cli.common import (
     format_option,
     load_series,
+    patches_option,
     select_options,
     stderr_console,
     stdout_console,
@@ -25,6 +26,7 @@ from deepstack_patch.engine.tree import VllmTree
 
 
 @click.command("verify")
+@patches_option
 @tree_options
 @select_options
 @click.option(

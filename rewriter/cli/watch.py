@@ -11,11 +11,13 @@ from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
     load_series,
+    patches_option,
     stdout_console,
 )
 
 
 @click.command()
+@patches_option
 @click.option("--since", required=True, metavar="VERSION", help="First release.")
 @click.option(
     "--until",

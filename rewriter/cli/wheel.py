@@ -12,6 +12,7 @@ from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
     load_series,
+    patches_option,
     refuse_drifted,
     select_options,
     stderr_console,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
+@patches_option
 @click.option("--release", metavar="VERSION", help="Fetch this release's wheel.")
 @click.option(
     "--wheel",

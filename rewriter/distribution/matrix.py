@@ -384,6 +384,13 @@ def check_matrix(
     """Check every release in parallel and compare with ``targets``."""
     started = time.monotonic()
     results = run_matrix(releases, series, sorted(selected), jobs, verify, on_done)
-    patch_ids = [patch.id for patch in series if patch.id in selected]
+    # A patch from elsewhere (--patches, an entry point) is compared where the
+    # targets file has a table for it (--targets FILE), else only shown.
+    patch_ids = [
+        patch.id
+        for patch in series
+        if patch.id in selected
+        and (patch.origin == "built-in" or patch.id in targets.patches)
+    ]
     diffs = differences(results, targets, patch_ids)
     return MatrixResult(results, diffs, time.monotonic() - started)

@@ -112,7 +112,8 @@ _FINGERPRINTS: dict[tuple[str, ...], bytes | None] = {}
 
 
 def _fingerprint(series: Sequence[Patch]) -> bytes | None:
-    modules = tuple(type(patch).__module__ for patch in series)
+    # With the origins: derived patches share one module, and differ in data.
+    modules = tuple(f"{type(patch).__module__} {patch.origin}" for patch in series)
     if modules not in _FINGERPRINTS:
         _FINGERPRINTS[modules] = _code_fingerprint(series)
     return _FINGERPRINTS[modules]
@@ -122,19 +123,28 @@ def _code_fingerprint(series: Sequence[Patch]) -> bytes | None:
     import hashlib
 
     from deepstack_patch import __version__
+    from deepstack_patch.engine.series import patch_file
 
     engine = Path(__file__).parent
     sources = {*engine.glob("*.py")}
+    origins = [patch.origin for patch in series]
     for patch in series:
         module = sys.modules.get(type(patch).__module__)
         filename = getattr(module, "__file__", None)
         if filename is None:
             return None
+        # A patch from a --patches folder: its data file or module is its code.
+        origin_file = patch_file(patch)
+        if origin_file is not None:
+            sources.add(origin_file)
+            if Path(filename) == origin_file:
+                continue  # a module loaded alone, not from a package
         # The whole package a patch lives in: a patch package imports its
         # siblings (shared helpers, follow-ups), and any of them can change
         # what it recognises.
         sources.update(_package_top(Path(filename).parent).rglob("*.py"))
     digest = hashlib.sha256(f"{__version__}\0{sys.version}\0".encode())
+    digest.update("\0".join(origins).encode())  # an installed package's version
     try:
         for path in sorted(sources):
             data = path.read_bytes()

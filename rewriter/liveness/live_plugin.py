@@ -19,6 +19,7 @@ fixes. ``VLLM_PLUGINS``, when set, is vLLM's allow-list of plugin names: list
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -109,7 +110,10 @@ def live_state(root: Path | None = None) -> LiveState:
     record = _record(root)
     state = None
     # A record of another tool version may predate a patch of this series.
+    # It knows the built-in series only: patches of installed entry points
+    # are checked in the files themselves.
     trusted = record is not None and record.tool_version == __version__
+    trusted = trusted and all(p.origin == "built-in" for p in live_series())
     if trusted and not record.changed_since(root):
         state = LiveState(root, list(record.applied), {}, list(record.skipped))
         files = [f.path for f in record.files]
@@ -157,8 +161,10 @@ def _cached_or_full(root: Path, skipped: set[str]) -> tuple[LiveState, list[str]
     cache = _cache_file(root)
     try:
         kept = json.loads(cache.read_text())
-        if kept["tool_version"] == __version__ and kept["signature"] == _signature(
-            root, kept["files"], kept["folders"]
+        if (
+            kept["tool_version"] == __version__
+            and kept["series"] == _series_key()
+            and kept["signature"] == _signature(root, kept["files"], kept["folders"])
         ):
             state = LiveState(root, kept["live"], kept["missing"], kept["skipped"])
             return state, kept["files"]
@@ -172,6 +178,7 @@ def _cached_or_full(root: Path, skipped: set[str]) -> tuple[LiveState, list[str]
             json.dumps(
                 {
                     "tool_version": __version__,
+                    "series": _series_key(),
                     "files": files,
                     "folders": folders,
                     "signature": _signature(root, files, folders),
@@ -211,17 +218,34 @@ def _signature(root: Path, files: list[str], folders: list[str]) -> list:
     return signature
 
 
+@functools.lru_cache(maxsize=1)
+def live_series() -> tuple:
+    """The built-in series and the patches of installed entry points (a
+    ``--patches`` folder is not seen here: install it as an entry point)."""
+    from deepstack_patch.engine.series import (
+        assemble_series,
+        patches_from_entry_points,
+    )
+    from deepstack_patch.patches import SERIES
+
+    return assemble_series(SERIES, patches_from_entry_points())
+
+
+def _series_key() -> list[str]:
+    """What the cached result was computed for: each patch and its origin."""
+    return [f"{patch.id} {patch.origin}" for patch in live_series()]
+
+
 def _full_check(
     root: Path, skipped: set[str]
 ) -> tuple[LiveState, list[str], list[str]]:
     from deepstack_patch.engine.protocol import Location, PatchReport, PatchState
-    from deepstack_patch.patches import SERIES
 
     state = LiveState(root)
     parsed: dict[str, ast.Module | None] = {}
     folders: set[str] = set()
     targets: set[str] = set()
-    for patch in SERIES:
+    for patch in live_series():
         report = PatchReport(patch=patch, selected=True)
         for relpath in _candidates(root, patch.paths, patch.markers, folders):
             if relpath not in parsed:

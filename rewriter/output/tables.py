@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.protocol import PatchState
-from deepstack_patch.output.plain import new_table
+from deepstack_patch.output.plain import escape, new_table
 
 if TYPE_CHECKING:
     from deepstack_patch.engine.plan import Plan
@@ -99,6 +99,7 @@ def print_series(console: Console, series: Sequence[Patch]) -> None:
         if patch.supersedes:
             console.print(f"  supersedes: {', '.join(patch.supersedes)}")
         console.print(f"  where:    {', '.join(patch.paths)}")
+        console.print(f"  from:     {escape(patch.origin)}")
         print_follow_ups(console, patch)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.installed import InstalledVllm
 from deepstack_patch.engine.protocol import Patch
+from deepstack_patch.engine.series import patch_sources
 from deepstack_patch.engine.targets import Targets
 from deepstack_patch.liveness import installed_check
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
@@ -246,7 +247,9 @@ def prove_installed(
     )
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         progress(f"proofs on {root}: {', '.join(to_prove) or 'none'}")
-        proofs_future = pool.submit(run_proofs, env, root, to_prove)
+        proofs_future = pool.submit(
+            run_proofs, env, root, to_prove, sources=patch_sources(provable)
+        )
         if tests:
             progress(f"{len(tests)} release test selection(s) with pytest")
         cpu_future = pool.submit(

@@ -25,7 +25,17 @@ TIMEOUT_S = 1800
 
 
 def has_proof(patch: Patch) -> bool:
-    return type(patch).prove is not Patch.prove
+    """The patch's class has a ``prove`` of its own: a proof of its fix.
+
+    The engine names no fix, so a ``prove`` an engine class defines (a
+    derived patch's, which says "proved by its recorded tests") is never one:
+    such a patch is proven by its recorded tests (``recorded_tests.py``).
+    """
+    owner = next(cls for cls in type(patch).__mro__ if "prove" in vars(cls))
+    return owner is not Patch and not owner.__module__.startswith(ENGINE)
+
+
+ENGINE = "deepstack_patch.engine."
 
 
 @dataclass
@@ -46,12 +56,20 @@ def runner_path() -> Path:
     return Path(__file__).with_name("runner.py")
 
 
-def proof_request(tree: Path, patch_ids: Sequence[str], output: Path) -> dict:
+def proof_request(
+    tree: Path,
+    patch_ids: Sequence[str],
+    output: Path,
+    sources: Sequence[dict[str, str]] = (),
+) -> dict:
+    """What the runner reads; ``sources`` says where the patches from elsewhere
+    are (``engine.series.patch_sources``): the runner loads them itself."""
     return {
         "tree": str(tree),
         "patch_ids": list(patch_ids),
         "package_dir": str(Path(__file__).parent.parent),
         "patches_dir": str(runner.patches_dir()),
+        "sources": list(sources),
         "output": str(output),
     }
 
@@ -67,15 +85,19 @@ def run_proofs(
     *,
     timeout: float = TIMEOUT_S,
     spawn: Spawn = run_subprocess,
+    sources: Sequence[dict[str, str]] = (),
 ) -> dict[str, ProofResult]:
     """Run the proofs of ``patch_ids`` on ``tree`` in one subprocess
-    (``spawn``: a new interpreter, or a fork of verify's fork server)."""
+    (``spawn``: a new interpreter, or a fork of verify's fork server);
+    ``sources``: where the patches from elsewhere among them are."""
     if not patch_ids:
         return {}
     with tempfile.TemporaryDirectory(prefix="deepstack-proof-") as scratch:
         request_file = Path(scratch) / "request.json"
         output = Path(scratch) / "results.json"
-        request_file.write_text(json.dumps(proof_request(tree, patch_ids, output)))
+        request_file.write_text(
+            json.dumps(proof_request(tree, patch_ids, output, sources))
+        )
         try:
             done = spawn(
                 proof_command(env, request_file),

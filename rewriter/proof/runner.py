@@ -6,7 +6,8 @@ interpreter (which need not have deepstack-patch installed), as::
     python runner.py REQUEST.json
 
 The request names the tree, the patch ids, where ``deepstack_patch`` and
-``deepstack_patch.patches`` live, and where to write the results. The tree
+``deepstack_patch.patches`` live, where the patches from elsewhere are (a
+``--patches`` folder's files, entry points), and where to write the results. The tree
 goes first on ``sys.path``, so ``import vllm`` is the tree's. All proofs of a
 tree share one process because importing vLLM takes seconds. Standard library
 only until the packages are loaded from the request's folders.
@@ -60,17 +61,34 @@ def install_code_cache(tree: Path) -> None:
     module.install_from_environment(tree)
 
 
+def patch_by_id(patch_id: str, sources: list[dict]) -> object:
+    """The built-in patch, or one of the patches from elsewhere that verify
+    named in ``sources`` (a ``--patches`` folder's file, an entry point whose
+    package this environment need not have installed)."""
+    from deepstack_patch.patches import SERIES
+
+    for patch in SERIES:
+        if patch.id == patch_id:
+            return patch
+    if sources:
+        from deepstack_patch.engine.series import load_sources
+
+        for patch in load_sources(sources):
+            if patch.id == patch_id:
+                return patch
+    raise KeyError(patch_id)
+
+
 def run(request: dict) -> list[dict]:
     tree = Path(request["tree"])
     sys.path.insert(0, str(tree))
     install_code_cache(tree)
     load_package("deepstack_patch", request["package_dir"])
     load_package("deepstack_patch.patches", request["patches_dir"])
-    from deepstack_patch.patches import patch_by_id
 
     results = []
     for patch_id in request["patch_ids"]:
-        patch = patch_by_id(patch_id)
+        patch = patch_by_id(patch_id, request.get("sources", []))
         print(f"proof {patch_id} on {tree}", file=sys.stderr, flush=True)
         started = time.monotonic()
         # Each proof's own stderr (its notes) is kept with its verdict.

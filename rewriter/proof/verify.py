@@ -31,21 +31,28 @@ import contextlib
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from deepstack_patch.engine.apply import WRITE, apply_tree
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.engine.series import patch_sources
 from deepstack_patch.engine.targets import Targets
 from deepstack_patch.engine.tree import VllmTree, link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 from deepstack_patch.proof.forkserver import ForkServer
 from deepstack_patch.proof.gpu import GpuStage, gpu_stage
 from deepstack_patch.proof.proofs import ProofResult, has_proof, run_proofs
+from deepstack_patch.proof.recorded_tests import (
+    no_proof_reason,
+    proven_by_recorded_tests,
+    run_recorded_tests,
+)
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
 from deepstack_patch.proof.verdicts import PatchVerdict
 
@@ -195,12 +202,10 @@ def _verdicts(
         for verdict in verdicts:
             verdict.pristine_state = before.report(verdict.patch.id).state
     for verdict in verdicts:
-        if _provable(verdict.state) and not has_proof(verdict.patch):
-            verdict.proof = ProofResult(
-                verdict.patch.id,
-                "missing",
-                f"{type(verdict.patch).__name__} has no prove() method",
-            )
+        patch = verdict.patch
+        proven = has_proof(patch) or proven_by_recorded_tests(patch)
+        if _provable(verdict.state) and not proven:
+            verdict.proof = ProofResult(patch.id, "missing", no_proof_reason(patch))
     return verdicts
 
 
@@ -228,6 +233,7 @@ def verify_tree(
         )
         verdicts = _verdicts(tree, series, selected, pristine)
         to_prove, before_ids = _proofs_to_run(verdicts)
+        sources = patch_sources(series)
         applicable = [v.patch.id for v in verdicts if _provable(v.state)]
         tests, absent = select_tests(
             tree.root, targets, applicable, "cpu", tree.version
@@ -241,13 +247,20 @@ def verify_tree(
         )
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
-            after = pool.submit(run_proofs, env, tree.root, to_prove, spawn=forks.run)
+            after = pool.submit(
+                run_proofs, env, tree.root, to_prove, spawn=forks.run, sources=sources
+            )
             before_futures = [
-                pool.submit(run_proofs, env, root, ids, spawn=forks.run)
+                pool.submit(
+                    run_proofs, env, root, ids, spawn=forks.run, sources=sources
+                )
                 for root, ids in _pristine_runs(
                     pristine, before_ids, baselines, progress
                 )
             ]
+            recorded = _recorded_runs(
+                pool, env, tree, pristine, verdicts, Path(scratch), forks.run, progress
+            )
             if tests:
                 progress(f"{len(tests)} tree test selection(s) with pytest")
             test_future = pool.submit(
@@ -264,6 +277,9 @@ def verify_tree(
                 i: r for future in before_futures for i, r in future.result().items()
             }
             cpu_run = test_future.result()
+            for (patch_id, on_pristine), future in recorded.items():
+                found = proofs_before if on_pristine else proofs
+                found[patch_id] = future.result()
 
     for verdict in verdicts:
         verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
@@ -280,6 +296,36 @@ def verify_tree(
         pristine=pristine,
         seconds=round(time.monotonic() - started, 1),
     )
+
+
+def _recorded_runs(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdicts: list[PatchVerdict],
+    scratch: Path,
+    spawn: Any,
+    progress: Progress,
+) -> dict[tuple[str, bool], Future[ProofResult]]:
+    """The recorded tests of the patches proven by them (``recorded_tests.py``),
+    on the tree and on the pristine tree, by (patch id, on the pristine tree)."""
+    runs = {}
+    for verdict in verdicts:
+        patch = verdict.patch
+        if not proven_by_recorded_tests(patch):
+            continue
+        trees = [(tree, False)] if _provable(verdict.state) else []
+        if pristine is not None and _provable(verdict.pristine_state):
+            trees.append((pristine, True))
+        for on, is_pristine in trees:
+            where = "pristine " if is_pristine else ""
+            progress(f"recorded tests of {patch.id} on {where}{on.root}")
+            runs[patch.id, is_pristine] = pool.submit(
+                run_recorded_tests, env, on.root, patch, scratch,
+                pristine=is_pristine, spawn=spawn,
+            )  # fmt: skip
+    return runs
 
 
 def _proofs_to_run(verdicts: list[PatchVerdict]) -> tuple[list[str], list[str]]:
@@ -432,6 +478,14 @@ def verify_installed(
         verdict.apply_command = (
             f"deepstack-patch apply --installed --python {tree.installed.python}"
         )
+        if _provable(verdict.state) and proven_by_recorded_tests(verdict.patch):
+            verdict.proof = ProofResult(
+                verdict.patch.id,
+                "missing",
+                "no proof: recorded tests run in a copy of a source tree, not "
+                f"in an installed vLLM: verify --release {tree.version} "
+                "--against-pristine runs them",
+            )
     provable = [v.patch for v in verdicts if _provable(v.state)]
     cpu_run, stage = prove_installed(
         tree.installed, env, verdicts, provable, targets,
