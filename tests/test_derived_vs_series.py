@@ -12,16 +12,21 @@ one, after the series' patches it requires (vllm#43617 requires vllm#40932:
 the built-in vllm#40932 comes first on both sides). Each cell is one of
 
 ``same``       both write, and every file they write has the same AST; or
-               neither writes and both report the same state;
-``refused``    the hand-written patch writes and the derived one does not
-               (drifted, not-applicable), or neither writes and the derived
-               one refuses (drifted) where the hand-written one has nothing
-               to do: no harm done, only less done;
+               neither writes and both say there is nothing to do
+               (``applied`` or ``not-applicable``: a derived patch cannot
+               tell a release before the bug from one with the fix where
+               the fix only removes code), or both refuse (drifted);
+``refused``    the hand-written patch writes and the derived one does not:
+               drifted, not-applicable, or ``applied`` because its own units
+               have the fix while the hand-written patch fixes code of the
+               same shape in files the diff never named; or neither writes
+               and the derived one refuses (drifted) where the hand-written
+               one has nothing to do. No harm done, only less done;
 ``different``  anything else: the derived patch writes code the
                hand-written one does not (other code, other files, or where
                the hand-written one writes nothing), or claims a state the
                hand-written one contradicts without refusing (``applied``
-               where the fix is needed). There must be none.
+               in a file the hand-written patch fixes). There must be none.
 
 Cells are counted as the drift corpus counts them: one per release, and one
 per release and drift kind; a ``rename`` cell holds one case per renamed
@@ -34,10 +39,11 @@ cases one by one.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +52,8 @@ from deepstack_patch.engine.plan import Plan, plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES, patch_by_id
+from deepstack_patch.proof import envs
+from deepstack_patch.proof.proofs import run_proofs
 
 from tests.support import TARGETS
 from tests.support.upstream import FIXES, restricted_tree, upstream_diff
@@ -92,15 +100,20 @@ class Side:
     state: PatchState
     writes: dict[str, bytes]  # relpath -> new content; empty: writes nothing
     reason: str
+    fixes: frozenset[str] = frozenset()  # the files the patch itself rewrites
 
 
 def side(plan: Plan, patch_id: str) -> Side:
     report = plan.report(patch_id)
     refused = any(r.selected and r.state is PatchState.DRIFTED for r in plan.reports)
-    writes = {}
-    if report.state is PatchState.NEEDED and not refused:
-        writes = {edit.relpath: edit.new for edit in plan.edits}
-    return Side(report.state, writes, report.reason)
+    if report.state is not PatchState.NEEDED or refused:
+        return Side(report.state, {}, report.reason)
+    return Side(
+        report.state,
+        {edit.relpath: edit.new for edit in plan.edits},
+        report.reason,
+        frozenset(edit.relpath for edit in plan.edits if patch_id in edit.patch_ids),
+    )
 
 
 def hand_side(root: Path, fix_id: str) -> Side:
@@ -165,17 +178,30 @@ def same_code(hand: dict[str, bytes], derived: dict[str, bytes]) -> str:
     return ""
 
 
-def verdict(hand: Side, derived: Side) -> tuple[str, str]:
+def state_class(state: PatchState) -> str:
+    """Applied and not-applicable both mean: nothing to do, exit 0."""
+    return {
+        PatchState.NEEDED: "writes",
+        PatchState.DRIFTED: "refuses",
+    }.get(state, "nothing to do")
+
+
+def verdict(hand: Side, derived: Side, paths: Sequence[str]) -> tuple[str, str]:
+    """The cell's verdict; ``paths`` are the files the derived patch reads."""
     if derived.writes:
         if not hand.writes:
             return "different", f"derived writes where hand-written is {hand.state}"
         differs = same_code(hand.writes, derived.writes)
         return ("different", differs) if differs else ("same", "")
     if hand.writes:
-        if derived.state is PatchState.APPLIED:
+        if derived.state is PatchState.APPLIED and hand.fixes & set(paths):
             return "different", "derived says applied where the fix is needed"
+        if derived.state is PatchState.APPLIED:
+            # Its units have the fix; the hand-written patch fixes other code
+            # of the same shape, in files the diff never named.
+            return "refused", f"derived applied; the series fixes {sorted(hand.fixes)}"
         return "refused", f"derived {derived.state}: {derived.reason}"
-    if derived.state is hand.state:
+    if state_class(derived.state) == state_class(hand.state):
         return "same", ""
     if derived.state is PatchState.DRIFTED:
         return "refused", f"hand-written {hand.state}; derived: {derived.reason}"
@@ -187,7 +213,7 @@ def compare(
 ) -> Case:
     hand = hand_side(root, fix_id)
     other = derived_side(root, fix_id, derived)
-    result, detail = verdict(hand, other)
+    result, detail = verdict(hand, other, derived.paths)
     return Case(
         fix_id,
         corpus,
@@ -339,6 +365,83 @@ def test_derived_is_the_series_code_or_refuses(
     )
 
 
+# -- the derived vllm#49397 proven on 0.20.2 ---------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def state_of(tree: Path, patch_id: str, *options: str) -> str:
+    result = cli("status", "--vllm-src", str(tree), *options, "--format", "json")
+    (patch,) = [p for p in json.loads(result.stdout)["patches"] if p["id"] == patch_id]
+    return patch["state"]
+
+
+@pytest.mark.release
+@pytest.mark.verify
+def test_derived_vllm49397_on_0_20_2_passes_the_proof(
+    proof_env: envs.ProofEnv,
+    release_tree: Callable[[str], Path],
+    patched_copy: Callable[[str], Path],
+    tmp_path: Path,
+) -> None:
+    """``derive`` on upstream's change from 0.27.1 to 0.28.0, then ``apply
+    --patches DIR`` on 0.20.2: the three ``__init__``s build no buffers on the
+    meta device, and vllm#49397's own proof passes with vllm#43617 applied.
+
+    The derived patch is ``local#49397`` (the built-in id is taken). It is
+    applied first, alone: vllm#43617 never ships without its companion
+    vllm#49397, and while the built-in companion is needed ``--skip
+    vllm#49397`` is refused (the test holds that too). After it the built-in
+    vllm#49397 is ``applied`` (it recognises the derived code as its fix), and
+    the series runs with it skipped: vllm#43617, which makes the buffers reach
+    the decoder, is applied next to the derived fix only.
+    """
+    diff = tmp_path / "vllm-49397.diff"
+    diff.write_text(upstream_diff("vllm#49397", release_tree))
+    out = tmp_path / "patches"
+    made = cli(
+        "derive", "--diff", str(diff), "--base", "0.27.1", "--id", "local#49397",
+        "--out", str(out),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    tree = patched_copy("0.20.2")
+    patches = ("--patches", str(out))
+    builtin_files = {rel: (tree / rel).read_bytes() for rel in PROOF_FILES}
+
+    refused = cli("apply", "--vllm-src", str(tree), *patches, "--skip", "vllm#49397")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "companion vllm#49397" in refused.stderr
+    alone = cli("apply", "--vllm-src", str(tree), *patches, "--only", "local#49397")
+    assert alone.returncode == 0, alone.stderr
+    assert state_of(tree, "vllm#49397") == "applied"
+    assert state_of(tree, "vllm#43617") == "needed"
+    derived_files = {rel: (tree / rel).read_bytes() for rel in PROOF_FILES}
+    assert derived_files != builtin_files, "the derived patch wrote nothing"
+    series = cli("apply", "--vllm-src", str(tree), *patches, "--skip", "vllm#49397")
+    assert series.returncode == 0, series.stderr
+    assert state_of(tree, "vllm#43617", *patches) == "applied"
+    assert state_of(tree, "local#49397", *patches) == "applied"
+
+    result = run_proofs(proof_env, tree, ["vllm#49397"])["vllm#49397"]
+    assert (result.status, result.message) == ("passed", "")
+
+
+#: The files vllm#49397 changes (the three ``__init__``s).
+PROOF_FILES = (
+    "vllm/model_executor/models/qwen3_vl.py",
+    "vllm/model_executor/models/qwen3_vl_moe.py",
+    "vllm/model_executor/models/qwen3_omni_moe_thinker.py",
+)
+
+
 # -- the table ---------------------------------------------------------------------
 
 HEADER = (
@@ -371,7 +474,12 @@ def table(release_root: Callable[[str], Path], work: Path) -> Iterator[str]:
         renames = Counter(c.verdict for c in cases if c.corpus == "rename")
         yield f"    rename cases: {dict(renames)}"
         for case in cases:
-            if case.verdict != "same":
+            if case.verdict == "same" and case.hand is not case.derived:
+                yield (
+                    f"    same, other state: {case.corpus} {case.release} "
+                    f"{case.name} (series {case.hand}, derived {case.derived})"
+                )
+            elif case.verdict != "same":
                 yield (
                     f"    {case.verdict}: {case.corpus} {case.release} {case.name} "
                     f"(series {case.hand}, derived {case.derived}): {case.detail}"
