@@ -180,6 +180,20 @@ def test_a_statement_not_found_or_found_twice_drifts_and_is_named() -> None:
     assert "`self.data = [0] * n` found 2 times" in reason
 
 
+def test_the_fix_wrapped_in_another_block_since_is_applied() -> None:
+    before = "def f(x):\n    a = x\n    return a\n"
+    after = "def f(x):\n    a = x\n    check(a)\n    return a\n"
+    patch = derived(before, after)
+    wrapped = (
+        "def f(x):\n    a = x\n    with lock:\n        check(a)\n    return a + 0\n"
+    )
+    assert states(patch, wrapped)["f"] == (PatchState.APPLIED, "")
+    twice = wrapped.replace(
+        "        check(a)\n", "        check(a)\n    with lock:\n        check(a)\n"
+    )
+    assert states(patch, twice)["f"][0] is PatchState.DRIFTED
+
+
 def test_a_header_change_is_recognised_like_a_statement() -> None:
     before = "@compile(dynamic=True, backend=b)\ndef count(x):\n    return x\n"
     after = "@compile(backend=b)\ndef count(x):\n    return x\n"
@@ -191,6 +205,41 @@ def test_a_header_change_is_recognised_like_a_statement() -> None:
     other = before.replace("dynamic=True", "dynamic=False")
     state, reason = states(patch, other)["count"]
     assert state is PatchState.DRIFTED and "header of count" in reason
+
+
+def test_a_class_bases_change_is_the_class_header() -> None:
+    before = "class A(Base):\n    x = 1\n"
+    after = "class A(Base, Mixin):\n    x = 1\n"
+    patch = derived(before, after)
+    assert [(u.kind, u.name) for u in patch.units] == [("class", "A")]
+    assert rewrite_text(patch, before, PATH) == after
+    assert states(patch, after)["A"][0] is PatchState.APPLIED
+
+
+def test_changes_inside_elif_else_try_and_nested_defs() -> None:
+    before = (
+        "def f(x):\n"
+        "    if x == 1:\n        a = 1\n"
+        "    elif x == 2:\n        a = 2\n"
+        "    else:\n        a = 3\n"
+        "    try:\n        b = a\n    finally:\n        c = 0\n"
+        "    def inner():\n        return a\n"
+        "    return inner\n"
+    )
+    after = (
+        before.replace("        a = 2\n", "        a = 20\n")
+        .replace("        a = 3\n", "        a = 30\n")
+        .replace("        b = a\n", "        b = a + 1\n")
+        .replace("        c = 0\n", "        c = 0\n        d = 0\n")
+        .replace("        return a\n", "        return a * 2\n")
+    )
+    patch = derived(before, after)
+    assert [(u.kind, u.name, len(u.edits)) for u in patch.units] == [
+        ("function", "f", 5)
+    ]
+    assert states(patch, before)["f"][0] is PatchState.NEEDED
+    assert rewrite_text(patch, before, PATH) == after
+    assert states(patch, after)["f"][0] is PatchState.APPLIED
 
 
 def test_imports_are_added_where_missing_in_upstreams_order() -> None:
@@ -207,6 +256,18 @@ def test_imports_are_added_where_missing_in_upstreams_order() -> None:
     assert rewrite_text(patch, vendor, PATH).count("Callable") == 2
 
 
+def test_an_import_the_fix_drops_stays_where_something_still_uses_it() -> None:
+    before = "from typing import Any, Dict\n\n\ndef f():\n    return Dict\n"
+    after = "from typing import Any\n\n\ndef f():\n    return None\n"
+    patch = derived(before, after)
+    assert rewrite_text(patch, before, PATH) == after
+    vendor = before + '\n\n__all__ = ["Dict"]\n'
+    assert "from typing import Any, Dict" in rewrite_text(patch, vendor, PATH)
+    # Where the fix is in, an import it dropped that is still there stays.
+    stale = after.replace("import Any", "import Any, Dict")
+    assert {state for state, _ in states(patch, stale).values()} == {PatchState.APPLIED}
+
+
 def test_a_new_method_goes_after_the_sibling_that_precedes_it_upstream() -> None:
     before = (
         "class A:\n    def a(self):\n        pass\n\n    def c(self):\n        pass\n"
@@ -221,6 +282,28 @@ def test_a_new_method_goes_after_the_sibling_that_precedes_it_upstream() -> None
     assert states(patch, after)["A.b"][0] is PatchState.APPLIED
 
 
+def test_module_statements_and_functions_added_and_removed() -> None:
+    before = (
+        "LIMIT = 4\n\n\ndef a():\n    return LIMIT\n\n\n"
+        "def old():\n    return 0\n\n\ndef c():\n    return 3\n"
+    )
+    after = (
+        "LIMIT = 8\n\n\ndef a():\n    return LIMIT\n\n\n"
+        "def b():\n    return 2\n\n\ndef c():\n    return 3\n"
+    )
+    patch = derived(before, after)
+    assert [(u.kind, u.name) for u in patch.units] == [
+        ("module-statement", "LIMIT"),
+        ("function", "old"),
+    ]
+    assert states(patch, before) == {
+        "LIMIT": (PatchState.NEEDED, ""),
+        "old": (PatchState.NEEDED, ""),
+    }
+    assert rewrite_text(patch, before, PATH) == after
+    assert {s for s, _ in states(patch, after).values()} == {PatchState.APPLIED}
+
+
 def test_a_patch_applies_whole_or_not_at_all_in_a_file() -> None:
     before = "def f():\n    return 1\n\n\ndef g():\n    return 1\n"
     after = "def f():\n    return 2\n\n\ndef g():\n    return 2\n"
@@ -229,6 +312,47 @@ def test_a_patch_applies_whole_or_not_at_all_in_a_file() -> None:
     state, reason = states(patch, only_f)["f"]
     assert state is PatchState.DRIFTED
     assert "function g in vllm/buffers.py is absent while f is there" in reason
+
+
+def test_an_applied_unit_beside_an_absent_one_stays_applied() -> None:
+    before = "def f():\n    return 1\n\n\ndef g():\n    return 1\n"
+    after = "def f():\n    return 2\n\n\ndef g():\n    return 2\n"
+    patch = derived(before, after)
+    assert states(patch, "def f():\n    return 2\n") == {"f": (PatchState.APPLIED, "")}
+
+
+def test_a_patch_needed_in_one_file_and_absent_from_another_drifts(
+    tmp_path: Path,
+) -> None:
+    other = "vllm/other.py"
+    units = [
+        *units_of_change(PATH, "def f():\n    return 1\n", "def f():\n    return 2\n"),
+        *units_of_change(other, "def g():\n    return 1\n", "def g():\n    return 2\n"),
+    ]
+    patch = DerivedPatch(
+        id="local#2", title="", symptom="", base="", paths=[PATH, other], units=units
+    )
+    tree = _tree(tmp_path, {PATH: "def f():\n    return 1\n", other: "x = 1\n"})
+    report = plan_tree(tree, [patch]).report(patch.id)
+    assert report.state is PatchState.DRIFTED
+    assert report.reason == (
+        "vllm/other.py::g: function g in vllm/other.py is absent while the patch "
+        "is needed elsewhere: it applies whole or not at all"
+    )
+    whole = _tree(
+        tmp_path / "whole",
+        {PATH: "def f():\n    return 1\n", other: "def g():\n    return 1\n"},
+    )
+    assert plan_tree(whole, [patch]).report(patch.id).state is PatchState.NEEDED
+
+
+def test_the_recognition_cache_keys_on_a_derived_patchs_data() -> None:
+    from deepstack_patch.engine.recognition_cache import _fingerprint
+
+    one = derived()
+    other = derived(BEFORE, AFTER.replace("x + 2", "x + 3"))
+    assert _fingerprint([one]) != _fingerprint([other])
+    assert _fingerprint([one]) == _fingerprint([derived()])
 
 
 def test_partly_applied_unit_drifts() -> None:
@@ -262,12 +386,17 @@ def test_the_data_file_reads_back_as_the_same_patch(tmp_path: Path) -> None:
         ("schema = 1\nid = = 2\n", "not a valid TOML file", 2),
         ("schema = 2\nid = 'x'\n", "schema is 2, expected 1", None),
         ("schema = 1\nid = 'x'\n", "missing field 'units'", None),
+        (None, "path '../x.py' is not a .py file inside the tree", None),
     ],
 )
 def test_a_broken_data_file_names_itself(
-    tmp_path: Path, content: str, message: str, line: int | None
+    tmp_path: Path, content: str | None, message: str, line: int | None
 ) -> None:
     path = tmp_path / "bad.toml"
+    if content is None:  # a whole file whose paths leave the tree
+        content = dump_derived(derived()).replace(
+            f'paths = ["{PATH}"]', 'paths = ["../x.py"]'
+        )
     path.write_text(content)
     with pytest.raises(DeepstackError) as caught:
         load_derived(path)
@@ -302,6 +431,15 @@ def test_diffs_as_git_github_and_format_patch_write_them() -> None:
         (file_diff,) = parse_diff(text)
         assert file_diff.path == PATH
         assert apply_file_diff(file_diff, BEFORE) == AFTER
+
+
+def test_a_series_that_changes_a_file_twice_applies_in_order(
+    tmp_path: Path, base: Path
+) -> None:
+    middle = BEFORE.replace("size = 8", "size = 16")
+    series = git_diff(PATH, BEFORE, middle) + git_diff(PATH, middle, AFTER)
+    result = derive_patch_from_text(series, VllmTree.open(base), "local#3")
+    assert rewrite_text(result.patch, BEFORE, PATH) == AFTER
 
 
 def test_no_newline_at_end_of_file() -> None:
@@ -390,6 +528,16 @@ def _refused(
 
 def test_not_a_diff_is_refused(tmp_path: Path, base: Path) -> None:
     assert "not a diff" in _refused(tmp_path, "just some text\n", base)
+    diff = tmp_path / "input.diff"
+    out = tmp_path / "json-out"
+    result = CliRunner().invoke(
+        main, [*derive_args(diff, base, out), "--format", "json"]
+    )
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document["command"] == "derive"
+    assert document["error"]["message"].startswith("not a diff")
+    assert not out.exists()
 
 
 def test_a_binary_diff_is_refused(tmp_path: Path, base: Path) -> None:
@@ -593,24 +741,37 @@ def test_vllm_49397_derived_from_its_diff(tmp_path: Path) -> None:
 
 @pytest.mark.release
 def test_vllm_38933_derived_from_its_diff(tmp_path: Path) -> None:
-    from tests.support.upstream_diff import release_files, upstream_diff
+    from tests.support.upstream_diff import (
+        new_file_diff,
+        release_files,
+        upstream_diff,
+    )
 
-    diff_text = upstream_diff("0.19.1", "0.20.0", SAMPLER_RECOMPILE)
+    test_path = "tests/v1/sample/test_batched_count_greater_than.py"
+    test_content = Path(
+        release_files("0.20.0", [test_path]).root, test_path
+    ).read_text()
+    diff_text = upstream_diff("0.19.1", "0.20.0", SAMPLER_RECOMPILE) + new_file_diff(
+        test_path, test_content
+    )
     base = release_files("0.19.1", list(SAMPLER_RECOMPILE))
     result = derive_patch_from_text(diff_text, base, "local#38933")
     print(f"derive vllm#38933's change: {result.seconds:.2f} s")
     assert result.round_trip == "text"
+    # The test the fix added is recorded whole, as the fixed release has it.
+    assert [(t.path, t.content) for t in result.tests] == [(test_path, test_content)]
+    assert result.patch.paths == tuple(SAMPLER_RECOMPILE)
     header = next(e for u in result.units for e in u.edits if e.kind == "header")
     assert "dynamic=True" in header.header_before
     assert "dynamic=True" not in header.header_after
     earlier = ["0.17.0", "0.18.0", "0.19.0"]
     later = ["0.20.0", "0.20.2", "0.22.1", "0.25.0", "0.27.1"]
-    found = _states_on(result.patch, [*earlier, *later, "0.28.0"])
+    # 0.28.0 moved the fix's statements into a `with` block: still there,
+    # together and once in the unit, so applied.
+    found = _states_on(result.patch, [*earlier, *later, "0.28.0", "0.30.0"])
     assert found == {
         **dict.fromkeys(earlier, PatchState.NEEDED),
-        **dict.fromkeys(later, PatchState.APPLIED),
-        # 0.28.0 moved the fix's statements into a `with` block: refused.
-        "0.28.0": PatchState.DRIFTED,
+        **dict.fromkeys([*later, "0.28.0", "0.30.0"], PatchState.APPLIED),
     }
 
 
@@ -630,3 +791,102 @@ def _definition(module: ast.Module, qualified: str) -> ast.FunctionDef:
 
 def _states_on_text(patch: DerivedPatch, path: str, text: str) -> set[PatchState]:
     return {f.state for f in patch.recognise(ast.parse(text), path)}
+
+
+@pytest.mark.verify
+@pytest.mark.release
+def test_derived_vllm_49397_passes_the_hand_written_proof(
+    tmp_path: Path, proof_env: object, patched_copy: object
+) -> None:
+    """The issue's bar: derived from 0.27.1's diff and applied, the three
+    __init__s build no buffers on the meta device: vllm#49397's CPU proof
+    fails on pristine 0.25.0 and passes there patched, and passes on 0.20.2
+    patched (whose pristine code hides the crash: it returns None until
+    vllm#43617 is applied, so only the patched half is asked there)."""
+    from deepstack_patch.engine.transaction import write_edits
+    from deepstack_patch.proof.proofs import run_proofs
+
+    from tests.support.upstream_diff import release_files, upstream_diff
+
+    diff_text = upstream_diff("0.27.1", "0.28.0", DEEPSTACK_BUFFERS)
+    base = release_files("0.27.1", list(DEEPSTACK_BUFFERS))
+    patch = derive_patch_from_text(diff_text, base, "local#49397").patch
+
+    def proof(root: Path) -> object:
+        return run_proofs(proof_env, root, ["vllm#49397"])["vllm#49397"]  # type: ignore[arg-type]
+
+    for release, fails_before in (("0.25.0", True), ("0.20.2", False)):
+        root = patched_copy(release)  # type: ignore[operator]
+        if fails_before:
+            before = proof(root)
+            assert before.status == "failed", before.message  # type: ignore[attr-defined]
+        plan = plan_tree(VllmTree.open(root), [patch])
+        assert plan.report(patch.id).state is PatchState.NEEDED
+        write_edits(root, plan.edits)
+        after = proof(root)
+        assert after.status == "passed", (release, after.message)  # type: ignore[attr-defined]
+
+
+RELEASES = [
+    *("0.17.0", "0.18.0", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2"),
+    *("0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.25.0", "0.27.1", "0.28.0"),
+    "0.30.0",
+]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("fix", "earlier", "later", "changes", "refused"),
+    [
+        ("vllm#49397", "0.27.1", "0.28.0", DEEPSTACK_BUFFERS, 4),
+        ("vllm#38933", "0.19.1", "0.20.0", SAMPLER_RECOMPILE, 0),
+    ],
+)
+def test_derived_and_hand_written_write_the_same_code_or_derived_refuses(
+    fix: str, earlier: str, later: str, changes: dict, refused: int
+) -> None:
+    """On every release: where the derived patch is needed, both patches
+    write the same code (ast, whole files); elsewhere the states agree, or the
+    derived patch drifts (refused), never the other way round."""
+    from deepstack_patch.patches import patch_by_id
+
+    from tests.support.upstream_diff import release_files, upstream_diff
+
+    diff_text = upstream_diff(earlier, later, changes)
+    derived_patch = derive_patch_from_text(
+        diff_text, release_files(earlier, list(changes)), "local#" + fix
+    ).patch
+    hand = patch_by_id(fix)
+    compared, drifted = 0, 0
+    for version in RELEASES:
+        tree = release_files(version, list(derived_patch.paths))
+        ours = plan_tree(tree, [derived_patch])
+        theirs = plan_tree(tree, [hand])
+        state = ours.report(derived_patch.id).state
+        if state is PatchState.DRIFTED:
+            drifted += 1
+            continue
+        assert state is theirs.report(fix).state, version
+        if state is PatchState.NEEDED:
+            written = {e.relpath: ast.dump(ast.parse(e.new)) for e in ours.edits}
+            expected = {e.relpath: ast.dump(ast.parse(e.new)) for e in theirs.edits}
+            assert written == expected, version
+            compared += 1
+    assert compared >= 4
+    assert drifted == refused
+
+
+def test_exactly_one_base_and_an_existing_diff(tmp_path: Path, base: Path) -> None:
+    diff = tmp_path / "fix.diff"
+    diff.write_text(git_diff(PATH, BEFORE, AFTER))
+    out = tmp_path / "out"
+    common = ["derive", "--diff", str(diff), "--id", "local#F1", "--out", str(out)]
+    for extra in ([], ["--base", "0.27.1", "--base-src", str(base)]):
+        code, output = run(*common, *extra)
+        assert (
+            code == 2
+            and "give exactly one of --base VERSION and --base-src PATH" in output
+        )
+    code, output = run(*derive_args(tmp_path / "missing.diff", base, out))
+    assert code == 2 and "no such file" in output and "hint:" in output
+    assert not out.exists()

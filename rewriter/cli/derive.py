@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -75,38 +74,12 @@ def derive(
         taken_ids=[patch.id for patch in load_series()],
         note=note,
     )
-    units = [
-        {"path": u.path, "kind": u.kind, "name": u.name, "edits": len(u.edits)}
-        for u in result.units
-    ]
     if output_format == "json":
-        document = {
-            "schema": 1,
-            "command": "derive",
-            "id": result.patch.id,
-            "base": result.base_version,
-            "data_file": str(result.data_file),
-            "round_trip": result.round_trip,
-            "units": units,
-            "tests": [t.path for t in result.tests],
-            "notes": result.notes,
-            "seconds": round(result.seconds, 2),
-        }
-        click.echo(json.dumps(document, indent=2))
+        from deepstack_patch.output.derived import derive_json
+        from deepstack_patch.output.documents import dump_json
+
+        click.echo(dump_json(derive_json(result)))
         return
-    console = stdout_console()
-    console.print(
-        f"derived {result.patch.id} from {diff} on vLLM {result.base_version}"
-    )
-    for unit in units:
-        console.print(f"  {unit['kind']} {unit['name']} ({unit['path']})")
-    for test in result.tests:
-        console.print(f"  test {test.path}")
-    for text in result.notes:
-        console.print(f"  note: {text}")
-    same = "the same text" if result.round_trip == "text" else "the same code"
-    console.print(
-        "checked: needed only at the diff's sites; the rewrite gives the diff's "
-        f"result ({same}); recognised applied after; a second pass changes nothing"
-    )
-    console.print(f"wrote {result.data_file} ({result.seconds:.1f} s)")
+    from deepstack_patch.output.derived import print_derived
+
+    print_derived(stdout_console(), result, str(diff))

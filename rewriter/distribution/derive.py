@@ -150,16 +150,17 @@ def _read_changes(
     from deepstack_patch.engine.derived_units import units_of_change
 
     notes: list[str] = []
-    units: list[Unit] = []
-    tests: list[RecordedTest] = []
-    results: dict[str, tuple[str, str]] = {}  # path -> (before, after)
+    recorded: dict[str, str] = {}  # test path -> content after the fix
+    texts: dict[str, tuple[str, str]] = {}  # path -> (before, after)
+    # A format-patch series may change a file in several patches: each
+    # applies to the file as the ones before it left it.
     for file_diff in files:
         path = file_diff.path
         _refuse_shape(file_diff, diff_name)
         if is_test_path(path):
-            test = _recorded_test(file_diff, base, notes)
-            if test is not None:
-                tests.append(test)
+            content = _recorded_test(file_diff, base, notes, recorded.get(path))
+            if content is not None:
+                recorded[path] = content
             continue
         if not path.endswith(".py"):
             notes.append(f"{path}: not Python, left out")
@@ -174,8 +175,14 @@ def _read_changes(
                 path=diff_name,
                 line=file_diff.line,
             )
-        before = _base_text(base, path, base_label)
-        after = apply_file_diff(file_diff, before)
+        if path not in texts:
+            before = _base_text(base, path, base_label)
+            texts[path] = (before, before)
+        before, current = texts[path]
+        texts[path] = (before, apply_file_diff(file_diff, current))
+    units: list[Unit] = []
+    results: dict[str, tuple[str, str]] = {}
+    for path, (before, after) in texts.items():
         _parses(after, path, "after the diff")
         changed = units_of_change(path, before, after)
         if not changed:
@@ -183,6 +190,7 @@ def _read_changes(
             continue
         units.extend(changed)
         results[path] = (before, after)
+    tests = [RecordedTest(path, content) for path, content in recorded.items()]
     return units, tests, results, notes
 
 
@@ -237,21 +245,23 @@ def _parses(text: str, path: str, when: str) -> None:
 
 
 def _recorded_test(
-    file_diff: FileDiff, base: VllmTree, notes: list[str]
-) -> RecordedTest | None:
+    file_diff: FileDiff, base: VllmTree, notes: list[str], current: str | None
+) -> str | None:
+    """A test file's content after the fix (``current``: as an earlier
+    patch of the diff left it)."""
     path = file_diff.path
     if file_diff.deleted:
         notes.append(f"{path}: a deleted test, not recorded")
         return None
-    if file_diff.new_file:
-        return RecordedTest(path, apply_file_diff(file_diff, ""))
-    file = base.root / path
-    if not file.is_file():
-        notes.append(
-            f"{path}: not in the base, so its content after the fix is unknown"
-        )
-        return None
-    return RecordedTest(path, apply_file_diff(file_diff, file.read_text("utf-8")))
+    if current is None and not file_diff.new_file:
+        file = base.root / path
+        if not file.is_file():
+            notes.append(
+                f"{path}: not in the base, so its content after the fix is unknown"
+            )
+            return None
+        current = file.read_text("utf-8")
+    return apply_file_diff(file_diff, current or "")
 
 
 def self_check(

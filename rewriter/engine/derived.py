@@ -18,7 +18,8 @@ The data file is TOML (schema 1), one per patch; docs/derive.md describes it.
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,8 @@ from deepstack_patch.engine.derived_match import (
     bound_name,
     import_aliases,
     occurrences,
+    one_statement,
+    with_block,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
@@ -87,6 +90,8 @@ class DerivedPatch(Patch):
         self.recorded_tests = tuple(tests)
         self.requires = tuple(requires)
         self.origin = origin or "derived"
+        #: The engine refuses to apply it in part (see plan_tree).
+        self.applies_whole = True
         # Paths are exact files: every one is read.
         self.markers = (b"",)
         self.parts = {unit.part: unit.description for unit in self.units}
@@ -95,6 +100,7 @@ class DerivedPatch(Patch):
             "shows each unit before and after)."
         )
         self._compiled: dict[Edit, CompiledEdit] = {}
+        self._fingerprint = b""
 
     # -- recognition ---------------------------------------------------
 
@@ -103,15 +109,29 @@ class DerivedPatch(Patch):
         if not units:
             return []
         shapes_of = ShapeCache()
-        found: list[tuple[Unit, _UnitState | None]] = [
-            (unit, self._recognise_unit(unit, tree, shapes_of)) for unit in units
-        ]
+        # The imports last: whether a name the fix stops importing is still
+        # used depends on the code the other units will have after the fix.
+        # Where no other unit is needed, the fix is in: an import it dropped
+        # that is still there is left alone (a vendor's, or harmless).
+        uses_after_fix: Counter[str] | None = None
+        states: dict[str, _UnitState | None] = {}
+        for unit in sorted(units, key=lambda unit: unit.kind == "import"):
+            state = self._recognise_unit(unit, tree, shapes_of, uses_after_fix)
+            states[unit.part] = state
+            if unit.kind != "import" and state and state.state is PatchState.NEEDED:
+                uses_after_fix = uses_after_fix or Counter()
+                for edit in unit.edits:
+                    uses_after_fix.subtract(
+                        _code_uses(edit.removed, edit.header_before)
+                    )
+                    uses_after_fix.update(_code_uses(edit.inserted, edit.header_after))
+        found = [(unit, states[unit.part]) for unit in units]
         absent = [unit for unit, state in found if state is None]
         findings = []
         for unit, state in found:
             if state is None:
                 continue  # the report says: target absent, no <unit> in this tree
-            if absent:
+            if absent and state.state is not PatchState.APPLIED:
                 # Whole or not at all: half a fix is not the fix.
                 state = _UnitState(
                     PatchState.DRIFTED,
@@ -133,7 +153,11 @@ class DerivedPatch(Patch):
         return findings
 
     def _recognise_unit(
-        self, unit: Unit, tree: ast.Module, shapes_of: ShapeCache
+        self,
+        unit: Unit,
+        tree: ast.Module,
+        shapes_of: ShapeCache,
+        uses_after_fix: Counter[str] | None,
     ) -> _UnitState | None:
         states: list[tuple[PatchState, str]] = []
         spans: list[tuple[int, int]] = []
@@ -142,7 +166,7 @@ class DerivedPatch(Patch):
             compiled = self._compile(edit)
             if edit.kind == "imports":
                 state, reason, span, edit_details = _recognise_imports(
-                    compiled, tree, shapes_of
+                    compiled, tree, shapes_of, uses_after_fix
                 )
                 details[str(index)] = edit_details
             else:
@@ -176,6 +200,15 @@ class DerivedPatch(Patch):
             + ", ".join(f"edit {i + 1} {s}" for i, (s, _) in enumerate(states))
         )
         return _UnitState(PatchState.DRIFTED, (first, last), reason)
+
+    @property
+    def data_fingerprint(self) -> bytes:
+        """A digest of the data (the recognition cache keys on it)."""
+        if not self._fingerprint:
+            import hashlib
+
+            self._fingerprint = hashlib.sha256(dump_derived(self).encode()).digest()
+        return self._fingerprint
 
     def _compile(self, edit: Edit) -> CompiledEdit:
         if edit not in self._compiled:
@@ -344,9 +377,47 @@ def _recognise_edit(
         applied = len(fixed) == 1 and not apart(before, size_before, fixed, size_fixed)
     else:  # a removal: applied where the removed statements are gone
         applied = not before
-    if applied:
+    if applied or (
+        not before and not fixed and _in_unit_once(compiled, located, shapes_of)
+    ):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
+
+
+def _in_unit_once(
+    compiled: CompiledEdit, located: _Located, shapes_of: ShapeCache
+) -> bool:
+    """Whether the fix's statements are in another block of the unit (upstream
+    may have wrapped them since, in a ``with`` or an ``if``): found together
+    exactly once in the whole unit, and the removed statements nowhere in it."""
+    if not compiled.inserted or isinstance(located.unit_node, ast.Module):
+        return False
+    blocks = list(_blocks_of(located.unit_node))
+    found = sum(
+        len(occurrences(block, compiled.inserted, False, False, shapes_of))
+        for block in blocks
+    )
+    removed = (
+        sum(
+            len(occurrences(block, compiled.removed, False, False, shapes_of))
+            for block in blocks
+        )
+        if compiled.removed
+        else 0
+    )
+    return found == 1 and removed == 0
+
+
+def _blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
+    """Every statement block inside ``node``, its own included."""
+    for name in shapes.BLOCK_FIELDS:
+        block = getattr(node, name, None)
+        if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+            yield block
+            for statement in block:
+                yield from _blocks_of(statement)
+    for handler in getattr(node, "handlers", []):
+        yield from _blocks_of(handler)
 
 
 def _drift_reason(
@@ -408,10 +479,14 @@ def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
 
 
 def _recognise_imports(
-    compiled: CompiledEdit, tree: ast.Module, shapes_of: ShapeCache
+    compiled: CompiledEdit,
+    tree: ast.Module,
+    shapes_of: ShapeCache,
+    uses_after_fix: Counter[str] | None,
 ) -> tuple[PatchState, str, tuple[int, int], dict[str, Any]]:
     """Imports are added where missing and dropped where the fix dropped them
-    and nothing else uses them; they never drift."""
+    and nothing uses them once the fix is in (``uses_after_fix``: what the
+    needed units' rewrites take away and bring); they never drift."""
     edit = compiled.edit
     wanted = import_aliases(shapes.parse_statements(edit.inserted))
     dropped = [
@@ -422,8 +497,11 @@ def _recognise_imports(
     imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
     present = set(import_aliases(imports))
     missing = [alias for alias in wanted if alias not in present]
-    used = _used_names(tree) if dropped else set()
-    unused = [a for a in dropped if a in present and bound_name(a) not in used]
+    unused = []
+    if dropped and uses_after_fix is not None:
+        used = _name_uses([tree])
+        used.update(uses_after_fix)  # update adds negative counts too
+        unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
     leading = _leading_imports(tree)
     if leading:
         span = (_lines(leading[0])[0], _lines(leading[-1])[1])
@@ -458,13 +536,28 @@ def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
     return found
 
 
-def _used_names(tree: ast.Module) -> set[str]:
-    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | {
-        name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Global | ast.Nonlocal)
-        for name in node.names
-    }
+def _name_uses(nodes: Sequence[ast.AST]) -> Counter[str]:
+    """How often each name is read, and each word of every string
+    (``__all__`` and string annotations name what they export or use)."""
+    found: Counter[str] = Counter()
+    for root in nodes:
+        for node in ast.walk(root):
+            match node:
+                case ast.Name(id=name):
+                    found[name] += 1
+                case ast.Global(names=names) | ast.Nonlocal(names=names):
+                    found.update(names)
+                case ast.Constant(value=str() as text):
+                    found.update(text.replace(".", " ").replace("[", " ").split())
+    return found
+
+
+def _code_uses(code: str, header: str) -> Counter[str]:
+    """The name uses of an edit's recorded statements and header."""
+    nodes: list[ast.AST] = list(shapes.parse_statements(code))
+    if header:
+        nodes.append(one_statement(with_block(header)))
+    return _name_uses(nodes)
 
 
 def load_derived(path: Path) -> DerivedPatch:

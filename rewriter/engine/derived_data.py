@@ -198,13 +198,24 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
         )
     if not units:
         raise ValueError("it has no units")
+    patch_id = text(data, "id")
+    if not patch_id or any(c.isspace() for c in patch_id):
+        raise ValueError(f"id {patch_id!r}: an id is short text without spaces")
+    paths = [str(p) for p in data["paths"]]
+    for path in paths:
+        # A path names a file of the tree, never one beside or above it.
+        if path.startswith("/") or ".." in path.split("/") or not path.endswith(".py"):
+            raise ValueError(f"path {path!r} is not a .py file inside the tree")
+    for unit in units:
+        if unit.path not in paths:
+            raise ValueError(f"unit {unit.name} is in {unit.path}, not one of paths")
     return {
-        "id": text(data, "id"),
+        "id": patch_id,
         "title": text(data, "title", ""),
         "symptom": text(data, "symptom", ""),
         "base": text(data, "base", ""),
         "base_tree": text(data, "base_tree", ""),
-        "paths": [str(p) for p in data["paths"]],
+        "paths": paths,
         "units": units,
         "tests": [
             RecordedTest(text(t, "path"), text(t, "content"))

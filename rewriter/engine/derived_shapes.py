@@ -107,12 +107,12 @@ def identity(node: ast.stmt, memo: Memo | None = None) -> str:
 
 
 def header_code(node: ast.stmt) -> str:
-    """The header as readable code: the statement with ``...`` as its block."""
+    """The header as readable code: the statement with ``...`` as each of
+    its blocks (a ``try`` keeps its ``finally:``, an ``if`` its ``else:``)."""
     emptied = copy.copy(node)
     for name in BLOCK_FIELDS:
-        if isinstance(getattr(emptied, name, None), list):
-            setattr(emptied, name, [])
-    emptied.body = [ast.Expr(ast.Constant(...))]  # type: ignore[attr-defined]
+        if getattr(emptied, name, None):
+            setattr(emptied, name, [ast.Expr(ast.Constant(...))])
     return ast.unparse(emptied)
 
 

@@ -27,6 +27,7 @@ from deepstack_patch.engine.protocol import (
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.source import SourceFile
 from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.whole import refuse_partial_patches
 
 
 @dataclass
@@ -172,6 +173,7 @@ def _plan(
             edits.append(edit)
 
     _block_unmet_requirements(reports, selected)
+    refuse_partial_patches(reports)
     return Plan(tree=tree, reports=list(reports.values()), edits=edits)
 
 

@@ -116,7 +116,15 @@ def _fingerprint(series: Sequence[Patch]) -> bytes | None:
     modules = tuple(f"{type(patch).__module__} {patch.origin}" for patch in series)
     if modules not in _FINGERPRINTS:
         _FINGERPRINTS[modules] = _code_fingerprint(series)
-    return _FINGERPRINTS[modules]
+    code = _FINGERPRINTS[modules]
+    # A patch made from data (a derived patch) recognises what its data
+    # says: the data is part of the code that recognises.
+    data = [getattr(patch, "data_fingerprint", b"") for patch in series]
+    if code is None or not any(data):
+        return code
+    import hashlib
+
+    return hashlib.sha256(code + b"\0".join(data)).digest()
 
 
 def _code_fingerprint(series: Sequence[Patch]) -> bytes | None:

@@ -88,6 +88,16 @@ def file_diff(path: str, before: str, after: str) -> str:
     return f"diff --git a/{path} b/{path}\n" + "".join(lines)
 
 
+def new_file_diff(path: str, content: str) -> str:
+    """A ``git diff`` that adds the file ``path``."""
+    lines = content.splitlines(keepends=True)
+    body = "".join("+" + line for line in lines)
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n"
+        f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+    )
+
+
 def upstream_diff(
     earlier: str,
     later: str,

@@ -1,0 +1,48 @@
+"""What ``derive`` prints: a derived patch's units and checks, as text or JSON."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def derive_json(result: Any) -> dict[str, Any]:
+    """``derive --format json`` (schema 1); ``result`` is a DeriveResult."""
+    return {
+        "schema": 1,
+        "command": "derive",
+        "id": result.patch.id,
+        "base": result.base_version,
+        "data_file": str(result.data_file),
+        "round_trip": result.round_trip,
+        "units": [
+            {"path": u.path, "kind": u.kind, "name": u.name, "edits": len(u.edits)}
+            for u in result.units
+        ],
+        "tests": [t.path for t in result.tests],
+        "notes": result.notes,
+        "seconds": round(result.seconds, 2),
+    }
+
+
+def print_derived(console: Console, result: Any, diff: str) -> None:
+    """The text report of ``derive``: what was made, checked and written."""
+    from deepstack_patch.output.plain import escape
+
+    console.print(
+        escape(f"derived {result.patch.id} from {diff} on vLLM {result.base_version}")
+    )
+    for unit in result.units:
+        console.print(escape(f"  {unit.kind} {unit.name} ({unit.path})"))
+    for test in result.tests:
+        console.print(escape(f"  test {test.path}"))
+    for text in result.notes:
+        console.print(escape(f"  note: {text}"))
+    same = "the same text" if result.round_trip == "text" else "the same code"
+    console.print(
+        "checked: needed only at the diff's sites; the rewrite gives the diff's "
+        f"result ({same}); recognised applied after; a second pass changes nothing"
+    )
+    console.print(escape(f"wrote {result.data_file} ({result.seconds:.1f} s)"))
