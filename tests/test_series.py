@@ -452,6 +452,9 @@ def test_an_entry_point_callable_and_folder(site: Path, tmp_path: Path) -> None:
     assert found[0].origin == (
         f"entry point acme (acme-patches 1.2): {(folder / 'f.py').absolute()}"
     )
+    import pickle  # matrix's spawned processes get it through its file
+
+    assert pickle.loads(pickle.dumps(found[0])).origin == found[0].origin
 
 
 def test_a_broken_entry_point_is_an_error_naming_it(site: Path, toy_tree: Path) -> None:

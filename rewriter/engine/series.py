@@ -236,14 +236,19 @@ def _failing_line(exc: BaseException, path: Path) -> tuple[str, int | None]:
     return frame.filename, frame.lineno
 
 
-def _reduce_file_patch(patch: Patch) -> tuple[Callable[..., Patch], tuple[str, str]]:
-    return patch_from_file, (patch.origin, patch.id)
+def _reduce_file_patch(
+    patch: Patch,
+) -> tuple[Callable[..., Patch], tuple[str, str, str]]:
+    path = patch_file(patch) or patch.origin
+    return patch_from_file, (str(path), patch.id, patch.origin)
 
 
-def patch_from_file(path: str, patch_id: str) -> Patch:
+def patch_from_file(path: str, patch_id: str, origin: str = "") -> Patch:
     """The patch ``patch_id`` of a data file or patch module (unpickling)."""
     for patch in patches_from_file(Path(path)):
         if patch.id == patch_id:
+            if origin:
+                _set_origin(patch, origin, {"file": path})
             return patch
     raise DeepstackError(f"{path} no longer holds the patch {patch_id}", path=path)
 
@@ -315,8 +320,8 @@ def resolve_loaded(loaded: object, origin: str) -> list[Patch]:
         case str() | os.PathLike():
             patches = patches_from_folder(Path(loaded))
             for patch in patches:
-                patch.origin = f"{origin}: {patch.origin}"
-                _SOURCES[patch.origin] = {"file": str(patch_file(patch))}
+                path = patch.origin  # the file's (patches_from_file)
+                _set_origin(patch, f"{origin}: {path}", {"file": path})
             return patches
         case type():
             return [_checked(loaded, origin, origin)]  # the error of a class

@@ -28,6 +28,7 @@ call; :func:`verify_tree` runs the checks with an environment at hand.
 from __future__ import annotations
 
 import contextlib
+import functools
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -233,7 +234,8 @@ def verify_tree(
         )
         verdicts = _verdicts(tree, series, selected, pristine)
         to_prove, before_ids = _proofs_to_run(verdicts)
-        sources = patch_sources(series)
+        sources = patch_sources(series)  # patches from elsewhere: their files
+        prove = functools.partial(run_proofs, spawn=forks.run, sources=sources)
         applicable = [v.patch.id for v in verdicts if _provable(v.state)]
         tests, absent = select_tests(
             tree.root, targets, applicable, "cpu", tree.version
@@ -247,13 +249,9 @@ def verify_tree(
         )
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
-            after = pool.submit(
-                run_proofs, env, tree.root, to_prove, spawn=forks.run, sources=sources
-            )
+            after = pool.submit(prove, env, tree.root, to_prove)
             before_futures = [
-                pool.submit(
-                    run_proofs, env, root, ids, spawn=forks.run, sources=sources
-                )
+                pool.submit(prove, env, root, ids)
                 for root, ids in _pristine_runs(
                     pristine, before_ids, baselines, progress
                 )
@@ -272,14 +270,9 @@ def verify_tree(
                 env=subprocess_env(tree.root),
                 spawn=forks.run,
             )
-            proofs = after.result()
-            proofs_before = {
-                i: r for future in before_futures for i, r in future.result().items()
-            }
+            proofs = _results([after, *recorded[False]])
+            proofs_before = _results([*before_futures, *recorded[True]])
             cpu_run = test_future.result()
-            for (patch_id, on_pristine), future in recorded.items():
-                found = proofs_before if on_pristine else proofs
-                found[patch_id] = future.result()
 
     for verdict in verdicts:
         verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
@@ -307,10 +300,11 @@ def _recorded_runs(
     scratch: Path,
     spawn: Any,
     progress: Progress,
-) -> dict[tuple[str, bool], Future[ProofResult]]:
-    """The recorded tests of the patches proven by them (``recorded_tests.py``),
-    on the tree and on the pristine tree, by (patch id, on the pristine tree)."""
-    runs = {}
+) -> dict[bool, list[Future[dict[str, ProofResult]]]]:
+    """The recorded tests of the patches proven by them (``recorded_tests.py``)
+    on the tree (key False) and on the pristine tree (True), each a future of
+    ``{patch id: ProofResult}`` as :func:`run_proofs` gives."""
+    runs: dict[bool, list[Future[dict[str, ProofResult]]]] = {False: [], True: []}
     for verdict in verdicts:
         patch = verdict.patch
         if not proven_by_recorded_tests(patch):
@@ -321,11 +315,23 @@ def _recorded_runs(
         for on, is_pristine in trees:
             where = "pristine " if is_pristine else ""
             progress(f"recorded tests of {patch.id} on {where}{on.root}")
-            runs[patch.id, is_pristine] = pool.submit(
-                run_recorded_tests, env, on.root, patch, scratch,
-                pristine=is_pristine, spawn=spawn,
+            runs[is_pristine].append(
+                pool.submit(
+                    _recorded_proof, env, on.root, patch, scratch,
+                    pristine=is_pristine, spawn=spawn,
+                )
             )  # fmt: skip
     return runs
+
+
+def _recorded_proof(*args: Any, **kwargs: Any) -> dict[str, ProofResult]:
+    """:func:`run_recorded_tests` as :func:`run_proofs` answers."""
+    result = run_recorded_tests(*args, **kwargs)
+    return {result.patch_id: result}
+
+
+def _results(futures: list[Future[dict[str, ProofResult]]]) -> dict[str, ProofResult]:
+    return {i: r for future in futures for i, r in future.result().items()}
 
 
 def _proofs_to_run(verdicts: list[PatchVerdict]) -> tuple[list[str], list[str]]:
