@@ -604,6 +604,49 @@ def test_an_id_already_taken_is_refused(tmp_path: Path, base: Path) -> None:
     assert (out / "local-F1.toml").read_text() == before
 
 
+def test_an_id_of_a_patches_folder_or_an_entry_point_is_taken(
+    tmp_path: Path, base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The series a derived patch joins is the whole one: built-in, installed
+    packages' (entry points) and the --patches folders'."""
+    from deepstack_patch.engine import series as series_module
+
+    text = git_diff(PATH, BEFORE, AFTER)
+    folder = tmp_path / "vendor"
+    diff = tmp_path / "fix.diff"
+    diff.write_text(text)
+    assert run(*derive_args(diff, base, folder, "acme#7"))[0] == 0
+    output = _refused(tmp_path, text, base, "--patches", str(folder), patch_id="acme#7")
+    assert "--id acme#7: already taken by a patch of the series" in output
+    installed = load_derived(folder / "acme-7.toml")
+    installed.id = "pkg#1"
+    monkeypatch.setattr(series_module, "patches_from_entry_points", lambda: [installed])
+    output = _refused(tmp_path, text, base, patch_id="pkg#1")
+    assert "--id pkg#1: already taken by a patch of the series" in output
+    assert run(*derive_args(diff, base, tmp_path / "new", "acme#8"))[0] == 0
+
+
+def test_fixed_in_and_upstream_url_are_kept_in_the_data_file(
+    tmp_path: Path, base: Path
+) -> None:
+    diff = tmp_path / "fix.diff"
+    diff.write_text(git_diff(PATH, BEFORE, AFTER))
+    url = "https://git.example/acme/vllm/merge_requests/12"
+    args = ["--fixed-in", "0.31.0", "--upstream-url", url]
+    assert run(*derive_args(diff, base, tmp_path / "out"), *args)[0] == 0
+    patch = load_derived(tmp_path / "out" / "local-F1.toml")
+    assert (patch.fixed_in, patch.upstream_url) == ("0.31.0", url)
+    assert run(*derive_args(diff, base, tmp_path / "pr", "vllm#123"))[0] == 0
+    patch = load_derived(tmp_path / "pr" / "vllm-123.toml")
+    assert patch.upstream_url == "https://github.com/vllm-project/vllm/pull/123"
+    assert patch.fixed_in == ""
+    text = diff.read_text()
+    bad_url = _refused(tmp_path, text, base, "--upstream-url", "github.com/x y")
+    assert "--upstream-url 'github.com/x y': not an http(s) URL" in bad_url
+    bad_version = _refused(tmp_path, text, base, "--fixed-in", "soon")
+    assert "--fixed-in 'soon': not a version" in bad_version
+
+
 def test_an_id_with_spaces_is_refused(tmp_path: Path, base: Path) -> None:
     output = _refused(tmp_path, git_diff(PATH, BEFORE, AFTER), base, patch_id="a b")
     assert "an id is short text without spaces" in output

@@ -92,6 +92,34 @@ def check_patch_id(patch_id: str, taken: Sequence[str]) -> None:
         )
 
 
+def check_upstream(upstream_url: str, fixed_in: str) -> None:
+    """--upstream-url and --fixed-in go into commits, DEP-3 headers and the
+    SBOM as they are: refuse what those cannot carry."""
+    from urllib.parse import urlsplit
+
+    from packaging.version import InvalidVersion, Version
+
+    parts = urlsplit(upstream_url)
+    if upstream_url and (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or any(c.isspace() for c in upstream_url)
+    ):
+        raise DeepstackError(
+            f"--upstream-url {upstream_url!r}: not an http(s) URL",
+            "e.g. --upstream-url https://github.com/vllm-project/vllm/pull/49397",
+        )
+    if fixed_in:
+        try:
+            Version(fixed_in)
+        except InvalidVersion:
+            raise DeepstackError(
+                f"--fixed-in {fixed_in!r}: not a version",
+                "the first vLLM release with the fix, e.g. --fixed-in 0.21.0 "
+                "(leave it out while no release has it)",
+            ) from None
+
+
 def derive_patch_from_text(
     diff_text: str,
     base: VllmTree,
@@ -102,10 +130,16 @@ def derive_patch_from_text(
     diff_name: str = "diff",
     taken_ids: Sequence[str] = (),
     base_label: str = "",
+    upstream_url: str = "",
+    fixed_in: str = "",
 ) -> DeriveResult:
-    """Derive and check a patch from a diff on ``base``; nothing is written."""
+    """Derive and check a patch from a diff on ``base``; nothing is written.
+
+    ``upstream_url`` defaults to the pull request's URL for an id
+    ``vllm#N``; ``fixed_in`` (the first release with the fix) to none."""
     started = time.monotonic()
     check_patch_id(patch_id, taken_ids)
+    check_upstream(upstream_url, fixed_in)
     files = parse_diff(diff_text, diff_name)
     units, tests, results, notes = _read_changes(files, base, diff_name, base_label)
     if not units:
@@ -128,6 +162,8 @@ def derive_patch_from_text(
         paths=list(results),
         units=units,
         tests=tests,
+        upstream_url=upstream_url,
+        fixed_in=fixed_in,
     )
     round_trip = self_check(patch, base, results, files)
     return DeriveResult(
@@ -383,6 +419,8 @@ def derive(
     symptom: str = "",
     taken_ids: Sequence[str] = (),
     note: Callable[[str], None] | None = None,
+    upstream_url: str = "",
+    fixed_in: str = "",
 ) -> DeriveResult:
     """Derive a patch from the diff file ``diff`` on a release or tree, check
     it, and write its data file into ``out``."""
@@ -393,6 +431,7 @@ def derive(
             "e.g. --base 0.27.1 (the release the PR was made against)",
         )
     check_patch_id(patch_id, taken_ids)
+    check_upstream(upstream_url, fixed_in)
     target = out / data_file_name(patch_id)
     _check_out(out, target, patch_id)
     diff_text = _read_diff(diff)
@@ -413,6 +452,8 @@ def derive(
         diff_name=str(diff),
         taken_ids=taken_ids,
         base_label=label,
+        upstream_url=upstream_url,
+        fixed_in=fixed_in,
     )
     if base_version is not None:
         result.patch.base = base_version
