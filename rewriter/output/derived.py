@@ -15,6 +15,8 @@ def derive_json(result: Any) -> dict[str, Any]:
         "command": "derive",
         "id": result.patch.id,
         "base": result.base_version,
+        "upstream_url": result.patch.upstream_url,
+        "fixed_in": result.patch.fixed_in,
         "data_file": str(result.data_file),
         "round_trip": result.round_trip,
         "units": [
