@@ -165,7 +165,7 @@ def derive_patch_from_text(
         upstream_url=upstream_url,
         fixed_in=fixed_in,
     )
-    round_trip = self_check(patch, base, results, files)
+    round_trip = self_check(patch, base, results)
     return DeriveResult(
         patch=patch,
         data_file=None,
@@ -200,6 +200,10 @@ def _read_changes(
             continue
         if not path.endswith(".py"):
             notes.append(f"{path}: not Python, left out")
+            continue
+        if not path.startswith("vllm/"):
+            # setup.py, tools/, benchmarks/: no installed vLLM runs them.
+            notes.append(f"{path}: outside the vllm package, left out")
             continue
         if file_diff.new_file or file_diff.deleted:
             action = "adds" if file_diff.new_file else "deletes"
@@ -304,14 +308,15 @@ def self_check(
     patch: DerivedPatch,
     base: VllmTree,
     results: dict[str, tuple[str, str]],
-    files: Sequence[FileDiff],
 ) -> str:
     """The checks before anything is written; how the round trip compared."""
     from deepstack_patch.engine.plan import plan_tree
 
+    # The base's lines the whole diff changes, read from the base and the
+    # result: in a format-patch series a later patch's hunks count the lines
+    # of the file as the earlier patches left it, not the base's.
     hunk_lines = {
-        f.path: [(h.old_start, h.old_start + max(h.old_count, 1) - 1) for h in f.hunks]
-        for f in files
+        path: changed_lines(before, after) for path, (before, after) in results.items()
     }
     plan = plan_tree(base, [patch], rewrite=True)
     report = plan.report(patch.id)
@@ -375,6 +380,21 @@ def self_check(
     return compared
 
 
+def changed_lines(before: str, after: str, context: int = 3) -> list[tuple[int, int]]:
+    """The 1-based spans of ``before`` that differ in ``after``, each widened
+    by ``context`` lines as a unified diff's hunk is."""
+    import difflib
+
+    matcher = difflib.SequenceMatcher(
+        None, before.splitlines(), after.splitlines(), autojunk=False
+    )
+    return [
+        (max(1, first + 1 - context), max(first + 1, last) + context)
+        for tag, first, last, _, _ in matcher.get_opcodes()
+        if tag != "equal"
+    ]
+
+
 def _second_pass(patch: DerivedPatch, source: SourceFile) -> str:
     from deepstack_patch.engine.plan import rewrite_text
 
@@ -435,9 +455,19 @@ def derive(
     target = out / data_file_name(patch_id)
     _check_out(out, target, patch_id)
     diff_text = _read_diff(diff)
+    if not diff_text.strip():
+        raise DeepstackError(
+            f"--diff {diff}: the file is empty",
+            "save the PR's diff into it first "
+            "(https://github.com/OWNER/REPO/pull/N.diff)",
+        )
     files = parse_diff(diff_text, str(diff))
     if base_src is not None:
-        base = VllmTree.open(base_src)
+        try:
+            base = VllmTree.open(base_src)
+        except DeepstackError as exc:  # worded for --vllm-src, the usual option
+            exc.message = exc.message.replace("--vllm-src", "--base-src", 1)
+            raise
         label = f"tree {base_src}"
     else:
         assert base_version is not None
@@ -499,7 +529,10 @@ def _read_diff(diff: Path) -> str:
             "give a unified diff as git or GitHub writes it",
         ) from None
     except OSError as exc:
-        raise DeepstackError(f"--diff {diff}: cannot read: {exc.strerror}") from None
+        raise DeepstackError(
+            f"--diff {diff}: cannot read: {exc.strerror}",
+            "give the file that holds the diff",
+        ) from None
 
 
 def _release_base(
