@@ -1045,3 +1045,41 @@ def test_a_derived_patch_without_url_or_release_says_nothing_empty(
     (issue,) = entry["resolves"]
     assert "references" not in issue
     assert issue["description"] == "(derived from a diff against vLLM 0.20.2)"
+
+
+def test_a_patch_module_with_only_the_required_metadata_runs_everywhere(
+    tmp_path: Path, toy_tree: Path
+) -> None:
+    """A vendor's patch module that names no URL, release or symptom (only
+    id, title, paths, markers and parts are required) is listed, planned and
+    exported without an empty field."""
+    folder = tmp_path / "bare"
+    module = toy_module(folder, "bare.py", "acme#12")
+    text = module.read_text()
+    for line in (
+        '    upstream_url = "https://example.com/acme/12"\n',
+        '    fixed_in = "99.0.0"\n',
+        '    symptom = "answer() returns 41"\n',
+    ):
+        assert line in text
+        text = text.replace(line, "")
+    module.write_text(text)
+    code, out, err = run("list", "--patches", str(folder))
+    assert code == 0, err
+    assert "acme#12  answer() returns 42\n  upstream: none named\n" in out
+    base = ["--vllm-src", str(toy_tree), "--patches", str(folder), "--only", "acme#12"]
+    code, out, err = run("status", *base)
+    assert code == 0, err
+    assert "answer() returns 42\n" in out and " ()" not in out
+    code, out, err = run("export", *base, "--series", str(tmp_path / "series"))
+    assert code == 0, err
+    (mail,) = (tmp_path / "series").glob("0001-*.patch")
+    header = mail.read_text().split("\n---\n")[0]
+    assert "Origin: backport\n" in header and "Bug:" not in header
+
+
+def test_every_built_in_patch_names_its_pull_request_and_release() -> None:
+    assert SERIES
+    for patch in SERIES:
+        assert patch.upstream_url.startswith("https://github.com/"), patch.id
+        assert patch.fixed_in and patch.symptom, patch.id

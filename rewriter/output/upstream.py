@@ -9,12 +9,17 @@ the fields it has and leaves the others out, never printing an empty one.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
 def derived_base(patch: Any) -> str:
     """The release a derived patch's diff was made against; "" otherwise."""
-    return str(getattr(patch, "base", "") or "")
+    # Never imported here: no derived patch exists unless its module is loaded.
+    derived = sys.modules.get("deepstack_patch.engine.derived")
+    if derived is None or not isinstance(patch, derived.DerivedPatch):
+        return ""
+    return str(patch.base)
 
 
 def origin_words(patch: Any) -> str:
