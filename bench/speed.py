@@ -2,7 +2,7 @@
 
     python bench/speed.py [--release 0.20.0 --release 0.20.2] [--runs 5]
                           [--all-releases] [--no-releases] [--no-matrix]
-                          [--no-import] [--no-wheel] [--verify]
+                          [--no-import] [--no-wheel] [--verify] [--derived]
 
 The floor is measured in the same run, on the same files: a fresh Python
 process that reads and ``ast.parse``s the files the series parses in that
@@ -20,7 +20,13 @@ can pair a fast floor with a slow command; it is printed beside, as
   after the untimed round) and with ``DEEPSTACK_PATCH_NO_CACHE=1`` (every
   file parsed): target at most 2.5x the floor;
 - a full ``apply`` on a fresh hard-link copy of the pristine release each
-  round: target at most 8x the floor.
+  round: target at most 8x the floor;
+- with ``--derived``, the same commands (``status`` also uncached) with a
+  derived patch from a ``--patches`` folder in the series, in place of the
+  built-in vllm#40917 (``--skip vllm#40917``): ``local#40917``, derived in
+  the run from the diff of Granite4Vision's ``forward`` between the cached
+  0.20.2 and 0.21.0 (as tests/support/upstream_diff.py cuts it); same
+  targets, same floor (its file is one the series parses anyway).
 
 ``--all-releases`` measures the first three on every release in targets.toml
 instead, on copies of the partial extractions ``matrix`` keeps in the cache.
@@ -195,18 +201,42 @@ def partial_tree(version: str) -> Path:
     return status_tree(archive, version, patterns).root
 
 
+GRANITE = "vllm/model_executor/models/granite4_vision.py"
+
+
+def derived_folder(work: Path) -> Path:
+    """A ``--patches`` folder holding ``local#40917``, derived from the diff of
+    vllm#40917's change cut from the cached 0.20.2 and 0.21.0."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from deepstack_patch.distribution.derive import derive
+
+    from tests.support.upstream_diff import upstream_diff
+
+    diff = work / "40917.diff"
+    forward = "Granite4VisionForConditionalGeneration.forward"
+    diff.write_text(upstream_diff("0.20.2", "0.21.0", {GRANITE: ([forward], [])}))
+    folder = work / "derived"
+    derive(diff, patch_id="local#40917", out=folder, base_version="0.20.2")
+    return folder
+
+
 def measure_release(
-    pristine: Path, work: Path, runs: int, full_apply: bool
+    pristine: Path,
+    work: Path,
+    runs: int,
+    full_apply: bool,
+    derived: Path | None = None,
 ) -> dict[str, float]:
-    """Floor and command medians on one release tree."""
+    """Floor and command medians on one release tree; with ``derived`` (a
+    --patches folder), also the commands with its patch in the series."""
     files = parsed_files(pristine)
     applied = link_copy(pristine, work / f"{pristine.name}-applied")
     timed([*TOOL, "apply", "--vllm-src", str(applied)])
     copies = iter(range(10_000))
 
-    def fresh_apply() -> float:
+    def fresh_apply(*extra: str) -> float:
         tree = link_copy(pristine, work / f"{pristine.name}-copy{next(copies)}")
-        seconds = timed([*TOOL, "apply", "--vllm-src", str(tree)])
+        seconds = timed([*TOOL, "apply", "--vllm-src", str(tree), *extra])
         shutil.rmtree(tree)
         return seconds
 
@@ -226,6 +256,21 @@ def measure_release(
         measures[f"{name}, no cache"] = lambda c=command, o=ok: timed(c, o, NO_CACHE)
     if full_apply:
         measures["apply"] = fresh_apply
+    if derived is not None:
+        with_derived = ["--patches", str(derived), "--skip", "vllm#40917"]
+        applied_derived = link_copy(pristine, work / f"{pristine.name}-derived")
+        timed([*TOOL, "apply", "--vllm-src", str(applied_derived), *with_derived])
+        status = [*TOOL, "status", "--vllm-src", str(pristine), *with_derived]
+        check = [*TOOL, "apply", "--check", "--vllm-src", str(pristine)]
+        no_op = [*TOOL, "apply", "--vllm-src", str(applied_derived)]
+        measures["status, derived"] = lambda: timed(status)
+        measures["status, derived, no cache"] = lambda: timed(status, (0,), NO_CACHE)
+        measures["apply --check, derived"] = lambda: timed(
+            [*check, *with_derived], (0, 1)
+        )
+        measures["no-op apply, derived"] = lambda: timed([*no_op, *with_derived])
+        if full_apply:
+            measures["apply, derived"] = lambda: fresh_apply(*with_derived)
     medians = rounds(
         runs, measures, floor=lambda: timed([sys.executable, "-c", FLOOR_CODE, *files])
     )
@@ -240,7 +285,7 @@ def print_release(version: str, medians: dict[str, float], where: str) -> bool:
         f"CPU ({int(medians['files'])} files read and parsed)"
     )
     print(
-        f"  {'':24} {'median':>9}  {'x floor':>7} {'(CPU)':>7}  {'medians':>8}  target"
+        f"  {'':26} {'median':>9}  {'x floor':>7} {'(CPU)':>7}  {'medians':>8}  target"
     )
     met = True
     for name, seconds in medians.items():
@@ -253,7 +298,7 @@ def print_release(version: str, medians: dict[str, float], where: str) -> bool:
         verdict = "ok" if ratio <= target else "OVER"
         met = met and ratio <= target
         print(
-            f"  {name:24} {seconds:7.3f} s  {ratio:6.2f}x "
+            f"  {name:26} {seconds:7.3f} s  {ratio:6.2f}x "
             f"({medians[f'{name} cpu ratio']:5.2f}x)  {apart:7.2f}x  "
             f"{target:5.1f}x  {verdict}"
         )
@@ -421,6 +466,12 @@ def main() -> None:
     )
     parser.add_argument("--no-import", action="store_true")
     parser.add_argument(
+        "--derived",
+        action="store_true",
+        help="also time the commands with a derived patch (local#40917, from "
+        "a --patches folder) in the series, in place of vllm#40917",
+    )
+    parser.add_argument(
         "--verify",
         action="store_true",
         help="also time verify --against-pristine on the (first) patched release",
@@ -442,9 +493,12 @@ def main() -> None:
                 medians = measure_release(pristine, work, runs, full_apply=False)
                 met = print_release(version, medians, where) and met
         elif not options.no_releases:
+            derived = derived_folder(work) if options.derived else None
             for version in options.releases or ["0.20.0", "0.20.2"]:
                 pristine = full_tree(version, work)
-                medians = measure_release(pristine, work, runs, full_apply=True)
+                medians = measure_release(
+                    pristine, work, runs, full_apply=True, derived=derived
+                )
                 met = print_release(version, medians, f"full tree, {load()}") and met
         # Before verify: its torch processes leave gigabytes for the kernel
         # to reclaim, which would slow the short runs measured after them.

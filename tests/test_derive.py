@@ -590,6 +590,96 @@ def test_a_diff_without_python_code_is_refused(tmp_path: Path, base: Path) -> No
     assert docs  # built from the same helper: a sanity check of the helper
 
 
+def format_patch_mail(number: int, total: int, diff: str) -> str:
+    """One mail of a ``git format-patch`` series, as ``--stdout`` writes it."""
+    return (
+        f"From {number:040x} Mon Sep 17 00:00:00 2001\nFrom: A <a@b>\n"
+        f"Subject: [PATCH {number}/{total}] part {number}\n\n---\n"
+        f" {PATH} | 2 +-\n\n{diff}-- \n2.40.0\n\n"
+    )
+
+
+def test_a_format_patch_series_whose_later_patch_counts_shifted_lines(
+    tmp_path: Path, base: Path
+) -> None:
+    """Patch 1 adds lines above patch 2's change: patch 2's hunk header
+    counts the lines of the file as patch 1 left it, not the base's."""
+    middle = BEFORE.replace(
+        "        self.n = n\n", "        self.n = n\n        self.m = n\n" * 3
+    )
+    after = middle.replace("return x + 1", "return x + 2")
+    series = format_patch_mail(1, 2, git_diff(PATH, BEFORE, middle))
+    series += format_patch_mail(2, 2, git_diff(PATH, middle, after))
+    result = derive_patch_from_text(series, VllmTree.open(base), "local#4")
+    assert [u.name for u in result.units] == ["Buffer.__init__", "helper"]
+    assert rewrite_text(result.patch, BEFORE, PATH) == after
+
+
+def test_form_feeds_and_unicode_line_separators_stay_inside_their_line(
+    tmp_path: Path,
+) -> None:
+    """Python ends a line only at \\n, \\r\\n or \\r; str.splitlines also
+    splits at a form feed or U+2028, which code (and git's hunk header,
+    which quotes the line above the hunk) may hold."""
+    before = 'SEP = "a\u2028b"\n\x0c\n\ndef answer():\n    return 41\n'
+    after = before.replace("41", "42")
+    root = _tree(tmp_path / "ff", {PATH: before}).root
+    diff = (  # as git writes it (difflib splits as str.splitlines does)
+        f'--- a/{PATH}\n+++ b/{PATH}\n@@ -2,4 +2,4 @@ SEP = "a\u2028b"\n'
+        " \x0c\n \n def answer():\n-    return 41\n+    return 42\n"
+    )
+    result = derive_patch_from_text(diff, VllmTree.open(root), "local#5")
+    assert [u.name for u in result.units] == ["answer"]
+    assert result.round_trip == "text"
+    assert rewrite_text(result.patch, before, PATH) == after
+
+
+def test_a_crlf_diff_and_a_file_without_final_newline(
+    tmp_path: Path, base: Path
+) -> None:
+    crlf = git_diff(PATH, BEFORE, AFTER).replace("\n", "\r\n")
+    result = derive_patch_from_text(crlf, VllmTree.open(base), "local#6")
+    assert rewrite_text(result.patch, BEFORE, PATH) == AFTER
+    before, after = "def f():\n    return 1", "def f():\n    return 2"
+    root = _tree(tmp_path / "no-newline", {PATH: before}).root
+    diff = (
+        f"--- a/{PATH}\n+++ b/{PATH}\n@@ -1,2 +1,2 @@\n def f():\n"
+        "-    return 1\n\\ No newline at end of file\n"
+        "+    return 2\n\\ No newline at end of file\n"
+    )
+    result = derive_patch_from_text(diff, VllmTree.open(root), "local#7")
+    assert rewrite_text(result.patch, before, PATH) == after
+
+
+def test_a_file_outside_the_vllm_package_is_left_out(
+    tmp_path: Path, base: Path
+) -> None:
+    setup = "def f():\n    return 1\n"
+    root = _tree(tmp_path / "outside", {PATH: BEFORE, "setup_helper.py": setup}).root
+    outside = git_diff("setup_helper.py", setup, setup.replace("1", "2"))
+    output = _refused(tmp_path, outside, root)
+    assert "setup_helper.py: outside the vllm package, left out" in output
+    both = git_diff(PATH, BEFORE, AFTER) + outside
+    result = derive_patch_from_text(both, VllmTree.open(root), "local#8")
+    assert result.patch.paths == (PATH,)
+    assert result.notes == ["setup_helper.py: outside the vllm package, left out"]
+
+
+def test_an_empty_diff_a_folder_and_a_bad_base_src_are_named(
+    tmp_path: Path, base: Path
+) -> None:
+    empty = _refused(tmp_path, "", base)
+    assert "the file is empty" in empty
+    out = tmp_path / "out"
+    code, output = run(*derive_args(tmp_path, base, out))
+    assert code == 2 and "cannot read" in output and "hint:" in output
+    diff = tmp_path / "fix.diff"
+    diff.write_text(git_diff(PATH, BEFORE, AFTER))
+    code, output = run(*derive_args(diff, tmp_path / "absent", out))
+    assert code == 2 and "--base-src" in output and "--vllm-src" not in output
+    assert not out.exists()
+
+
 def test_an_id_already_taken_is_refused(tmp_path: Path, base: Path) -> None:
     text = git_diff(PATH, BEFORE, AFTER)
     output = _refused(tmp_path, text, base, patch_id="vllm#49397")
@@ -602,6 +692,49 @@ def test_an_id_already_taken_is_refused(tmp_path: Path, base: Path) -> None:
     code, output = run(*derive_args(diff, base, out))
     assert code == 2 and "already exists" in output
     assert (out / "local-F1.toml").read_text() == before
+
+
+def test_an_id_of_a_patches_folder_or_an_entry_point_is_taken(
+    tmp_path: Path, base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The series a derived patch joins is the whole one: built-in, installed
+    packages' (entry points) and the --patches folders'."""
+    from deepstack_patch.engine import series as series_module
+
+    text = git_diff(PATH, BEFORE, AFTER)
+    folder = tmp_path / "vendor"
+    diff = tmp_path / "fix.diff"
+    diff.write_text(text)
+    assert run(*derive_args(diff, base, folder, "acme#7"))[0] == 0
+    output = _refused(tmp_path, text, base, "--patches", str(folder), patch_id="acme#7")
+    assert "--id acme#7: already taken by a patch of the series" in output
+    installed = load_derived(folder / "acme-7.toml")
+    installed.id = "pkg#1"
+    monkeypatch.setattr(series_module, "patches_from_entry_points", lambda: [installed])
+    output = _refused(tmp_path, text, base, patch_id="pkg#1")
+    assert "--id pkg#1: already taken by a patch of the series" in output
+    assert run(*derive_args(diff, base, tmp_path / "new", "acme#8"))[0] == 0
+
+
+def test_fixed_in_and_upstream_url_are_kept_in_the_data_file(
+    tmp_path: Path, base: Path
+) -> None:
+    diff = tmp_path / "fix.diff"
+    diff.write_text(git_diff(PATH, BEFORE, AFTER))
+    url = "https://git.example/acme/vllm/merge_requests/12"
+    args = ["--fixed-in", "0.31.0", "--upstream-url", url]
+    assert run(*derive_args(diff, base, tmp_path / "out"), *args)[0] == 0
+    patch = load_derived(tmp_path / "out" / "local-F1.toml")
+    assert (patch.fixed_in, patch.upstream_url) == ("0.31.0", url)
+    assert run(*derive_args(diff, base, tmp_path / "pr", "vllm#123"))[0] == 0
+    patch = load_derived(tmp_path / "pr" / "vllm-123.toml")
+    assert patch.upstream_url == "https://github.com/vllm-project/vllm/pull/123"
+    assert patch.fixed_in == ""
+    text = diff.read_text()
+    bad_url = _refused(tmp_path, text, base, "--upstream-url", "github.com/x y")
+    assert "--upstream-url 'github.com/x y': not an http(s) URL" in bad_url
+    bad_version = _refused(tmp_path, text, base, "--fixed-in", "soon")
+    assert "--fixed-in 'soon': not a version" in bad_version
 
 
 def test_an_id_with_spaces_is_refused(tmp_path: Path, base: Path) -> None:

@@ -126,7 +126,7 @@ SCHEMA_NAMES = sorted(
 )
 #: The slow runs (a backport repacks a release; watch reads several) and
 #: verify (its managed environment) are validated in their own tests below.
-ELSEWHERE = {"backport", "watch", "verify"}
+ELSEWHERE = {"backport", "watch", "verify", "derive"}
 
 
 @pytest.mark.release
@@ -158,6 +158,28 @@ def test_verify_matches_its_schema(proof_env: object, tmp_path: Path) -> None:
     assert [p["state"] for p in document["patches"] if p["id"] == "vllm#40917"] == [
         "applied"
     ]
+
+
+def test_derive_matches_its_schema(tmp_path: Path) -> None:
+    """derive on a small tree of its own (no release needed): a written
+    patch, then the same derive again, refused (the data file exists)."""
+    before = "def answer():\n    return 41\n"
+    tree = small_tree(tmp_path / "tree", "")
+    (tree / "vllm/toy.py").write_text(before)
+    diff = tmp_path / "fix.diff"
+    diff.write_text(
+        "--- a/vllm/toy.py\n+++ b/vllm/toy.py\n@@ -1,2 +1,2 @@\n"
+        " def answer():\n-    return 41\n+    return 42\n"
+    )
+    args = ["derive", "--diff", str(diff), "--base-src", str(tree)]
+    args += ["--id", "acme#5", "--out", str(tmp_path / "out")]
+    document = run_json(*args, codes=(0,))
+    assert errors("derive", document) == []
+    assert document["units"] and document["fixed_in"] == ""
+    refused = run_json(*args, codes=(2,))
+    assert "already exists" in refused["error"]["message"]
+    assert errors("error", refused) == []
+    assert errors("derive", refused)  # an error is not a derived patch
 
 
 @pytest.mark.release

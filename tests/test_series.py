@@ -962,3 +962,124 @@ def test_a_folder_patch_applies_with_the_series_on_a_release(
     applied = json.loads(out)["applied"]
     assert applied[-1] == "acme#12" and len(applied) > 1
     assert (tree / TOY_FILE).read_text().endswith("return 42\n")
+
+
+def test_a_derived_patch_without_url_or_release_says_nothing_empty(
+    tmp_path: Path, toy_tree: Path
+) -> None:
+    """A derived patch whose author named no URL, first fixed release or
+    symptom: every output leaves those out and says where the fix came from,
+    and the SBOM stays valid CycloneDX."""
+    import subprocess
+
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+    from deepstack_patch.distribution.provenance import (
+        AppliedPatch,
+        UpstreamArtefact,
+        sbom_document,
+    )
+
+    folder = tmp_path / "derived"
+    folder.mkdir()
+    (folder / "acme-5.toml").write_text(
+        DERIVED_TOML.replace('symptom = "answer() returns 41"', 'symptom = ""')
+    )
+    (patch,) = patches_from_folder(folder)
+    assert (patch.upstream_url, patch.fixed_in, patch.symptom) == ("", "", "")
+    empty = (" ()", "vLLM )", "in )", ": \n", "Bug:", "Applied-Upstream:")
+
+    def says_nothing_empty(text: str) -> None:
+        assert "derived" in text
+        assert not [words for words in empty if words in text], text
+
+    code, out, err = run("list", "--patches", str(folder))
+    assert code == 0, err
+    says_nothing_empty(out[out.index("acme#5") :])
+    assert "upstream: none named (derived from a diff against vLLM 0.20.2)" in out
+    base = ["--vllm-src", str(toy_tree), "--patches", str(folder), "--only", "acme#5"]
+    for command in (["status"], ["apply", "--check"]):
+        code, out, err = run(*command, *base)
+        assert code in (0, 1), err
+        says_nothing_empty(out)
+        assert "(derived on 0.20.2)" in out
+    code, out, err = run("export", *base, "--series", str(tmp_path / "series"))
+    assert code == 0, err
+    (mail,) = (tmp_path / "series").glob("0001-*.patch")
+    header = mail.read_text().split("\n---\n")[0]
+    says_nothing_empty(header)
+    assert "Origin: backport\n" in header and "Backport-of: acme#5" in header
+
+    def git(*words: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(toy_tree), *words],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "vLLM")
+    code, out, err = run("apply", *base, "--commit")
+    assert code == 0, err
+    message = git("log", "-1", "--format=%B")
+    says_nothing_empty(message)
+    assert message.splitlines()[:3] == [
+        "answer() returns 42",
+        "",
+        "Backport of acme#5",
+    ]
+    assert git("log", "-1", "--format=%(trailers:only)").strip() == (
+        "Backport-of: acme#5"
+    )
+
+    sbom = sbom_document(
+        release="0.20.2",
+        local_version="0.20.2+deepstack.1",
+        upstream=UpstreamArtefact("vllm-0.20.2.tar.gz", "ab" * 32, "sdist"),
+        applied=[AppliedPatch(patch, "series/0001-acme-5.patch", mail.read_bytes())],
+    )
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(sbom) is None
+    (entry,) = json.loads(sbom)["metadata"]["component"]["pedigree"]["patches"]
+    (issue,) = entry["resolves"]
+    assert "references" not in issue
+    assert issue["description"] == "(derived from a diff against vLLM 0.20.2)"
+
+
+def test_a_patch_module_with_only_the_required_metadata_runs_everywhere(
+    tmp_path: Path, toy_tree: Path
+) -> None:
+    """A vendor's patch module that names no URL, release or symptom (only
+    id, title, paths, markers and parts are required) is listed, planned and
+    exported without an empty field."""
+    folder = tmp_path / "bare"
+    module = toy_module(folder, "bare.py", "acme#12")
+    text = module.read_text()
+    for line in (
+        '    upstream_url = "https://example.com/acme/12"\n',
+        '    fixed_in = "99.0.0"\n',
+        '    symptom = "answer() returns 41"\n',
+    ):
+        assert line in text
+        text = text.replace(line, "")
+    module.write_text(text)
+    code, out, err = run("list", "--patches", str(folder))
+    assert code == 0, err
+    assert "acme#12  answer() returns 42\n  upstream: none named\n" in out
+    base = ["--vllm-src", str(toy_tree), "--patches", str(folder), "--only", "acme#12"]
+    code, out, err = run("status", *base)
+    assert code == 0, err
+    assert "answer() returns 42\n" in out and " ()" not in out
+    code, out, err = run("export", *base, "--series", str(tmp_path / "series"))
+    assert code == 0, err
+    (mail,) = (tmp_path / "series").glob("0001-*.patch")
+    header = mail.read_text().split("\n---\n")[0]
+    assert "Origin: backport\n" in header and "Bug:" not in header
+
+
+def test_every_built_in_patch_names_its_pull_request_and_release() -> None:
+    assert SERIES
+    for patch in SERIES:
+        assert patch.upstream_url.startswith("https://github.com/"), patch.id
+        assert patch.fixed_in and patch.symptom, patch.id

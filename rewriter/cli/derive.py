@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from deepstack_patch.cli.common import format_option, load_series, stdout_console
+from deepstack_patch.cli.common import (
+    format_option,
+    load_series,
+    patches_option,
+    stdout_console,
+)
 
 
 @click.command()
@@ -44,6 +49,21 @@ from deepstack_patch.cli.common import format_option, load_series, stdout_consol
 )
 @click.option("--title", default="", help="One line saying what the fix does.")
 @click.option("--symptom", default="", help="The failure a user meets without it.")
+@click.option(
+    "--fixed-in",
+    "fixed_in",
+    default="",
+    metavar="VERSION",
+    help="The first vLLM release with the fix, if there is one yet.",
+)
+@click.option(
+    "--upstream-url",
+    "upstream_url",
+    default="",
+    metavar="URL",
+    help="Where the fix comes from (default for --id vllm#N: its pull request).",
+)
+@patches_option
 @format_option
 def derive(
     diff: Path,
@@ -53,9 +73,14 @@ def derive(
     out: Path,
     title: str,
     symptom: str,
+    fixed_in: str,
+    upstream_url: str,
     output_format: str,
 ) -> None:
     """Derive a patch from an upstream diff: one data file, checked on the base.
+
+    Its id must be new to the series it joins: the built-in patches, those of
+    installed packages and those of the --patches folders.
 
     \b
     Exit codes: 0 written; 2 an error or a failed self-check (nothing written).
@@ -73,6 +98,8 @@ def derive(
         symptom=symptom,
         taken_ids=[patch.id for patch in load_series()],
         note=note,
+        upstream_url=upstream_url,
+        fixed_in=fixed_in,
     )
     if output_format == "json":
         from deepstack_patch.output.derived import derive_json

@@ -92,6 +92,34 @@ def check_patch_id(patch_id: str, taken: Sequence[str]) -> None:
         )
 
 
+def check_upstream(upstream_url: str, fixed_in: str) -> None:
+    """--upstream-url and --fixed-in go into commits, DEP-3 headers and the
+    SBOM as they are: refuse what those cannot carry."""
+    from urllib.parse import urlsplit
+
+    from packaging.version import InvalidVersion, Version
+
+    parts = urlsplit(upstream_url)
+    if upstream_url and (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or any(c.isspace() for c in upstream_url)
+    ):
+        raise DeepstackError(
+            f"--upstream-url {upstream_url!r}: not an http(s) URL",
+            "e.g. --upstream-url https://github.com/vllm-project/vllm/pull/49397",
+        )
+    if fixed_in:
+        try:
+            Version(fixed_in)
+        except InvalidVersion:
+            raise DeepstackError(
+                f"--fixed-in {fixed_in!r}: not a version",
+                "the first vLLM release with the fix, e.g. --fixed-in 0.21.0 "
+                "(leave it out while no release has it)",
+            ) from None
+
+
 def derive_patch_from_text(
     diff_text: str,
     base: VllmTree,
@@ -102,10 +130,16 @@ def derive_patch_from_text(
     diff_name: str = "diff",
     taken_ids: Sequence[str] = (),
     base_label: str = "",
+    upstream_url: str = "",
+    fixed_in: str = "",
 ) -> DeriveResult:
-    """Derive and check a patch from a diff on ``base``; nothing is written."""
+    """Derive and check a patch from a diff on ``base``; nothing is written.
+
+    ``upstream_url`` defaults to the pull request's URL for an id
+    ``vllm#N``; ``fixed_in`` (the first release with the fix) to none."""
     started = time.monotonic()
     check_patch_id(patch_id, taken_ids)
+    check_upstream(upstream_url, fixed_in)
     files = parse_diff(diff_text, diff_name)
     units, tests, results, notes = _read_changes(files, base, diff_name, base_label)
     if not units:
@@ -128,8 +162,10 @@ def derive_patch_from_text(
         paths=list(results),
         units=units,
         tests=tests,
+        upstream_url=upstream_url,
+        fixed_in=fixed_in,
     )
-    round_trip = self_check(patch, base, results, files)
+    round_trip = self_check(patch, base, results)
     return DeriveResult(
         patch=patch,
         data_file=None,
@@ -164,6 +200,10 @@ def _read_changes(
             continue
         if not path.endswith(".py"):
             notes.append(f"{path}: not Python, left out")
+            continue
+        if not path.startswith("vllm/"):
+            # setup.py, tools/, benchmarks/: no installed vLLM runs them.
+            notes.append(f"{path}: outside the vllm package, left out")
             continue
         if file_diff.new_file or file_diff.deleted:
             action = "adds" if file_diff.new_file else "deletes"
@@ -268,14 +308,15 @@ def self_check(
     patch: DerivedPatch,
     base: VllmTree,
     results: dict[str, tuple[str, str]],
-    files: Sequence[FileDiff],
 ) -> str:
     """The checks before anything is written; how the round trip compared."""
     from deepstack_patch.engine.plan import plan_tree
 
+    # The base's lines the whole diff changes, read from the base and the
+    # result: in a format-patch series a later patch's hunks count the lines
+    # of the file as the earlier patches left it, not the base's.
     hunk_lines = {
-        f.path: [(h.old_start, h.old_start + max(h.old_count, 1) - 1) for h in f.hunks]
-        for f in files
+        path: changed_lines(before, after) for path, (before, after) in results.items()
     }
     plan = plan_tree(base, [patch], rewrite=True)
     report = plan.report(patch.id)
@@ -339,6 +380,21 @@ def self_check(
     return compared
 
 
+def changed_lines(before: str, after: str, context: int = 3) -> list[tuple[int, int]]:
+    """The 1-based spans of ``before`` that differ in ``after``, each widened
+    by ``context`` lines as a unified diff's hunk is."""
+    import difflib
+
+    matcher = difflib.SequenceMatcher(
+        None, before.splitlines(), after.splitlines(), autojunk=False
+    )
+    return [
+        (max(1, first + 1 - context), max(first + 1, last) + context)
+        for tag, first, last, _, _ in matcher.get_opcodes()
+        if tag != "equal"
+    ]
+
+
 def _second_pass(patch: DerivedPatch, source: SourceFile) -> str:
     from deepstack_patch.engine.plan import rewrite_text
 
@@ -383,6 +439,8 @@ def derive(
     symptom: str = "",
     taken_ids: Sequence[str] = (),
     note: Callable[[str], None] | None = None,
+    upstream_url: str = "",
+    fixed_in: str = "",
 ) -> DeriveResult:
     """Derive a patch from the diff file ``diff`` on a release or tree, check
     it, and write its data file into ``out``."""
@@ -393,12 +451,23 @@ def derive(
             "e.g. --base 0.27.1 (the release the PR was made against)",
         )
     check_patch_id(patch_id, taken_ids)
+    check_upstream(upstream_url, fixed_in)
     target = out / data_file_name(patch_id)
     _check_out(out, target, patch_id)
     diff_text = _read_diff(diff)
+    if not diff_text.strip():
+        raise DeepstackError(
+            f"--diff {diff}: the file is empty",
+            "save the PR's diff into it first "
+            "(https://github.com/OWNER/REPO/pull/N.diff)",
+        )
     files = parse_diff(diff_text, str(diff))
     if base_src is not None:
-        base = VllmTree.open(base_src)
+        try:
+            base = VllmTree.open(base_src)
+        except DeepstackError as exc:  # worded for --vllm-src, the usual option
+            exc.message = exc.message.replace("--vllm-src", "--base-src", 1)
+            raise
         label = f"tree {base_src}"
     else:
         assert base_version is not None
@@ -413,6 +482,8 @@ def derive(
         diff_name=str(diff),
         taken_ids=taken_ids,
         base_label=label,
+        upstream_url=upstream_url,
+        fixed_in=fixed_in,
     )
     if base_version is not None:
         result.patch.base = base_version
@@ -458,7 +529,10 @@ def _read_diff(diff: Path) -> str:
             "give a unified diff as git or GitHub writes it",
         ) from None
     except OSError as exc:
-        raise DeepstackError(f"--diff {diff}: cannot read: {exc.strerror}") from None
+        raise DeepstackError(
+            f"--diff {diff}: cannot read: {exc.strerror}",
+            "give the file that holds the diff",
+        ) from None
 
 
 def _release_base(

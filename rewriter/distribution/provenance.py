@@ -34,6 +34,7 @@ from typing import Any
 from deepstack_patch import __version__
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.fetch.cache import sha256_of
+from deepstack_patch.output.upstream import origin_words
 
 SBOM_NAME = "sbom.cdx.json"
 PROVENANCE_NAME = "provenance.intoto.json"
@@ -211,13 +212,21 @@ def _cyclonedx_patch(item: AppliedPatch) -> Any:
             encoding=Encoding.BASE_64,
         )
     patch = item.patch
+    # A derived patch may name no URL or first fixed release: the SBOM then
+    # leaves the reference out (an empty URI is not a valid iri-reference).
+    where = (
+        f"first fixed upstream in vLLM {patch.fixed_in}"
+        if patch.fixed_in
+        else origin_words(patch)
+    )
+    description = " ".join(filter(None, [patch.symptom, f"({where})" if where else ""]))
     pull_request = IssueType(
         type=IssueClassification.DEFECT,
         id=patch.id,
         name=patch.title,
-        description=f"{patch.symptom} (first fixed upstream in vLLM {patch.fixed_in})",
+        description=description or None,
         source=IssueTypeSource(name="vLLM", url=XsUri(VLLM_PROJECT_URL)),
-        references=[XsUri(patch.upstream_url)],
+        references=[XsUri(patch.upstream_url)] if patch.upstream_url else None,
     )
     return Patch(
         type=PatchClassification.BACKPORT,

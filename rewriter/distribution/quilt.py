@@ -25,6 +25,7 @@ from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.output.diffs import unified_diff
+from deepstack_patch.output.upstream import origin_words
 
 #: The first line of every series file this tool writes; a folder whose
 #: series starts with it may be rewritten by a later export.
@@ -154,12 +155,16 @@ def format_patch(
     # is a digest of the diff so that different patches are told apart.
     digest = hashlib.sha1(diff.encode("utf-8", "surrogateescape")).hexdigest()
     prefix = f"[PATCH {number}/{total}]" if total > 1 else "[PATCH]"
+    origin = origin_words(patch)
     description = (
-        f"{patch.title}\n\n{patch.symptom}\n\n"
-        f"Backported to {vllm_named(tree_version)} by deepstack-patch {__version__}, "
+        f"{patch.title}\n\n"
+        + (f"{patch.symptom}\n\n" if patch.symptom else "")
+        + (f"The fix was {origin}. " if origin else "")
+        + f"Backported to {vllm_named(tree_version)} by deepstack-patch {__version__}, "
         f"which rewrites the code structurally (patch {patch.id}). "
         f"{patch.also_changes}"
     )
+    url, fixed_in = patch.upstream_url, patch.fixed_in
     header = "\n".join(
         [
             f"From {digest} Mon Sep 17 00:00:00 2001",
@@ -168,14 +173,16 @@ def format_patch(
             f"Subject: {prefix} {patch.title}",
             "",
             f"Description: {_folded(description).lstrip()}",
-            f"Origin: backport, {patch.upstream_url}",
-            f"Bug: {patch.upstream_url}",
+            # DEP-3 lets a patch omit Bug and Applied-Upstream, and Origin's
+            # URL: a derived patch may name no pull request or release.
+            f"Origin: backport, {patch.upstream_url}" if url else "Origin: backport",
+            *([f"Bug: {url}"] if url else []),
             "Forwarded: not-needed",
-            f"Applied-Upstream: {patch.fixed_in}",
+            *([f"Applied-Upstream: {fixed_in}"] if fixed_in else []),
             f"Last-Update: {date.date().isoformat()}",
             "",
             f"Backport-of: {upstream_reference(patch)}",
-            f"Upstream-release: {patch.fixed_in}",
+            *([f"Upstream-release: {fixed_in}"] if fixed_in else []),
             "---",
             _diffstat(step.edits, diff),
             "",

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.source import code_lines
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -50,7 +51,7 @@ class FileDiff:
 
 def parse_diff(text: str, name: str = "diff") -> list[FileDiff]:
     """The files of a unified diff; a DeepstackError if it is not one."""
-    lines = text.splitlines()
+    lines = [line.rstrip("\r\n") for line in code_lines(text)]
     files: list[FileDiff] = []
     current: FileDiff | None = None
     index = 0
@@ -190,7 +191,7 @@ def _read_hunk(lines: list[str], index: int, name: str) -> tuple[Hunk, int]:
 def apply_file_diff(file_diff: FileDiff, base_text: str) -> str:
     """The file after the diff: every hunk applies exactly (no fuzz; a hunk
     may sit at other lines than its header says, as git apply allows)."""
-    base = base_text.splitlines(keepends=True)
+    base = code_lines(base_text)
     plain = [line.rstrip("\r\n") for line in base]
     out: list[str] = []
     position = 0

@@ -27,6 +27,7 @@ from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.output.upstream import origin_words
 
 if TYPE_CHECKING:
     import git
@@ -187,20 +188,31 @@ def check_work_tree(
 
 
 def commit_message(patch: Patch, tree_version: str) -> str:
-    """Title, provenance, then trailers (the last paragraph, ``Key: value``)."""
-    return (
-        f"{patch.title}\n"
-        "\n"
-        f"Backport of {patch.upstream_url}\n"
-        f"first released upstream in vLLM {patch.fixed_in}, to "
-        f"{vllm_named(tree_version)}.\n"
-        f"Rewritten structurally by deepstack-patch {__version__} ({patch.id}).\n"
-        "\n"
-        f"{patch.symptom}\n"
-        "\n"
-        f"Backport-of: {upstream_reference(patch)}\n"
-        f"Upstream-release: {patch.fixed_in}\n"
-    )
+    """Title, provenance, then trailers (the last paragraph, ``Key: value``).
+
+    A field the patch lacks (a derived patch's URL or first fixed release, a
+    symptom) is left out rather than written empty.
+    """
+    if patch.upstream_url:
+        source = f"Backport of {patch.upstream_url}"
+    else:
+        source = f"Backport of {patch.id}"
+    where = [
+        f"first released upstream in vLLM {patch.fixed_in}" if patch.fixed_in else "",
+        origin_words(patch),
+    ]
+    provenance = "\n".join([source, ", ".join([*filter(None, where), "to"])])
+    trailers = [f"Backport-of: {upstream_reference(patch)}"]
+    if patch.fixed_in:
+        trailers.append(f"Upstream-release: {patch.fixed_in}")
+    paragraphs = [
+        patch.title,
+        f"{provenance} {vllm_named(tree_version)}.\n"
+        f"Rewritten structurally by deepstack-patch {__version__} ({patch.id}).",
+        patch.symptom,
+        "\n".join(trailers),
+    ]
+    return "\n\n".join(p for p in paragraphs if p) + "\n"
 
 
 def commit_steps(

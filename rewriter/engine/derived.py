@@ -77,6 +77,7 @@ class DerivedPatch(Patch):
         origin: str = "",
         base_tree: str = "",
         upstream_url: str = "",
+        fixed_in: str = "",
     ) -> None:
         self.id = id
         self.title = title
@@ -84,7 +85,8 @@ class DerivedPatch(Patch):
         self.base = base
         self.base_tree = base_tree
         self.upstream_url = upstream_url or _upstream_url(id)
-        self.fixed_in = ""
+        #: The first vLLM release with the fix, when its author named one.
+        self.fixed_in = fixed_in
         self.paths = tuple(paths)
         self.units = tuple(units)
         self.recorded_tests = tuple(tests)

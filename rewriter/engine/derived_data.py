@@ -224,6 +224,7 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
         "requires": [str(r) for r in data.get("requires", [])],
         "origin": origin,
         "upstream_url": text(data, "upstream_url", ""),
+        "fixed_in": text(data, "fixed_in", ""),
     }
 
 
@@ -237,6 +238,7 @@ def dump_derived(patch: Any) -> str:
         f"title = {_string(patch.title)}",
         f"symptom = {_string(patch.symptom)}",
         f"upstream_url = {_string(patch.upstream_url)}",
+        f"fixed_in = {_string(patch.fixed_in)}",
         f"base = {_string(patch.base)}",
         f"base_tree = {_string(patch.base_tree)}",
         "paths = [" + ", ".join(_string(p) for p in patch.paths) + "]",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from deepstack_patch.engine import derived_shapes as shapes
 from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
+from deepstack_patch.engine.source import code_lines
 
 
 @dataclass
@@ -29,8 +30,8 @@ class _Found:
 
 class _Differ:
     def __init__(self, before: str, after: str) -> None:
-        self.before_lines = before.splitlines(keepends=True)
-        self.after_lines = after.splitlines(keepends=True)
+        self.before_lines = code_lines(before)
+        self.after_lines = code_lines(after)
         self.found: list[_Found] = []
         self.memo: shapes.Memo = {}
 

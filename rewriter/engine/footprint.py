@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from deepstack_patch.engine.protocol import Patch, PatchReport
+from deepstack_patch.engine.source import code_lines
 from deepstack_patch.engine.syntax import FunctionNode, iter_classes, iter_functions
 from deepstack_patch.engine.tree import VllmTree
 
@@ -128,7 +129,7 @@ class SourceReader:
         raw = self.raw(relpath)
         if function is None or raw is None:
             return None
-        lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
+        lines = code_lines(raw.decode("utf-8", "replace"))
         first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
         text = "".join(lines[first - 1 : function.end_lineno or function.lineno])
         normalized = (

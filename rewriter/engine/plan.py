@@ -25,7 +25,7 @@ from deepstack_patch.engine.protocol import (
     PatchState,
 )
 from deepstack_patch.engine.recognition_cache import RecognitionCache
-from deepstack_patch.engine.source import SourceFile
+from deepstack_patch.engine.source import SourceFile, code_lines
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.engine.whole import refuse_partial_patches
 
@@ -508,8 +508,8 @@ def _rewrite_skeleton(
 
 def _changed_lines(before: SourceFile, after: SourceFile) -> Changes:
     """The ranges of ``before``'s lines a line diff replaces to give ``after``."""
-    old_lines = before.text.splitlines(keepends=True)
-    new_lines = after.text.splitlines(keepends=True)
+    old_lines = code_lines(before.text)
+    new_lines = code_lines(after.text)
     import difflib
 
     matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)

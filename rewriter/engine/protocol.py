@@ -162,11 +162,14 @@ class Patch:
     #: The upstream reference, e.g. ``vllm#12345``.
     id: ClassVar[str]
     title: ClassVar[str]
-    upstream_url: ClassVar[str]
+    #: Every built-in patch names its pull request and first fixed release
+    #: (tests/test_series.py holds them to it); a patch from elsewhere may
+    #: name neither, and every output then leaves them out.
+    upstream_url: ClassVar[str] = ""
     #: The first upstream release that contains the fix.
-    fixed_in: ClassVar[str]
+    fixed_in: ClassVar[str] = ""
     #: The user-visible failure: an error message, a slowdown, an accuracy drop.
-    symptom: ClassVar[str]
+    symptom: ClassVar[str] = ""
     #: Fix safety: what the rewrite may change beyond the lines it fixes.
     also_changes: ClassVar[str] = "Nothing beyond the lines shown in the examples."
     #: Patch ids that must be applied first when they are needed. A patch

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import tokenize
 import weakref
 from dataclasses import dataclass, field
@@ -130,6 +131,17 @@ class SourceFile:
 
 #: The bytes each module the engine parsed came from (see :func:`parsed_from`).
 _PARSED_FROM: weakref.WeakKeyDictionary[ast.Module, bytes] = weakref.WeakKeyDictionary()
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
+
+
+def code_lines(text: str) -> list[str]:
+    """The lines of ``text`` with their ends, as Python counts them: only
+    ``\\n``, ``\\r\\n`` and ``\\r`` end a line. (``str.splitlines`` also
+    splits at form feeds and Unicode line separators, which Python code and
+    git's hunk headers may hold inside a line.)"""
+    return _LINE.findall(text)
 
 
 def parsed_from(tree: ast.Module) -> bytes | None:

@@ -15,6 +15,8 @@ def derive_json(result: Any) -> dict[str, Any]:
         "command": "derive",
         "id": result.patch.id,
         "base": result.base_version,
+        "upstream_url": result.patch.upstream_url,
+        "fixed_in": result.patch.fixed_in,
         "data_file": str(result.data_file),
         "round_trip": result.round_trip,
         "units": [
@@ -30,10 +32,12 @@ def derive_json(result: Any) -> dict[str, Any]:
 def print_derived(console: Console, result: Any, diff: str) -> None:
     """The text report of ``derive``: what was made, checked and written."""
     from deepstack_patch.output.plain import escape
+    from deepstack_patch.output.upstream import upstream_words
 
     console.print(
         escape(f"derived {result.patch.id} from {diff} on vLLM {result.base_version}")
     )
+    console.print(escape(f"  upstream: {upstream_words(result.patch)}"))
     for unit in result.units:
         console.print(escape(f"  {unit.kind} {unit.name} ({unit.path})"))
     for test in result.tests:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.output.plain import escape, new_table
+from deepstack_patch.output.upstream import fixed_in_label, upstream_words
 
 if TYPE_CHECKING:
     from deepstack_patch.engine.plan import Plan
@@ -52,6 +53,7 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         patch = report.patch
         state = report.state
         label = f"[{STATE_STYLE[state]}]{state.value}[/]"
+        note = fixed_in_label(patch)
         if not report.selected:
             label += " [dim](skipped)[/]"
         elif report.applied_now:
@@ -59,7 +61,7 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         table.add_row(
             patch.id,
             label,
-            f"{escape(patch.title)} [dim](fixed in {patch.fixed_in})[/]",
+            escape(patch.title) + (f" [dim]({note})[/]" if note else ""),
         )
         relations = patch_relations(patch, plan.reports)
         if relations and state is not PatchState.NOT_APPLICABLE:
@@ -111,11 +113,10 @@ def print_series(console: Console, series: Sequence[Patch]) -> None:
     """``list``: each patch's metadata, in series order."""
     for patch in series:
         console.print(f"[bold]{patch.id}[/]  {patch.title}")
-        console.print(
-            f"  upstream: {patch.upstream_url} (first in vLLM {patch.fixed_in})"
-        )
+        console.print(f"  upstream: {escape(upstream_words(patch))}")
         # Escaped: prose quotes code such as `self._ds_buffers[lvl][:n]`.
-        console.print(f"  symptom:  {escape(patch.symptom)}")
+        if patch.symptom:
+            console.print(f"  symptom:  {escape(patch.symptom)}")
         console.print(f"  changes:  {escape(patch.also_changes)}")
         if patch.requires:
             console.print(f"  requires: {', '.join(patch.requires)}")
