@@ -250,7 +250,11 @@ def patch_from_file(path: str, patch_id: str, origin: str = "") -> Patch:
             if origin:
                 _set_origin(patch, origin, {"file": path})
             return patch
-    raise DeepstackError(f"{path} no longer holds the patch {patch_id}", path=path)
+    raise DeepstackError(
+        f"{path} no longer holds the patch {patch_id}",
+        "the file changed while the command ran: run the command again",
+        path=path,
+    )
 
 
 def _set_origin(patch: Patch, origin: str, source: dict[str, str]) -> None:
@@ -327,17 +331,27 @@ def resolve_loaded(loaded: object, origin: str) -> list[Patch]:
             return [_checked(loaded, origin, origin)]  # the error of a class
         case list() | tuple():
             if not loaded:
-                raise DeepstackError(f"{origin} gives no patch")
+                raise DeepstackError(
+                    f"{origin} gives no patch",
+                    "the package's entry point must name a Patch, a sequence of "
+                    "them, a callable returning them, or a folder of patch files",
+                )
             return [_checked(item, origin, origin) for item in loaded]
         case _ if callable(loaded):
             try:
                 result = loaded()
             except Exception as exc:  # noqa: BLE001 - the package's to fix
                 raise DeepstackError(
-                    f"{origin}: calling it failed: {type(exc).__name__}: {exc}"
+                    f"{origin}: calling it failed: {type(exc).__name__}: {exc}",
+                    "fix or uninstall the package that declares this "
+                    "deepstack_patch.patches entry point",
                 ) from exc
             if callable(result) and not isinstance(result, Patch):
-                raise DeepstackError(f"{origin} returned {_describe(result)}")
+                raise DeepstackError(
+                    f"{origin} returned {_describe(result)}",
+                    "the callable must return a Patch, a sequence of them, or a "
+                    "folder of patch files",
+                )
             return resolve_loaded(result, origin)
     return [_checked(loaded, origin, origin)]
 
