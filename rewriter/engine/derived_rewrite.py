@@ -24,7 +24,7 @@ from deepstack_patch.engine.derived_match import (
     occurrences,
     with_block,
 )
-from deepstack_patch.engine.plan import RewriteRefused
+from deepstack_patch.engine.errors import RewriteRefused
 
 if TYPE_CHECKING:
     from deepstack_patch.engine.derived_match import CompiledEdit

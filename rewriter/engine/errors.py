@@ -146,3 +146,7 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
+
+
+class RewriteRefused(Exception):
+    """A patch's rewrite did not produce a shape the engine can accept."""

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.errors import DeepstackError, RewriteRefused
 from deepstack_patch.engine.protocol import (
     Finding,
     Location,
@@ -25,6 +25,7 @@ from deepstack_patch.engine.protocol import (
     PatchState,
 )
 from deepstack_patch.engine.recognition_cache import RecognitionCache
+from deepstack_patch.engine.requirements import block_unmet_requirements
 from deepstack_patch.engine.source import SourceFile, code_lines
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.engine.whole import refuse_partial_patches
@@ -58,10 +59,6 @@ class Plan:
 
     def report(self, patch_id: str) -> PatchReport:
         return next(r for r in self.reports if r.patch.id == patch_id)
-
-
-class RewriteRefused(Exception):
-    """A patch's rewrite did not produce a shape the engine can accept."""
 
 
 def select_patches(
@@ -173,7 +170,7 @@ def _plan(
         if edit is not None:
             edits.append(edit)
 
-    _block_unmet_requirements(reports, selected)
+    block_unmet_requirements(reports, selected)
     refuse_partial_patches(reports)
     return Plan(tree=tree, reports=list(reports.values()), edits=edits)
 
@@ -542,66 +539,3 @@ def _as_drifted(finding: Finding, reason: str) -> Finding:
         part=finding.part,
         rewrites=finding.rewrites,
     )
-
-
-def _block_unmet_requirements(
-    reports: dict[str, PatchReport], selected: set[str]
-) -> None:
-    """A selected patch whose requirement or companion is needed but left out
-    waits for it.
-
-    It is reported ``needed`` (the tree lacks its fix) with the reason and
-    ``blocked_by``, never drifted: its target only looks unfamiliar because
-    the required fix, which it builds on, is not in the code. A companion
-    (``Patch.companions``) repairs what the fix breaks on its own: shipping
-    the fix without it would leave the tree worse than it was.
-    """
-    for report in reports.values():
-        if not report.selected or report.state not in (
-            PatchState.NEEDED,
-            PatchState.DRIFTED,
-        ):
-            continue
-        reasons = {
-            other_id: reason
-            for other_id, reason in [
-                *(
-                    (r, "requires {id}, which is not selected")
-                    for r in report.patch.requires
-                ),
-                *((c, _WITHOUT_COMPANION) for c in report.patch.companions),
-            ]
-            if (other := reports.get(other_id))
-            and other.state is PatchState.NEEDED
-            and not other.selected
-        }
-        if not reasons:
-            continue
-        missing = list(reasons)
-        reason = ", ".join(
-            text.format(id=other_id, symptom=reports[other_id].patch.symptom)
-            for other_id, text in reasons.items()
-        )
-        report.blocked_by = missing
-        report.blocked_reason = (
-            f"{reason}; drop --skip {missing[0]} or add --only {missing[0]}"
-        )
-        report.locations = [
-            Location(loc.path, _as_blocked(loc.finding, reason))
-            if loc.state is PatchState.DRIFTED
-            else loc
-            for loc in report.locations
-        ]
-
-
-#: Why a fix is refused without its companion: what the user would meet.
-_WITHOUT_COMPANION = (
-    "ships only with its companion {id}, which is needed here and not "
-    "selected; without it: {symptom}"
-)
-
-
-def _as_blocked(finding: Finding, reason: str) -> Finding:
-    import dataclasses
-
-    return dataclasses.replace(finding, state=PatchState.NEEDED, reason=reason)
