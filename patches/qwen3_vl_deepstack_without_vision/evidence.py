@@ -37,7 +37,6 @@ from deepstack_patch.proof.measure import (
 from .._deepstack_buffer import BUFFERS
 from .proof import (
     LANGUAGE_CONTEXT,
-    LEVELS,
     TOWER_CONTEXT,
     VISION,
     BufferBuilder,
@@ -46,6 +45,7 @@ from .proof import (
     _no_op_methods,
     _stand_ins,
     buffer_builders,
+    tiny_vllm_config,
 )
 
 #: The model vllm#49384 was reported on: its class is measured.
@@ -113,22 +113,8 @@ def measure(tree: Path, patch: Patch, device: str) -> dict[str, Any]:
 
 
 def _vllm_config(limits: dict[str, int], hidden: int) -> Any:
-    """The parts of a ``VllmConfig`` the ``__init__``s read, tiny, with a
-    multimodal config that answers the limits."""
-    vision = types.SimpleNamespace(
-        deepstack_visual_indexes=list(range(LEVELS)),
-        out_hidden_size=hidden,
-        hidden_size=hidden,
-    )
-    text = types.SimpleNamespace(hidden_size=hidden, rms_norm_eps=1e-6)
-    hf_config = types.SimpleNamespace(
-        vision_config=vision,
-        text_config=text,
-        audio_config=types.SimpleNamespace(d_model=hidden),
-        rms_norm_eps=1e-6,
-        architectures=["TinyDeepstackModel"],
-    )
-    hf_config.thinker_config = hf_config
+    """The proof's tiny ``VllmConfig``, with a multimodal config that answers
+    the limits without importing vLLM."""
     multimodal = types.SimpleNamespace(
         get_limit_per_prompt=lambda modality: limits.get(modality, 1),
         mm_encoder_tp_mode="weights",
@@ -136,20 +122,7 @@ def _vllm_config(limits: dict[str, int], hidden: int) -> Any:
         video_pruning_rate=None,
         is_multimodal_pruning_enabled=lambda: False,
     )
-    model_config = types.SimpleNamespace(
-        hf_config=hf_config,
-        multimodal_config=multimodal,
-        get_multimodal_config=lambda: multimodal,
-        max_model_len=BUFFER_ROWS,
-    )
-    config = types.SimpleNamespace(
-        model_config=model_config,
-        quant_config=None,
-        scheduler_config=types.SimpleNamespace(max_num_batched_tokens=BUFFER_ROWS),
-        use_v2_model_runner=False,
-    )
-    config.with_hf_config = lambda *args, **kwargs: config
-    return config
+    return tiny_vllm_config(limits, hidden, multimodal, rows=BUFFER_ROWS)
 
 
 def _tree_class(tree: Path, builder: BufferBuilder) -> type:

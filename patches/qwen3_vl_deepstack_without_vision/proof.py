@@ -240,21 +240,30 @@ def _no_op_methods(cls: type) -> Iterator[None]:
                 setattr(cls, name, value)
 
 
-def tiny_vllm_config(limits: dict[str, int]) -> Any:
+def tiny_vllm_config(
+    limits: dict[str, int],
+    hidden: int = HIDDEN,
+    multimodal: Any = None,
+    rows: int = BUFFER_ROWS,
+) -> Any:
     """The parts of a ``VllmConfig`` these ``__init__``s read, tiny.
 
-    The multimodal config is the tree's own, so ``_mark_tower_model`` asks the
-    tree's ``get_limit_per_prompt``; the rest are plain namespaces.
+    The multimodal config is the tree's own unless ``multimodal`` stands in
+    for it (the GPU evidence runs without importing vLLM), so
+    ``_mark_tower_model`` asks the tree's ``get_limit_per_prompt``; the rest
+    are plain namespaces.
     """
-    from vllm.config.multimodal import MultiModalConfig
+    if multimodal is None:
+        from vllm.config.multimodal import MultiModalConfig
 
+        multimodal = MultiModalConfig(limit_per_prompt=dict(limits))
     vision = types.SimpleNamespace(
         deepstack_visual_indexes=list(range(LEVELS)),
-        out_hidden_size=HIDDEN,
-        hidden_size=HIDDEN,
+        out_hidden_size=hidden,
+        hidden_size=hidden,
     )
-    text = types.SimpleNamespace(hidden_size=HIDDEN, rms_norm_eps=1e-6)
-    audio = types.SimpleNamespace(d_model=HIDDEN)
+    text = types.SimpleNamespace(hidden_size=hidden, rms_norm_eps=1e-6)
+    audio = types.SimpleNamespace(d_model=hidden)
     # One object serves Qwen3-VL (config.vision_config) and the Omni thinker
     # (hf_config.thinker_config.vision_config).
     hf_config = types.SimpleNamespace(
@@ -266,17 +275,16 @@ def tiny_vllm_config(limits: dict[str, int]) -> Any:
         architectures=["TinyDeepstackModel"],
     )
     hf_config.thinker_config = hf_config
-    multimodal = MultiModalConfig(limit_per_prompt=dict(limits))
     model_config = types.SimpleNamespace(
         hf_config=hf_config,
         multimodal_config=multimodal,
         get_multimodal_config=lambda: multimodal,
-        max_model_len=BUFFER_ROWS,
+        max_model_len=rows,
     )
     vllm_config = types.SimpleNamespace(
         model_config=model_config,
         quant_config=None,
-        scheduler_config=types.SimpleNamespace(max_num_batched_tokens=BUFFER_ROWS),
+        scheduler_config=types.SimpleNamespace(max_num_batched_tokens=rows),
         use_v2_model_runner=False,
     )
     vllm_config.with_hf_config = lambda *args, **kwargs: vllm_config
