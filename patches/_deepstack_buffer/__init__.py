@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deepstack_patch.engine.source import parsed_from
@@ -47,6 +48,23 @@ MODEL_PATHS = ("vllm/model_executor/models/*.py", "vllm/models/**/*.py")
 MARKERS = (GET.encode(),)
 
 NOT_PRESENT = "bug not present in this release"
+
+
+def tree_deepstack_classes(
+    tree: Path,
+) -> Iterator[tuple[Path, str, dict[str, FunctionNode]]]:
+    """``(file, class name, methods)`` of every top-level class in ``tree``'s
+    model files that defines the deepstack methods (the proofs and the GPU
+    evidence exercise these)."""
+    for pattern in MODEL_PATHS:
+        for path in sorted(tree.glob(pattern)):
+            raw = path.read_bytes()
+            if not any(marker in raw for marker in MARKERS):
+                continue
+            module = ast.parse(raw, filename=str(path))
+            for name, _cls, methods in deepstack_classes(module):
+                if "." not in name:
+                    yield path, name, methods
 
 
 def deepstack_classes(

@@ -3,13 +3,12 @@ compiled from its files, on a weight-less model whose buffers are on a device.""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Any
 
 from deepstack_patch.proof.measure import IntermediateTensors, compile_functions
 
-from . import CLEAR, GET, MARKERS, MODEL_PATHS, RESIZE, SET, deepstack_classes
+from . import CLEAR, GET, RESIZE, SET, tree_deepstack_classes
 from .proof import bare_model
 
 #: The model the bugs were reported on; its class is measured first.
@@ -24,16 +23,10 @@ def deepstack_class(tree: Path) -> tuple[str, type]:
     """
     import torch
 
-    found = []
-    for pattern in MODEL_PATHS:
-        for path in sorted(tree.glob(pattern)):
-            raw = path.read_bytes()
-            if not any(marker in raw for marker in MARKERS):
-                continue
-            module = ast.parse(raw, filename=str(path))
-            for name, _cls, methods in deepstack_classes(module):
-                if "." not in name:
-                    found.append((path.name != REPORTED_FILE, path, name, methods))
+    found = [
+        (path.name != REPORTED_FILE, path, name, methods)
+        for path, name, methods in tree_deepstack_classes(tree)
+    ]
     if not found:
         raise LookupError(f"no model class in {tree} defines {GET}")
     _, path, name, methods = min(found, key=lambda f: (f[0], str(f[1]), f[2]))

@@ -11,7 +11,7 @@ from typing import Any
 from deepstack_patch.engine.syntax import FunctionNode
 from deepstack_patch.proof import proving
 
-from . import CLEAR, GET, MARKERS, MODEL_PATHS, RESIZE, SET, deepstack_classes
+from . import CLEAR, GET, RESIZE, SET, tree_deepstack_classes
 
 
 def model_classes(tree: Path) -> list[tuple[str, type]]:
@@ -24,30 +24,19 @@ def model_classes(tree: Path) -> list[tuple[str, type]]:
     tree's ``IntermediateTensors``, so the code exercised is still the tree's.
     """
     found = []
-    for pattern in MODEL_PATHS:
-        for path in sorted(tree.glob(pattern)):
-            raw = path.read_bytes()
-            if not any(marker in raw for marker in MARKERS):
-                continue
-            module_ast = ast.parse(raw, filename=str(path))
-            top_level = [
-                (name, cls, methods)
-                for name, cls, methods in deepstack_classes(module_ast)
-                if "." not in name
-            ]
-            if not top_level:
-                continue
-            relpath = path.relative_to(tree).as_posix()
-            module_name = proving.module_name(relpath)
-            module = proving.import_from_tree(relpath)  # says so when it falls back
-            if module is None:
-                for name, _cls, methods in top_level:
-                    found.append(
-                        (f"{module_name}.{name}", _compile_methods(path, name, methods))
-                    )
-                continue
-            for name, _cls, _methods in top_level:
-                found.append((f"{module_name}.{name}", getattr(module, name)))
+    modules: dict[Path, Any] = {}
+    for path, name, methods in tree_deepstack_classes(tree):
+        relpath = path.relative_to(tree).as_posix()
+        module_name = proving.module_name(relpath)
+        if path not in modules:  # says so when it falls back
+            modules[path] = proving.import_from_tree(relpath)
+        module = modules[path]
+        if module is None:
+            found.append(
+                (f"{module_name}.{name}", _compile_methods(path, name, methods))
+            )
+        else:
+            found.append((f"{module_name}.{name}", getattr(module, name)))
     if not found:
         raise AssertionError(
             f"no model class in {tree} defines {GET}: nothing to prove"
