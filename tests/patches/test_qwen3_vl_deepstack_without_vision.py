@@ -211,6 +211,7 @@ def test_the_fix_with_its_companion_applies_both(
     alone = patched_copy("0.23.0")
     done = cli("apply", "--vllm-src", str(alone), "--only", "vllm#49397")
     assert done.returncode == 0, done.stderr
-    text = cli("status", "--vllm-src", str(root))
+    # --verbose: plain status counts the follow-ups in one line (issue 25).
+    text = cli("status", "--vllm-src", str(root), "--verbose")
     assert "vllm#43617  follow-up: vllm#44384" in text.stdout
     assert "follow-up: vllm#49397" not in text.stdout, "a companion is no follow-up"
