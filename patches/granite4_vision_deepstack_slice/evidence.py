@@ -53,18 +53,7 @@ def measure(tree: Path, patch: Patch, device: str) -> dict[str, Any]:
     )["forward"]
 
     language_model = _StandInLanguageModel(hidden, layers).to(device).eval()
-    graphs: list[int] = []
-
-    def counting_inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-        from torch._inductor.compile_fx import compile_fx
-
-        graphs.append(1)
-        return compile_fx(gm, example_inputs)
-
-    torch._dynamo.reset()
-    compiled = torch.compile(
-        types.MethodType(inner, language_model), backend=counting_inductor
-    )
+    compiled, graphs = _compiled_counting(types.MethodType(inner, language_model))
     seen: list[dict[str, int]] = []
 
     def language_model_call(**kwargs: Any) -> Any:
@@ -122,6 +111,23 @@ def measure(tree: Path, patch: Patch, device: str) -> dict[str, Any]:
             "with the rows it receives"
         ],
     )
+
+
+def _compiled_counting(function: Any) -> tuple[Any, list[int]]:
+    """``function`` compiled with Inductor, and a list that grows by one for
+    each graph Inductor compiles."""
+    import torch
+
+    graphs: list[int] = []
+
+    def counting_inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        graphs.append(1)
+        return compile_fx(gm, example_inputs)
+
+    torch._dynamo.reset()
+    return torch.compile(function, backend=counting_inductor), graphs
 
 
 def ratio(pristine: dict[str, Any], patched: dict[str, Any]) -> float | None:

@@ -44,13 +44,7 @@ from typing import TYPE_CHECKING
 
 from deepstack_patch.engine.prose import section
 from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.engine.syntax import (
-    FunctionNode,
-    is_self_attribute,
-    matches_code,
-    rewrite_definitions,
-    span,
-)
+from deepstack_patch.engine.syntax import FunctionNode, rewrite_definitions, span
 
 from .._deepstack_buffer import (
     BUFFERS,
@@ -63,12 +57,12 @@ from .._deepstack_buffer import (
     calls_self_method,
     deepstack_classes,
     has_counter,
-    is_buffer_size_test,
     is_empty_counter_return,
-    statement_ast,
     token_parameter,
 )
 from .._follow_ups import FOLLOW_UPS
+from .recognise import inline_growth, reads_other_num_tokens, setter_locals_read
+from .rewrite import rewrite_class
 
 if TYPE_CHECKING:
     import libcst
@@ -367,7 +361,7 @@ class Qwen3VLDeepstackResize(Patch):
             )
         if setter is None:
             return result(PatchState.DRIFTED, f"no {SET} in the class; {expected}")
-        growth = [s for s in setter.body if _inline_growth(s)]
+        growth = [s for s in setter.body if inline_growth(s)]
         if early:
             if len(early) > 1 or resize is not None:
                 return result(PatchState.DRIFTED, expected)
@@ -380,7 +374,7 @@ class Qwen3VLDeepstackResize(Patch):
                 )
             if token_parameter(get) is None:
                 return result(PatchState.DRIFTED, f"{GET} takes no token count")
-            strangers = _setter_locals_read(setter, growth[0])
+            strangers = setter_locals_read(setter, growth[0])
             if strangers:
                 return result(
                     PatchState.DRIFTED,
@@ -390,7 +384,7 @@ class Qwen3VLDeepstackResize(Patch):
                     f"{'it' if len(strangers) == 1 else 'them'}; expected it to "
                     "read only self, its row count and module names",
                 )
-            if _reads_other_num_tokens(growth[0]):
+            if reads_other_num_tokens(growth[0]):
                 return result(
                     PatchState.DRIFTED,
                     f"the reallocation in {SET} reads a `num_tokens` besides its "
@@ -415,187 +409,13 @@ class Qwen3VLDeepstackResize(Patch):
     ) -> libcst.Module:
         classes = {f.symbol.rsplit(".", 1)[0] for f in needed}
         return rewrite_definitions(
-            module, {name: lambda cls: _rewrite_class(cls, module) for name in classes}
+            module, {name: lambda cls: rewrite_class(cls, module) for name in classes}
         )
 
     def prove(self, tree: Path) -> None:
         from .proof import prove_zeros_while_profiling
 
         prove_zeros_while_profiling(tree)
-
-
-def _inline_growth(statement: ast.stmt) -> bool:
-    """``if <n> > self.<buffers>[0].size(0): self.<buffers> = [...]`` where the
-    new buffers keep the old ones' device and dtype."""
-    if not (
-        isinstance(statement, ast.If)
-        and not statement.orelse
-        and is_buffer_size_test(statement.test)
-        and len(statement.body) == 1
-    ):
-        return False
-    assign = statement.body[0]
-    if not (
-        isinstance(assign, ast.Assign)
-        and len(assign.targets) == 1
-        and is_self_attribute(assign.targets[0], BUFFERS)
-    ):
-        return False
-    keeps = {
-        keyword.arg
-        for call in ast.walk(assign.value)
-        if isinstance(call, ast.Call)
-        for keyword in call.keywords
-        if keyword.arg in ("device", "dtype")
-        and isinstance(keyword.value, ast.Attribute)
-        and keyword.value.attr == keyword.arg
-        and matches_code(keyword.value.value, "self.{buffers}[0]", buffers=BUFFERS)
-    }
-    return keeps == {"device", "dtype"}
-
-
-def _setter_locals_read(setter: FunctionNode, growth: ast.If) -> list[str]:
-    """Names the reallocation reads that ``_set_`` binds (its parameters and
-    locals), its row count aside: moved into ``_resize_`` they would be
-    undefined there."""
-    rows = is_buffer_size_test(growth.test)
-    value = growth.body[0]
-    own = {
-        node.id
-        for node in ast.walk(value)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
-    }
-    args = setter.args
-    bound = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs][1:]}
-    bound |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
-    bound |= {
-        node.id
-        for statement in setter.body
-        if statement is not growth
-        for node in ast.walk(statement)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
-    }
-    read = {
-        node.id
-        for node in ast.walk(value)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
-    }
-    return sorted((read - own - {rows}) & bound)
-
-
-def _reads_other_num_tokens(growth: ast.If) -> bool:
-    rows = is_buffer_size_test(growth.test)
-    return rows != "num_tokens" and any(
-        isinstance(node, ast.Name) and node.id == "num_tokens"
-        for node in ast.walk(growth.body[0])
-    )
-
-
-def _rewrite_class(cls: libcst.ClassDef, module: libcst.Module) -> libcst.ClassDef:
-    """Add ``_resize_`` after ``_get_``; route ``_get_`` and ``_set_`` to it."""
-    import libcst
-
-    methods = {
-        s.name.value: s for s in cls.body.body if isinstance(s, libcst.FunctionDef)
-    }
-    setter = methods[SET]
-    growth = next(
-        s
-        for s in setter.body.body
-        if isinstance(s, libcst.If) and _inline_growth(statement_ast(s, module))
-    )
-    rows = is_buffer_size_test(statement_ast(growth, module).test)
-    assert rows is not None
-    resize = _resize_method(growth, rows, module, spacing=setter.leading_lines)
-
-    def call(name: str) -> libcst.BaseStatement:
-        return libcst.parse_statement(
-            f"self.{RESIZE}({name})\n", config=module.config_for_parsing
-        )
-
-    body: list[libcst.BaseStatement] = []
-    for statement in cls.body.body:
-        if statement is methods[GET]:
-            body += [_grow_instead_of_none(statement, module), resize]
-            continue
-        if statement is setter:
-            new_growth = growth.with_changes(
-                body=growth.body.with_changes(body=[call(rows)])
-            )
-            statement = statement.with_deep_changes(
-                statement.body,
-                body=[new_growth if s is growth else s for s in statement.body.body],
-            )
-        body.append(statement)
-    return cls.with_changes(body=cls.body.with_changes(body=body))
-
-
-def _grow_instead_of_none(
-    get: libcst.FunctionDef, module: libcst.Module
-) -> libcst.FunctionDef:
-    import libcst
-
-    names = [p.name.value for p in get.params.params]
-    rows = names[1]
-    indent = module.default_indent
-    grow = libcst.parse_statement(
-        f"if {rows} > self.{BUFFERS}[0].size(0):\n{indent}self.{RESIZE}({rows})\n",
-        config=module.config_for_parsing,
-    )
-    body = []
-    for statement in get.body.body:
-        if isinstance(statement, libcst.If) and is_empty_counter_return(
-            statement_ast(statement, module)
-        ):
-            # Comments above the early return describe the step it guards;
-            # they stay with what replaces it.
-            statement = grow.with_changes(leading_lines=statement.leading_lines)
-        body.append(statement)
-    return get.with_deep_changes(get.body, body=body)
-
-
-def _resize_method(
-    growth: libcst.If,
-    rows: str,
-    module: libcst.Module,
-    spacing: Sequence[libcst.EmptyLine],
-) -> libcst.FunctionDef:
-    """``_resize_`` made of ``_set_``'s own reallocation."""
-    import libcst
-
-    (assign,) = growth.body.body
-
-    class RenameRows(libcst.CSTTransformer):
-        def leave_Name(
-            self, original: libcst.Name, updated: libcst.Name
-        ) -> libcst.Name:
-            if updated.value != rows:
-                return updated
-            return updated.with_changes(value="num_tokens")
-
-        # Attribute and keyword names are not the local variable.
-        def leave_Attribute(
-            self, original: libcst.Attribute, updated: libcst.Attribute
-        ) -> libcst.Attribute:
-            return updated.with_changes(attr=original.attr)
-
-        def leave_Arg(self, original: libcst.Arg, updated: libcst.Arg) -> libcst.Arg:
-            return updated.with_changes(keyword=original.keyword)
-
-    if rows != "num_tokens":
-        assign = assign.visit(RenameRows())
-    # Continuation lines inside brackets are indented relative to the block
-    # in LibCST, so the statement moves one level out as it is.
-    method = libcst.parse_statement(
-        f"def {RESIZE}(self, num_tokens: int) -> None:\n{module.default_indent}pass\n",
-        config=module.config_for_parsing,
-    )
-    assert isinstance(method, libcst.FunctionDef)
-    method = method.with_deep_changes(
-        method.body, body=[assign.with_changes(leading_lines=[])]
-    )
-    blank = [line for line in spacing if line.comment is None] or [libcst.EmptyLine()]
-    return method.with_changes(leading_lines=blank)
 
 
 PATCH = Qwen3VLDeepstackResize()

@@ -52,21 +52,27 @@ from typing import TYPE_CHECKING
 
 from deepstack_patch.engine.prose import section
 from deepstack_patch.engine.protocol import Example, Finding, Patch, PatchState
-from deepstack_patch.engine.syntax import (
-    finding,
-    is_self_attribute,
-    iter_classes,
-    rewrite_definitions,
-)
+from deepstack_patch.engine.syntax import finding, rewrite_definitions
 
 from .._deepstack_buffer import BUFFERS, MODEL_PATHS
 from .imports import GUARD, IMPORT_SYMBOL, MODELS_DIR, add_import, recognise_import
+from .recognise import (
+    TOWER,
+    attributes_read,
+    buffer_building_inits,
+    builds_buffers,
+    flag_index_before,
+    flag_skips_missing_tower,
+    is_flag_guard,
+    is_tower_block,
+    later_flag_checks,
+    self_attribute_assigned,
+)
 from .rewrite import USE, rewrite_init
 
 if TYPE_CHECKING:
     import libcst
 
-TOWER = "_mark_tower_model"
 #: Where the examples stand: beside the model utilities.
 MODEL_FILE = MODELS_DIR + "tiny_vl.py"
 
@@ -369,7 +375,7 @@ class Qwen3VLDeepstackWithoutVision(Patch):
     )
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
-        inits = _buffer_building_inits(tree)
+        inits = buffer_building_inits(tree)
         found = [_recognise_init(qualname, init) for qualname, init in inits]
         if any(f.state in (PatchState.NEEDED, PatchState.APPLIED) for f in found):
             found.append(recognise_import(tree, path, [init for _, init in inits]))
@@ -397,79 +403,6 @@ class Qwen3VLDeepstackWithoutVision(Patch):
 # --- recognise ------------------------------------------------------------
 
 
-def _buffer_building_inits(
-    tree: ast.Module,
-) -> list[tuple[str, ast.FunctionDef]]:
-    """Every ``__init__`` (by class) that assigns ``self.deepstack_input_embeds``."""
-    found = []
-    for qualname, cls in iter_classes(tree):
-        for node in cls.body:
-            match node:
-                case ast.FunctionDef(name="__init__") if _builds_buffers(node):
-                    found.append((qualname, node))
-    return found
-
-
-def _builds_buffers(node: ast.AST) -> bool:
-    return any(_assigns_buffers(statement) for statement in ast.walk(node))
-
-
-def _assigns_buffers(node: ast.AST) -> bool:
-    """``self.deepstack_input_embeds = <buffers>``; setting it to None (a model
-    that keeps its features per step, as MossAudio does) builds nothing."""
-    match node:
-        case (
-            ast.Assign(targets=[target], value=value)
-            | ast.AnnAssign(target=target, value=value)
-        ) if value is not None:
-            return is_self_attribute(target, BUFFERS) and not (
-                isinstance(value, ast.Constant) and value.value is None
-            )
-    return False
-
-
-def _is_tower_block(node: ast.AST) -> bool:
-    """``with self._mark_tower_model(...):`` with nothing else in the header."""
-    match node:
-        case ast.With(items=[ast.withitem(context_expr=ast.Call(func=func))]):
-            return is_self_attribute(func, TOWER)
-    return False
-
-
-def _self_attribute_assigned(statement: ast.stmt) -> str | None:
-    match statement:
-        case ast.Assign(targets=[ast.Attribute(value=ast.Name("self"), attr=name)]):
-            return name
-        case ast.AnnAssign(target=ast.Attribute(value=ast.Name("self"), attr=name)):
-            return name
-    return None
-
-
-def _is_flag_guard(node: ast.AST) -> bool:
-    """``if self.use_deepstack:`` with no ``else``."""
-    match node:
-        case ast.If(test=test, orelse=[]):
-            return is_self_attribute(test, USE)
-    return False
-
-
-def _skips_for_missing(value: ast.AST, tower: str | None = None) -> bool:
-    """``not isinstance(self.<tower>, StageMissingLayer)`` somewhere in ``value``."""
-    for node in ast.walk(value):
-        match node:
-            case ast.UnaryOp(
-                op=ast.Not(),
-                operand=ast.Call(
-                    func=ast.Name("isinstance"),
-                    args=[ast.Attribute(value=ast.Name("self"), attr=attr), guard],
-                ),
-            ) if tower in (None, attr):
-                match guard:
-                    case ast.Name(id=name) | ast.Attribute(attr=name) if name == GUARD:
-                        return True
-    return False
-
-
 def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
     symbol = f"{qualname}.__init__"
     expected = (
@@ -483,15 +416,15 @@ def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
         rewrites = () if state is PatchState.NOT_APPLICABLE else None
         return finding(state, symbol, init, reason, rewrites=rewrites, details=details)
 
-    towers = [node for node in ast.walk(init) if _is_tower_block(node)]
+    towers = [node for node in ast.walk(init) if is_tower_block(node)]
     if not towers:
         return result(
             PatchState.NOT_APPLICABLE,
             f"no `self.{TOWER}(...)` block: a limit of 0 skips no tower here",
         )
-    holding = [tower for tower in towers if _builds_buffers(tower)]
+    holding = [tower for tower in towers if builds_buffers(tower)]
     if not holding:
-        if _flag_skips_missing_tower(init):
+        if flag_skips_missing_tower(init):
             return result(PatchState.APPLIED)
         return result(
             PatchState.DRIFTED,
@@ -504,10 +437,10 @@ def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
             PatchState.DRIFTED, f"tower block nested in other code; {expected}"
         )
     block_index = init.body.index(block)
-    buffer = [i for i, s in enumerate(block.body) if _builds_buffers(s)]
+    buffer = [i for i, s in enumerate(block.body) if builds_buffers(s)]
     others = [s for i, s in enumerate(block.body) if i not in buffer]
-    towers_built = [_self_attribute_assigned(s) for s in others]
-    if len(buffer) != 1 or not _is_flag_guard(block.body[buffer[0]]):
+    towers_built = [self_attribute_assigned(s) for s in others]
+    if len(buffer) != 1 or not is_flag_guard(block.body[buffer[0]]):
         return result(
             PatchState.DRIFTED,
             f"the buffers in the tower block (line {block.lineno}) are not built "
@@ -520,33 +453,15 @@ def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
             f"module `self.<tower> = ...`: which module {GUARD} replaces is "
             f"unclear; {expected}",
         )
-    flag_index = next(
-        (
-            i
-            for i, s in enumerate(init.body[:block_index])
-            if _self_attribute_assigned(s) == USE
-        ),
-        None,
-    )
-    if flag_index is None or not all(
-        _self_attribute_assigned(s) for s in init.body[flag_index:block_index]
-    ):
+    flag_index = flag_index_before(init, block_index)
+    if flag_index is None:
         return result(
             PatchState.DRIFTED,
             f"`self.{USE} = ...` is not followed by assignments to self only up "
             f"to the tower block (line {block.lineno}); {expected}",
         )
-    moved = {_self_attribute_assigned(s) for s in init.body[flag_index:block_index]}
-    read_early = sorted(
-        {
-            node.attr
-            for statement in [*block.items, *others]
-            for node in ast.walk(statement)
-            if isinstance(node, ast.Attribute)
-            and node.attr in moved
-            and is_self_attribute(node, node.attr)
-        }
-    )
+    moved = {self_attribute_assigned(s) for s in init.body[flag_index:block_index]}
+    read_early = attributes_read(moved, [*block.items, *others])
     if read_early:
         return result(
             PatchState.DRIFTED,
@@ -557,38 +472,12 @@ def _recognise_init(qualname: str, init: ast.FunctionDef) -> Finding:
         )
     return result(
         PatchState.NEEDED,
-        later_checks=_later_flag_checks(init, block_index),
+        later_checks=later_flag_checks(init, block_index),
         tower=towers_built[0],
         column=init.body[flag_index].col_offset,
         flag_index=flag_index,
         block_index=block_index,
         buffer_index=buffer[0],
-    )
-
-
-def _flag_skips_missing_tower(init: ast.FunctionDef) -> bool:
-    """``self.use_deepstack = ... not isinstance(self.<tower>, StageMissingLayer)``."""
-    return any(
-        _skips_for_missing(node.value)
-        for node in ast.walk(init)
-        if isinstance(node, ast.Assign) and _self_attribute_assigned(node) == USE
-    )
-
-
-def _later_flag_checks(init: ast.FunctionDef, block_index: int) -> tuple[int, ...]:
-    """The ``if`` statements after the tower block that read the flag.
-
-    Such a check (CohereCompass asserts the pipeline split with `if not first
-    rank and self.use_deepstack`) means "the model has deepstack": with the
-    tower skipped on a later pipeline stage it would read false and check
-    nothing, so the rewrite keeps the flag's old condition there.
-    """
-    return tuple(
-        i
-        for i, statement in enumerate(init.body)
-        if i > block_index
-        and isinstance(statement, ast.If)
-        and any(is_self_attribute(n, USE) for n in ast.walk(statement.test))
     )
 
 
