@@ -103,14 +103,14 @@ def _own_scope(function: ast.AST) -> Iterator[ast.AST]:
 
 
 def names_in(node: ast.AST) -> set[str]:
-    """Every identifier the code spells: names, parameters, imports, and the
-    words of attributes and keywords (a name must never collide with any)."""
+    """Every variable the code names: names, parameters, imports, definitions
+    (not attributes or keywords: ``x.n`` and ``f(n=...)`` are no variable)."""
     found: set[str] = set()
     for child in ast.walk(node):
         match child:
-            case ast.Name(id=name) | ast.arg(arg=name) | ast.Attribute(attr=name):
-                found.add(name)
-            case ast.keyword(arg=str() as name) | ast.alias(asname=str() as name):
+            case (
+                ast.Name(id=name) | ast.arg(arg=name) | ast.alias(asname=str() as name)
+            ):
                 found.add(name)
             case ast.alias(name=name):
                 found.add(name.split(".")[0])
@@ -119,6 +119,8 @@ def names_in(node: ast.AST) -> set[str]:
             case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
                 found.add(name)
             case ast.ClassDef(name=name) | ast.ExceptHandler(name=str() as name):
+                found.add(name)
+            case ast.MatchAs(name=str() as name) | ast.MatchStar(name=str() as name):
                 found.add(name)
     return found
 
