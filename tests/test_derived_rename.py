@@ -137,3 +137,22 @@ def test_a_name_the_fix_introduces_that_the_target_has_drifts() -> None:
     assert state is PatchState.DRIFTED
     assert "introduces `n`" in reason
     assert rewrite_text(patch(), target, PATH) == target
+
+
+def test_a_local_the_fix_reads_that_the_target_renamed_unseen_drifts() -> None:
+    # `count` is in no statement the fix must find: its new name is unknown.
+    before = BEFORE.replace("    total = 0\n", "    total = 0\n    count = 0\n")
+    after = before.replace("result = total / len(values)", "result = total / count")
+    unit_patch = DerivedPatch(
+        id="local#9",
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=[PATH],
+        units=units_of_change(PATH, before, after),
+    )
+    target = before.replace("total", "acc").replace("count", "cnt")
+    findings = unit_patch.recognise(ast.parse(target), PATH)
+    assert [f.state for f in findings] == [PatchState.DRIFTED]
+    assert "uses the local `count`" in findings[0].reason
+    assert rewrite_text(unit_patch, target, PATH) == target
