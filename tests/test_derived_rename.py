@@ -114,13 +114,43 @@ def test_renaming_onto_a_parameter_or_a_global_drifts() -> None:
         assert rewrite_text(patch(), target, PATH) == target
 
 
-def test_a_local_used_in_a_nested_scope_is_not_renamed() -> None:
+def test_a_local_a_nested_scope_reads_is_renamed_there_too() -> None:
     target = BEFORE.replace("total", "acc").replace(
         "    return result\n", "    return result, (lambda: acc)\n"
     )
-    state, _ = state_of(target)
-    assert state is PatchState.DRIFTED
+    assert state_of(target) == (PatchState.NEEDED, "")
+    fixed = rewrite_text(patch(), target, PATH)
+    assert "    result = acc / n if n else 0.0\n" in fixed
+    assert state_of(fixed) == (PatchState.APPLIED, "")
+
+
+def test_a_name_a_nested_scope_binds_again_is_not_renamed() -> None:
+    target = BEFORE.replace("total", "acc").replace(
+        "    return result\n", "    return result, (lambda acc: acc)\n"
+    )
+    assert state_of(target)[0] is PatchState.DRIFTED  # a parameter in it
     assert rewrite_text(patch(), target, PATH) == target
+    # Only ever a comprehension's variable: renamed, in it alone.
+    before = BEFORE.replace(
+        "    return result\n", "    return result, [v * 2 for v in values]\n"
+    )
+    after = AFTER.replace(
+        "    return result\n", "    return result, [v * 3 for v in values]\n"
+    )
+    unit_patch = DerivedPatch(
+        id="local#10",
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=[PATH],
+        units=units_of_change(PATH, before, after),
+    )
+    target = before.replace("[v * 2 for v in", "[w * 2 for w in")
+    (finding,) = unit_patch.recognise(ast.parse(target), PATH)
+    assert finding.state is PatchState.NEEDED
+    fixed = rewrite_text(unit_patch, target, PATH)
+    assert "[w * 3 for w in values]" in fixed
+    assert rewrite_text(unit_patch, fixed, PATH) == fixed
 
 
 def test_a_name_the_fix_introduces_that_the_target_has_drifts() -> None:

@@ -66,29 +66,62 @@ def function_of(tree: ast.Module, compiled: CompiledEdit) -> ast.AST | None:
 
 
 def local_names(function: ast.AST) -> set[str]:
-    """The names bound in the function's own scope and used nowhere else:
-    no parameter, no ``global``/``nonlocal``, no import, no ``except ... as``,
-    nothing a nested scope (def, lambda, class, comprehension) names."""
-    bound: set[str] = set()
+    """The names every use of which in the function is one of its own
+    variables, so that renaming all of them changes nothing: bound in its own
+    scope, or only ever used inside the comprehensions that bind them. Never
+    a parameter (its own or a nested one's), a ``global``/``nonlocal``, an
+    import, an ``except ... as``, a ``:=`` target, a pattern capture, a
+    nested definition's name, or a name a nested class uses."""
     excluded: set[str] = set()
-    arguments = getattr(function, "args", None)
-    if arguments is not None:
-        excluded |= {a.arg for a in ast.walk(arguments) if isinstance(a, ast.arg)}
-    for node in _own_scope(function):
+    comprehension_bound: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(function):
         match node:
-            case ast.Name(id=name, ctx=ast.Store()):
-                bound.add(name)
+            case ast.arg(arg=name) | ast.ExceptHandler(name=str() as name):
+                excluded.add(name)
             case ast.Global(names=names) | ast.Nonlocal(names=names):
                 excluded.update(names)
             case ast.Import(names=aliases) | ast.ImportFrom(names=aliases):
                 excluded.update((a.asname or a.name).split(".")[0] for a in aliases)
-            case ast.ExceptHandler(name=str() as name):
-                excluded.add(name)
             case ast.NamedExpr(target=ast.Name(id=name)):
                 excluded.add(name)
-            case _ if isinstance(node, NESTED_SCOPES):
+            case ast.MatchAs(name=str() as name) | ast.MatchStar(name=str() as name):
+                excluded.add(name)
+            case ast.ClassDef():
                 excluded |= names_in(node)
-    return bound - excluded
+            case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+                excluded.add(name)
+            case ast.ListComp() | ast.SetComp() | ast.DictComp() | ast.GeneratorExp():
+                for generator in node.generators:
+                    for target in ast.walk(generator.target):
+                        if isinstance(target, ast.Name):
+                            comprehension_bound.setdefault(target.id, []).append(node)
+    own = {
+        node.id
+        for node in _own_scope(function)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+    }
+    inner = {
+        name
+        for name, comprehensions in comprehension_bound.items()
+        if name not in own and _only_inside(function, name, comprehensions)
+    }
+    return (own | inner) - excluded
+
+
+def _only_inside(function: ast.AST, name: str, comprehensions: list[ast.AST]) -> bool:
+    """Whether every use of ``name`` is inside a comprehension binding it
+    (its first iterable is evaluated outside it: not inside)."""
+
+    def uses(node: ast.AST) -> set[int]:
+        return {
+            id(n) for n in ast.walk(node) if isinstance(n, ast.Name) and n.id == name
+        }
+
+    covered: set[int] = set()
+    for comprehension in comprehensions:
+        first = comprehension.generators[0].iter  # type: ignore[attr-defined]
+        covered |= uses(comprehension) - uses(first)
+    return uses(function) <= covered
 
 
 def _own_scope(function: ast.AST) -> Iterator[ast.AST]:
