@@ -49,7 +49,7 @@ def function_of(tree: ast.Module, compiled: CompiledEdit) -> ast.AST | None:
     for identity, field_name, _ in compiled.steps:
         found = [node for node in block if shapes.identity(node) == identity]
         if len(found) != 1:
-            return function if identity.startswith(("def ", "class ")) else None
+            return None if identity.startswith(("def ", "class ")) else function
         node = found[0]
         match node:
             case ast.FunctionDef() | ast.AsyncFunctionDef():
