@@ -186,3 +186,30 @@ def test_a_local_the_fix_reads_that_the_target_renamed_unseen_drifts() -> None:
     assert [f.state for f in findings] == [PatchState.DRIFTED]
     assert "uses the local `count`" in findings[0].reason
     assert rewrite_text(unit_patch, target, PATH) == target
+
+
+def test_a_renamed_local_in_a_block_header_on_the_way_is_followed() -> None:
+    before = BEFORE.replace(
+        "    result = total / len(values)\n",
+        "    result = 0.0\n"
+        "    if total > LIMIT:\n"
+        "        result = total / len(values)\n",
+    )
+    after = before.replace(
+        "        result = total / len(values)\n",
+        "        result = total / max(len(values), 1)\n",
+    )
+    unit_patch = DerivedPatch(
+        id="local#11",
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=[PATH],
+        units=units_of_change(PATH, before, after),
+    )
+    target = before.replace("total", "acc")
+    (finding,) = unit_patch.recognise(ast.parse(target), PATH)
+    assert (finding.state, finding.reason) == (PatchState.NEEDED, "")
+    fixed = rewrite_text(unit_patch, target, PATH)
+    assert fixed == after.replace("total", "acc")
+    assert rewrite_text(unit_patch, fixed, PATH) == fixed
