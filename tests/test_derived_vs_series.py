@@ -32,16 +32,22 @@ Cells are counted as the drift corpus counts them: one per release, and one
 per release and drift kind; a ``rename`` cell holds one case per renamed
 local and is ``same`` only if every case is.
 
+In the ``rename`` corpus a function written by both sides may differ by a
+renaming of its locals alone (as ``test_drift`` judges a rename): where a
+fix moves the vendor's renamed code into a new helper, the hand-written
+patch keeps the vendor's name there and the derived one upstream's.
+
 What the tests hold: no ``different`` anywhere; on every release where the
 derived patch writes the hand-written code, it does so on every
 code-preserving drift of that release too (formatting, comments, a vendor's
 change: what the drift corpus asks of the hand-written patches) and on at
-least 80% of that release's cells. Issue 26 asks for 80% of all the cells
-where the hand-written patch writes; the derived patches do not reach it
-(vllm#49397's hand-written patch also fixes releases and classes its
-upstream diff never saw): ``python tests/test_derived_vs_series.py`` prints
-that share per fix, the table, and the refused cases one by one
-(docs/derived-vs-series.md).
+least 80% of that release's cells; and issue 26's measure, over the five
+fixes together: the hand-written code on at least 80% of all the cells
+where the hand-written patch writes (a derived patch follows a vendor's
+renamed locals, ``engine/derived_rename.py``; vllm#49397 alone stays below,
+its hand-written patch also fixing releases and a class its upstream diff
+never saw). ``python tests/test_derived_vs_series.py`` prints that share per
+fix, the table, and the refused cases one by one (docs/derived-vs-series.md).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from pathlib import Path
 import pytest
 from deepstack_patch.engine.plan import Plan, plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.engine.syntax import iter_functions
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES, patch_by_id
 from deepstack_patch.proof import envs
@@ -68,6 +75,7 @@ from tests.support.upstream import FIXES, restricted_tree, upstream_diff
 from tests.test_drift import (
     KINDS,
     MUST_APPLY,
+    canonical,
     drift_function,
     functions_at,
     light_copy,
@@ -177,14 +185,42 @@ def cells_of(cases: list[Case]) -> list[Cell]:
     return [Cell(*key, tuple(group)) for key, group in grouped.items()]
 
 
-def same_code(hand: dict[str, bytes], derived: dict[str, bytes]) -> str:
-    """Empty if both write the same files with the same AST, else what differs."""
+def same_code(
+    hand: dict[str, bytes], derived: dict[str, bytes], up_to_locals: bool = False
+) -> str:
+    """Empty if both write the same files with the same AST, else what differs.
+
+    With ``up_to_locals`` (the ``rename`` corpus) a function may differ from
+    the other side's by a renaming of its locals alone, as ``test_drift``
+    judges a rename: where the fix moves the vendor's renamed code into a
+    new helper, the hand-written patch keeps the vendor's name there and the
+    derived one writes upstream's.
+    """
     if set(hand) != set(derived):
         return f"files differ: {sorted(hand)} != {sorted(derived)}"
     for relpath in hand:
-        if ast.dump(ast.parse(hand[relpath])) != ast.dump(ast.parse(derived[relpath])):
+        want, got = ast.parse(hand[relpath]), ast.parse(derived[relpath])
+        if ast.dump(want) == ast.dump(got):
+            continue
+        if not (up_to_locals and same_up_to_locals(want, got)):
             return f"{relpath}: the written AST differs"
     return ""
+
+
+def same_up_to_locals(want: ast.Module, got: ast.Module) -> bool:
+    """Every function the same up to renaming its locals (``canonical``),
+    and everything outside the functions the same."""
+    want_functions = dict(iter_functions(want))
+    got_functions = dict(iter_functions(got))
+    if set(want_functions) != set(got_functions) or any(
+        canonical(function) != canonical(got_functions[name])
+        for name, function in want_functions.items()
+    ):
+        return False
+    for tree in (want, got):
+        for _, function in iter_functions(tree):
+            function.body = [ast.Pass()]
+    return ast.dump(want) == ast.dump(got)
 
 
 def state_class(state: PatchState) -> str:
@@ -195,12 +231,15 @@ def state_class(state: PatchState) -> str:
     }.get(state, "nothing to do")
 
 
-def verdict(hand: Side, derived: Side, paths: Sequence[str]) -> tuple[str, str]:
-    """The cell's verdict; ``paths`` are the files the derived patch reads."""
+def verdict(
+    hand: Side, derived: Side, paths: Sequence[str], up_to_locals: bool = False
+) -> tuple[str, str]:
+    """The cell's verdict; ``paths`` are the files the derived patch reads;
+    ``up_to_locals`` for the ``rename`` corpus (see ``same_code``)."""
     if derived.writes:
         if not hand.writes:
             return "different", f"derived writes where hand-written is {hand.state}"
-        differs = same_code(hand.writes, derived.writes)
+        differs = same_code(hand.writes, derived.writes, up_to_locals)
         return ("different", differs) if differs else ("same", "")
     if hand.writes:
         if derived.state is PatchState.APPLIED and hand.fixes & set(paths):
@@ -222,7 +261,7 @@ def compare(
 ) -> Case:
     hand = hand_side(root, fix_id)
     other = derived_side(root, fix_id, derived)
-    result, detail = verdict(hand, other, derived.paths)
+    result, detail = verdict(hand, other, derived.paths, corpus == "rename")
     return Case(
         fix_id,
         corpus,
@@ -325,6 +364,13 @@ def test_verdicts_tell_same_refused_and_different() -> None:
     assert judge(nothing, Side(applied, {}, "")) == "same"
     assert judge(nothing, Side(drifted, {}, "why")) == "refused"
     assert judge(nothing, Side(needed, {"m.py": b"x = 1\n"}, "")) == "different"
+    # A function's locals renamed: the same code for the rename corpus only.
+    f_hand = Side(needed, {"m.py": b"def f(a):\n    t = a\n    return t\n"}, "")
+    f_derived = Side(needed, {"m.py": b"def f(a):\n    u = a\n    return u\n"}, "")
+    assert verdict(f_hand, f_derived, ("m.py",))[0] == "different"
+    assert verdict(f_hand, f_derived, ("m.py",), up_to_locals=True)[0] == "same"
+    f_other = Side(needed, {"m.py": b"def f(a):\n    u = a\n    return a\n"}, "")
+    assert verdict(f_hand, f_other, ("m.py",), up_to_locals=True)[0] == "different"
 
     def case(verdict: str) -> Case:
         return Case("f", "rename", "1.0", "g:x", verdict, needed, needed, True)
@@ -410,6 +456,22 @@ def test_derived_is_the_series_code_or_refuses(
     correct = sum(c.verdict == "same" for c in cells)
     assert correct >= CORRECT_SHARE * len(cells), (
         f"{fix_id}: the hand-written code on {correct} of {len(cells)} cells"
+    )
+
+
+@pytest.mark.release
+def test_derived_writes_the_series_code_on_80_percent_of_its_cells(
+    comparison: Callable[[str], list[Case]],
+) -> None:
+    """Issue 26's measure: over the five fixes together, the derived patches
+    write the hand-written code on at least 80% of all the cells where the
+    hand-written patch writes (every release and drift kind counted)."""
+    shares = [correct_share(comparison(fix_id)) for fix_id in FIXES]
+    correct = sum(got for got, _ in shares)
+    writes = sum(total for _, total in shares)
+    assert writes, "no cell where the series writes was compared"
+    assert correct >= CORRECT_SHARE * writes, (
+        f"the hand-written code on {correct} of {writes} cells: {shares}"
     )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deepstack_patch.engine import derived_rename as rename
 from deepstack_patch.engine import derived_shapes as shapes
 from deepstack_patch.engine.derived_data import (
     BROKEN_HINT,
@@ -43,10 +44,11 @@ from deepstack_patch.engine.derived_match import (
     CompiledEdit,
     ShapeCache,
     bound_name,
+    code_uses,
     import_aliases,
+    name_uses,
     occurrences,
     one_statement,
-    with_block,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
@@ -119,14 +121,14 @@ class DerivedPatch(Patch):
         states: dict[str, _UnitState | None] = {}
         for unit in sorted(units, key=lambda unit: unit.kind == "import"):
             state = self._recognise_unit(unit, tree, shapes_of, uses_after_fix)
+            if state is not None and state.state is PatchState.DRIFTED:
+                state = self._renamed(unit, tree, state, uses_after_fix)
             states[unit.part] = state
             if unit.kind != "import" and state and state.state is PatchState.NEEDED:
                 uses_after_fix = uses_after_fix or Counter()
                 for edit in unit.edits:
-                    uses_after_fix.subtract(
-                        _code_uses(edit.removed, edit.header_before)
-                    )
-                    uses_after_fix.update(_code_uses(edit.inserted, edit.header_after))
+                    uses_after_fix.subtract(code_uses(edit.removed, edit.header_before))
+                    uses_after_fix.update(code_uses(edit.inserted, edit.header_after))
         found = [(unit, states[unit.part]) for unit in units]
         absent = [unit for unit, state in found if state is None]
         findings = []
@@ -203,6 +205,30 @@ class DerivedPatch(Patch):
         )
         return _UnitState(PatchState.DRIFTED, (first, last), reason)
 
+    def _renamed(
+        self, unit: Unit, tree: ast.Module, state: _UnitState, uses: Counter[str] | None
+    ) -> _UnitState:
+        """The unit recognised up to a consistent renaming of its function's
+        locals (:mod:`.derived_rename`); ``state`` where there is none."""
+        edits = [self._compile(edit) for edit in unit.edits if edit.kind == "body"]
+        target = rename.function_of(tree, edits[0]) if edits else None
+        if target is None or unit.kind not in ("function", "method"):
+            return state
+        recorded = one_statement(unit.before)
+        renaming = rename.renaming_of(edits, recorded, target)
+        if not renaming or isinstance(renaming, str):
+            reason = "; ".join(filter(None, [state.reason, renaming or ""]))
+            return _UnitState(state.state, state.span, reason, state.details)
+        renamed_back = rename.renamed_back(tree, target, renaming)
+        found = self._recognise_unit(unit, renamed_back, ShapeCache(), uses)
+        if found is None or found.state is PatchState.DRIFTED:
+            return state
+        why = rename.collision(edits, recorded, target, renaming)
+        if found.state is PatchState.NEEDED and why:
+            return _UnitState(PatchState.DRIFTED, found.span, why)
+        found.details["renaming"] = renaming
+        return found
+
     @property
     def data_fingerprint(self) -> bytes:
         """A digest of the data (the recognition cache keys on it)."""
@@ -232,6 +258,7 @@ class DerivedPatch(Patch):
                     module,
                     self._compile(edit),
                     finding.details.get(str(index), {}),
+                    finding.details.get("renaming", {}),
                 )
         return module
 
@@ -501,7 +528,7 @@ def _recognise_imports(
     missing = [alias for alias in wanted if alias not in present]
     unused = []
     if dropped and uses_after_fix is not None:
-        used = _name_uses([tree])
+        used = name_uses([tree])
         used.update(uses_after_fix)  # update adds negative counts too
         unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
     leading = _leading_imports(tree)
@@ -536,30 +563,6 @@ def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)
     return found
-
-
-def _name_uses(nodes: Sequence[ast.AST]) -> Counter[str]:
-    """How often each name is read, and each word of every string
-    (``__all__`` and string annotations name what they export or use)."""
-    found: Counter[str] = Counter()
-    for root in nodes:
-        for node in ast.walk(root):
-            match node:
-                case ast.Name(id=name):
-                    found[name] += 1
-                case ast.Global(names=names) | ast.Nonlocal(names=names):
-                    found.update(names)
-                case ast.Constant(value=str() as text):
-                    found.update(text.replace(".", " ").replace("[", " ").split())
-    return found
-
-
-def _code_uses(code: str, header: str) -> Counter[str]:
-    """The name uses of an edit's recorded statements and header."""
-    nodes: list[ast.AST] = list(shapes.parse_statements(code))
-    if header:
-        nodes.append(one_statement(with_block(header)))
-    return _name_uses(nodes)
 
 
 def load_derived(path: Path) -> DerivedPatch:

@@ -6,6 +6,7 @@ rewrite (:mod:`.derived_rewrite`) match with the same code."""
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -187,3 +188,27 @@ def bound_name(alias: tuple[str, str, int, str, str]) -> str:
     if asname:
         return asname
     return name.split(".")[0] if kind == "import" else name
+
+
+def name_uses(nodes: Sequence[ast.AST]) -> Counter[str]:
+    """How often each name is read, and each word of every string
+    (``__all__`` and string annotations name what they export or use)."""
+    found: Counter[str] = Counter()
+    for root in nodes:
+        for node in ast.walk(root):
+            match node:
+                case ast.Name(id=name):
+                    found[name] += 1
+                case ast.Global(names=names) | ast.Nonlocal(names=names):
+                    found.update(names)
+                case ast.Constant(value=str() as text):
+                    found.update(text.replace(".", " ").replace("[", " ").split())
+    return found
+
+
+def code_uses(code: str, header: str) -> Counter[str]:
+    """The name uses of an edit's recorded statements and header."""
+    nodes: list[ast.AST] = list(shapes.parse_statements(code))
+    if header:
+        nodes.append(one_statement(with_block(header)))
+    return name_uses(nodes)

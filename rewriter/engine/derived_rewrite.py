@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import libcst as cst
+from deepstack_patch.engine import derived_rename as rename
 from deepstack_patch.engine import derived_shapes as shapes
 from deepstack_patch.engine.derived_match import (
     ShapeCache,
@@ -33,10 +34,16 @@ Statements = list[cst.BaseStatement]
 
 
 def apply_edit(
-    module: cst.Module, compiled: CompiledEdit, details: Mapping[str, Any]
+    module: cst.Module,
+    compiled: CompiledEdit,
+    details: Mapping[str, Any],
+    renaming: Mapping[str, str] | None = None,
 ) -> cst.Module:
-    """``module`` with one edit made (see :class:`~.derived.Edit`)."""
-    rewriter = _Rewriter(module)
+    """``module`` with one edit made (see :class:`~.derived.Edit`); with a
+    ``renaming`` (the fix's local -> the target's, see :mod:`.derived_rename`)
+    the function's statements are matched under it and the inserted ones
+    written under it."""
+    rewriter = _Rewriter(module, renaming or {})
     edit = compiled.edit
     if edit.kind == "imports":
         return rewriter.imports(compiled, details)
@@ -58,8 +65,11 @@ def apply_edit(
 
 
 class _Rewriter:
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, renaming: Mapping[str, str]) -> None:
         self.module = module
+        self.renaming = dict(renaming)
+        #: Inside the function: its statements are read under the renaming.
+        self.inside_function = False
         self.shapes = ShapeCache()
         self._parsed: dict[int, list[ast.stmt]] = {}
         self._keep: list[cst.CSTNode] = []
@@ -71,6 +81,10 @@ class _Rewriter:
             self._keep.append(statement)
             code = textwrap.dedent(self.module.code_for_node(statement))
             self._parsed[key] = ast.parse(code).body
+            if self.inside_function and self.renaming:
+                back = {new: old for old, new in self.renaming.items()}
+                for node in self._parsed[key]:
+                    rename.Rename(back).visit(node)
         return self._parsed[key]
 
     def identity(self, statement: cst.BaseStatement) -> str | None:
@@ -95,6 +109,8 @@ class _Rewriter:
         identity, field_name, code = steps[0]
         index = self._one(statements, identity, code)
         node = statements[index]
+        if identity.startswith("def "):
+            self.inside_function = True
         changed = _with_inner(
             node, field_name, lambda inner: self.walk(inner, steps[1:], action)
         )
@@ -149,7 +165,9 @@ class _Rewriter:
                 )
         first = entries[start][0] if start < len(entries) else len(statements)
         last = entries[end][0] if end < len(entries) else len(statements)
-        new = _parsed_statements(compiled.edit.inserted)
+        new = _parsed_statements(
+            rename.renamed_code(compiled.edit.inserted, self.renaming)
+        )
         if new and first < last:
             # Comments above a replaced statement stay above its replacement,
             # followed by the fix's own (those the target has already once).
