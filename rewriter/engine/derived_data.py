@@ -143,62 +143,62 @@ def read_fields(path: Path) -> dict[str, Any]:
         ) from None
 
 
+def _field(table: dict[str, Any], name: str, default: str | None = None) -> str:
+    value = table.get(name, default)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string")
+    return value
+
+
+def _anchor(value: Any) -> Anchor | None:
+    if value is None:
+        return None
+    match value:
+        case {"code": str(code), "match": "statement" | "header" as match}:
+            return Anchor(code, match)
+    raise ValueError(f"an anchor must be {{code, match}}, got {value!r}")
+
+
+def _edit(edit: dict[str, Any]) -> Edit:
+    edit_kind = _field(edit, "kind")
+    if edit_kind not in EDIT_KINDS:
+        raise ValueError(f"unknown edit kind {edit_kind!r}")
+    return Edit(
+        kind=edit_kind,
+        block=tuple(
+            Step(_field(s, "header"), _field(s, "field", "body"))
+            for s in edit.get("block", [])
+        ),
+        before_anchor=_anchor(edit.get("before_anchor")),
+        after_anchor=_anchor(edit.get("after_anchor")),
+        removed=_field(edit, "removed", ""),
+        inserted=_field(edit, "inserted", ""),
+        header_before=_field(edit, "header_before", ""),
+        header_after=_field(edit, "header_after", ""),
+    )
+
+
+def _unit(table: dict[str, Any]) -> Unit:
+    kind = _field(table, "kind")
+    if kind not in UNIT_KINDS:
+        raise ValueError(f"unknown unit kind {kind!r}")
+    return Unit(
+        path=_field(table, "path"),
+        kind=kind,
+        name=_field(table, "name"),
+        before=_field(table, "before", ""),
+        after=_field(table, "after", ""),
+        edits=tuple(_edit(edit) for edit in table["edits"]),
+    )
+
+
 def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"schema is {data.get('schema')!r}, expected {SCHEMA}")
-
-    def text(table: dict[str, Any], name: str, default: str | None = None) -> str:
-        value = table.get(name, default)
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be a string")
-        return value
-
-    def anchor(value: Any) -> Anchor | None:
-        if value is None:
-            return None
-        match value:
-            case {"code": str(code), "match": "statement" | "header" as match}:
-                return Anchor(code, match)
-        raise ValueError(f"an anchor must be {{code, match}}, got {value!r}")
-
-    units = []
-    for table in data["units"]:
-        kind = text(table, "kind")
-        if kind not in UNIT_KINDS:
-            raise ValueError(f"unknown unit kind {kind!r}")
-        edits = []
-        for edit in table["edits"]:
-            edit_kind = text(edit, "kind")
-            if edit_kind not in EDIT_KINDS:
-                raise ValueError(f"unknown edit kind {edit_kind!r}")
-            edits.append(
-                Edit(
-                    kind=edit_kind,
-                    block=tuple(
-                        Step(text(s, "header"), text(s, "field", "body"))
-                        for s in edit.get("block", [])
-                    ),
-                    before_anchor=anchor(edit.get("before_anchor")),
-                    after_anchor=anchor(edit.get("after_anchor")),
-                    removed=text(edit, "removed", ""),
-                    inserted=text(edit, "inserted", ""),
-                    header_before=text(edit, "header_before", ""),
-                    header_after=text(edit, "header_after", ""),
-                )
-            )
-        units.append(
-            Unit(
-                path=text(table, "path"),
-                kind=kind,
-                name=text(table, "name"),
-                before=text(table, "before", ""),
-                after=text(table, "after", ""),
-                edits=tuple(edits),
-            )
-        )
+    units = [_unit(table) for table in data["units"]]
     if not units:
         raise ValueError("it has no units")
-    patch_id = text(data, "id")
+    patch_id = _field(data, "id")
     if not patch_id or any(c.isspace() for c in patch_id):
         raise ValueError(f"id {patch_id!r}: an id is short text without spaces")
     paths = [str(p) for p in data["paths"]]
@@ -211,20 +211,20 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
             raise ValueError(f"unit {unit.name} is in {unit.path}, not one of paths")
     return {
         "id": patch_id,
-        "title": text(data, "title", ""),
-        "symptom": text(data, "symptom", ""),
-        "base": text(data, "base", ""),
-        "base_tree": text(data, "base_tree", ""),
+        "title": _field(data, "title", ""),
+        "symptom": _field(data, "symptom", ""),
+        "base": _field(data, "base", ""),
+        "base_tree": _field(data, "base_tree", ""),
         "paths": paths,
         "units": units,
         "tests": [
-            RecordedTest(text(t, "path"), text(t, "content"))
+            RecordedTest(_field(t, "path"), _field(t, "content"))
             for t in data.get("tests", [])
         ],
         "requires": [str(r) for r in data.get("requires", [])],
         "origin": origin,
-        "upstream_url": text(data, "upstream_url", ""),
-        "fixed_in": text(data, "fixed_in", ""),
+        "upstream_url": _field(data, "upstream_url", ""),
+        "fixed_in": _field(data, "fixed_in", ""),
     }
 
 
