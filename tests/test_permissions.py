@@ -213,7 +213,7 @@ def test_apply_installed_as_a_user_who_does_not_own_site_packages(
     stderr = " ".join(text.stderr.split())
     assert text.returncode == 2, text.stderr
     assert "Traceback" not in stderr, text.stderr
-    assert "belongs to root" in stderr, stderr
+    assert "belong to root" in stderr, stderr
     assert "sudo deepstack-patch" in stderr, stderr
     assert "RUN deepstack-patch apply --installed" in stderr, stderr
     assert "chmod" not in stderr, stderr
@@ -221,6 +221,6 @@ def test_apply_installed_as_a_user_who_does_not_own_site_packages(
     document = as_nobody(python, *args, "--format", "json", cache=cache)
     assert document.returncode == 2, document.stderr
     error = json.loads(document.stdout)["error"]
-    assert "belongs to root" in error["hint"], error
+    assert "belong to root" in error["hint"], error
     assert "chmod" not in error["hint"], error
     assert model.read_bytes() == before
