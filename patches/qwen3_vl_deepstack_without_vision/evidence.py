@@ -16,7 +16,6 @@ the meta device raises ``Tensor on device meta is not on the expected device
 """
 
 from __future__ import annotations
-import __future__
 
 import ast
 import builtins
@@ -45,6 +44,7 @@ from .proof import (
     _no_op_methods,
     _stand_ins,
     buffer_builders,
+    compile_class,
     tiny_vllm_config,
 )
 
@@ -158,20 +158,7 @@ def _tree_class(tree: Path, builder: BufferBuilder) -> type:
             target = _context_namespace(torch)
             compile_functions(source, {name: name}, target)
             namespace[name] = target[name]
-    cls_node = ast.ClassDef(
-        name=builder.name,
-        bases=[ast.Starred(ast.Name("__proof_bases__", ast.Load()), ast.Load())],
-        keywords=[],
-        body=kept,
-        decorator_list=[],
-        type_params=[],
-    )
-    ast.copy_location(cls_node, builder.node)
-    module = ast.Module(body=[cls_node], type_ignores=[])
-    ast.fix_missing_locations(module)
-    flags = __future__.annotations.compiler_flag
-    exec(compile(module, str(path), "exec", flags=flags, dont_inherit=True), namespace)
-    return namespace[builder.name]
+    return compile_class(builder, kept, path, namespace)
 
 
 def _imported_from(

@@ -357,21 +357,7 @@ class TreeClasses:
                 f"{TOWER_CONTEXT}; cannot build the class without its module"
             )
         namespace["__proof_bases__"] = tuple(bases)
-        cls_node = ast.ClassDef(
-            name=builder.name,
-            bases=[ast.Starred(ast.Name("__proof_bases__", ast.Load()), ast.Load())],
-            keywords=[],
-            body=kept,
-            decorator_list=[],
-            type_params=[],
-        )
-        ast.copy_location(cls_node, builder.node)
-        module = ast.Module(body=[cls_node], type_ignores=[])
-        ast.fix_missing_locations(module)
-        flags = __future__.annotations.compiler_flag
-        code = compile(module, str(path), "exec", flags=flags, dont_inherit=True)
-        exec(code, namespace)
-        return namespace[builder.name], namespace
+        return compile_class(builder, kept, path, namespace), namespace
 
     def _resolve(self, name: str, imports: dict[str, tuple[str, str]]) -> Any:
         """A global ``name`` of the module: another builder's class, or imported."""
@@ -397,6 +383,28 @@ class TreeClasses:
         # Defined in the module itself (a helper class such as a mixin): left
         # out; what __init__ needs from it is stood in for.
         return None
+
+
+def compile_class(
+    builder: BufferBuilder, kept: list[ast.stmt], path: Path, namespace: dict[str, Any]
+) -> type:
+    """The builder's class with only ``kept`` as its body, compiled from the
+    tree's file (tracebacks point into it) over ``namespace``, whose
+    ``__proof_bases__`` are its bases."""
+    cls_node = ast.ClassDef(
+        name=builder.name,
+        bases=[ast.Starred(ast.Name("__proof_bases__", ast.Load()), ast.Load())],
+        keywords=[],
+        body=kept,
+        decorator_list=[],
+        type_params=[],
+    )
+    ast.copy_location(cls_node, builder.node)
+    module = ast.Module(body=[cls_node], type_ignores=[])
+    ast.fix_missing_locations(module)
+    flags = __future__.annotations.compiler_flag
+    exec(compile(module, str(path), "exec", flags=flags, dont_inherit=True), namespace)
+    return namespace[builder.name]
 
 
 def _evaluated(node: ast.expr, namespace: dict[str, Any]) -> Any:

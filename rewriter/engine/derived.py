@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -421,7 +421,7 @@ def _in_unit_once(
     exactly once in the whole unit, and the removed statements nowhere in it."""
     if not compiled.inserted or isinstance(located.unit_node, ast.Module):
         return False
-    blocks = list(_blocks_of(located.unit_node))
+    blocks = list(shapes.blocks_of(located.unit_node))
     found = sum(
         len(occurrences(block, compiled.inserted, False, False, shapes_of))
         for block in blocks
@@ -435,18 +435,6 @@ def _in_unit_once(
         else 0
     )
     return found == 1 and removed == 0
-
-
-def _blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
-    """Every statement block inside ``node``, its own included."""
-    for name in shapes.BLOCK_FIELDS:
-        block = getattr(node, name, None)
-        if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-            yield block
-            for statement in block:
-                yield from _blocks_of(statement)
-    for handler in getattr(node, "handlers", []):
-        yield from _blocks_of(handler)
 
 
 def _drift_reason(

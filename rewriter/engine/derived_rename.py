@@ -211,7 +211,7 @@ def renaming_of(
             and new not in recorded_names
         )
 
-    blocks = list(_blocks(target))
+    blocks = list(shapes.blocks_of(target))
     keys: dict[tuple[int, bool], tuple[str, list[str]]] = {}
     pairs: dict[str, str] = {}
     for compiled in edits:
@@ -269,17 +269,6 @@ def _conflict(name: str, first: str, second: str, backwards: bool = False) -> st
         f"renaming conflict: the fix's `{name}` is `{first}` in one statement "
         f"of the target and `{second}` in another; not renamed"
     )
-
-
-def _blocks(node: ast.AST) -> Iterator[list[ast.stmt]]:
-    for name in shapes.BLOCK_FIELDS:
-        block = getattr(node, name, None)
-        if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-            yield block
-            for statement in block:
-                yield from _blocks(statement)
-    for handler in getattr(node, "handlers", []):
-        yield from _blocks(handler)
 
 
 def collision(

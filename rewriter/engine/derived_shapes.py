@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import copy
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 #: The fields of a compound statement that hold a block a diff may change
 #: inside (an ``except`` clause's block is part of the ``try``'s header).
@@ -172,3 +172,15 @@ def statements_code(
 def parse_statements(code: str) -> list[ast.stmt]:
     """The statements of a piece of recorded code."""
     return ast.parse(code).body if code.strip() else []
+
+
+def blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
+    """Every statement block inside ``node``, its own included."""
+    for name in BLOCK_FIELDS:
+        block = getattr(node, name, None)
+        if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+            yield block
+            for statement in block:
+                yield from blocks_of(statement)
+    for handler in getattr(node, "handlers", []):
+        yield from blocks_of(handler)
