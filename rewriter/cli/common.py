@@ -382,6 +382,12 @@ def load_series(folders: Sequence[Path] | None = None) -> Sequence[Patch]:
     meta = context.meta if context is not None else {}
     if folders is None:
         folders = meta.get(PATCHES_META, ())
+    # One folder given twice (or by two names) is one folder: its patches
+    # join once, rather than colliding with themselves.
+    unique: dict[Path, Path] = {}
+    for folder in folders:
+        unique.setdefault(Path(folder).resolve(), Path(folder))
+    folders = [*unique.values()]
     key = (PATCHES_META, tuple(folders))
     if key not in meta:  # once per command: a module runs once
         from deepstack_patch.engine.series import (

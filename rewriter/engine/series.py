@@ -54,9 +54,20 @@ _MODULES: dict[Path, list[Patch]] = {}
 def patches_from_folder(folder: Path) -> list[Patch]:
     """The patches of a ``--patches`` folder, in the order of their file names."""
     folder = Path(folder)
+    # The folder is the error's place (path=): the message does not repeat it.
+    if not folder.exists():
+        raise DeepstackError(
+            "no such folder (given with --patches)",
+            "check the path; " + FOLDER_HINT + ", such as the folder "
+            "`derive --out` wrote",
+            path=str(folder),
+        )
     if not folder.is_dir():
         raise DeepstackError(
-            f"--patches {folder}: not a folder", FOLDER_HINT, path=str(folder)
+            "not a folder (given with --patches, which takes a folder)",
+            f"give the folder that holds it: --patches {folder.absolute().parent} "
+            "(every patch in it joins the series)",
+            path=str(folder),
         )
     files = sorted(
         path
@@ -68,7 +79,7 @@ def patches_from_folder(folder: Path) -> list[Patch]:
     patches = [patch for path in files for patch in patches_from_file(path)]
     if not patches:
         raise DeepstackError(
-            f"--patches {folder}: the folder holds no patch",
+            "the folder holds no patch (given with --patches)",
             FOLDER_HINT + "; give the folder `derive --out` wrote",
             path=str(folder),
         )
