@@ -218,6 +218,20 @@ def test_out_on_an_empty_mount_point(tmp_path: Path, mount_point: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mnt"]
 
 
+def test_an_empty_out_left_staged_by_a_killed_run_is_still_empty(
+    tmp_path: Path,
+) -> None:
+    """A run killed while staging inside ``--out`` leaves its hidden folder
+    there: the next run takes the folder as empty, and removes what it left."""
+    out = tmp_path / "out"
+    (out / ".deepstack-extract.k1lled_").mkdir(parents=True)
+    (out / ".deepstack-extract.k1lled_" / "PKG-INFO").write_text("half\n")
+    env = private_release(tmp_path)
+    result = cli("status", "--release", "0.20.2", "--out", out, env=env)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["PKG-INFO", "vllm"]
+
+
 @pytest.fixture
 def read_only_tree(tree: Path) -> Iterator[Path]:
     """``tree`` on a read-only bind mount: not writable, even for root."""
