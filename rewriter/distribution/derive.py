@@ -28,10 +28,12 @@ from deepstack_patch.distribution.unified_diff import (
 )
 from deepstack_patch.engine.derived import (
     DerivedPatch,
+    SkippedTest,
     Unit,
     data_file_name,
     write_derived,
 )
+from deepstack_patch.engine.derived_data import url_problem, version_problem
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState, RecordedTest
 from deepstack_patch.engine.source import SourceFile
@@ -94,30 +96,19 @@ def check_patch_id(patch_id: str, taken: Sequence[str]) -> None:
 
 def check_upstream(upstream_url: str, fixed_in: str) -> None:
     """--upstream-url and --fixed-in go into commits, DEP-3 headers and the
-    SBOM as they are: refuse what those cannot carry."""
-    from urllib.parse import urlsplit
-
-    from packaging.version import InvalidVersion, Version
-
-    parts = urlsplit(upstream_url)
-    if upstream_url and (
-        parts.scheme not in ("http", "https")
-        or not parts.netloc
-        or any(c.isspace() for c in upstream_url)
-    ):
+    SBOM as they are: refuse what those cannot carry (the loader refuses a
+    data file with them by the same rules)."""
+    if url_problem(upstream_url):
         raise DeepstackError(
-            f"--upstream-url {upstream_url!r}: not an http(s) URL",
+            f"--upstream-url {upstream_url!r}: {url_problem(upstream_url)}",
             "e.g. --upstream-url https://github.com/vllm-project/vllm/pull/49397",
         )
-    if fixed_in:
-        try:
-            Version(fixed_in)
-        except InvalidVersion:
-            raise DeepstackError(
-                f"--fixed-in {fixed_in!r}: not a version",
-                "the first vLLM release with the fix, e.g. --fixed-in 0.21.0 "
-                "(leave it out while no release has it)",
-            ) from None
+    if version_problem(fixed_in):
+        raise DeepstackError(
+            f"--fixed-in {fixed_in!r}: {version_problem(fixed_in)}",
+            "the first vLLM release with the fix, e.g. --fixed-in 0.21.0 "
+            "(leave it out while no release has it)",
+        )
 
 
 def derive_patch_from_text(
@@ -141,7 +132,9 @@ def derive_patch_from_text(
     check_patch_id(patch_id, taken_ids)
     check_upstream(upstream_url, fixed_in)
     files = parse_diff(diff_text, diff_name)
-    units, tests, results, notes = _read_changes(files, base, diff_name, base_label)
+    units, tests, skipped, results, notes = _read_changes(
+        files, base, diff_name, base_label
+    )
     if not units:
         raise DeepstackError(
             "the diff changes no Python code: "
@@ -162,6 +155,7 @@ def derive_patch_from_text(
         paths=list(results),
         units=units,
         tests=tests,
+        skipped_tests=skipped,
         upstream_url=upstream_url,
         fixed_in=fixed_in,
     )
@@ -180,13 +174,20 @@ def derive_patch_from_text(
 
 def _read_changes(
     files: Sequence[FileDiff], base: VllmTree, diff_name: str, base_label: str
-) -> tuple[list[Unit], list[RecordedTest], dict[str, tuple[str, str]], list[str]]:
-    """The diff's units, its recorded tests, each Python file before and
-    after, and notes on what was left out."""
+) -> tuple[
+    list[Unit],
+    list[RecordedTest],
+    list[SkippedTest],
+    dict[str, tuple[str, str]],
+    list[str],
+]:
+    """The diff's units, its recorded tests, the test files left out of the
+    proof, each Python file before and after, and notes on what was left out."""
     from deepstack_patch.engine.derived_units import units_of_change
 
     notes: list[str] = []
     recorded: dict[str, str] = {}  # test path -> content after the fix
+    skipped: dict[str, SkippedTest] = {}
     texts: dict[str, tuple[str, str]] = {}  # path -> (before, after)
     # A format-patch series may change a file in several patches: each
     # applies to the file as the ones before it left it.
@@ -194,9 +195,8 @@ def _read_changes(
         path = file_diff.path
         _refuse_shape(file_diff, diff_name)
         if is_test_path(path):
-            content = _recorded_test(file_diff, base, notes, recorded.get(path))
-            if content is not None:
-                recorded[path] = content
+            if path not in skipped:
+                _record_test(file_diff, base, notes, recorded, skipped)
             continue
         if not path.endswith(".py"):
             notes.append(f"{path}: not Python, left out")
@@ -231,7 +231,7 @@ def _read_changes(
         units.extend(changed)
         results[path] = (before, after)
     tests = [RecordedTest(path, content) for path, content in recorded.items()]
-    return units, tests, results, notes
+    return units, tests, list(skipped.values()), results, notes
 
 
 def _refuse_shape(file_diff: FileDiff, diff_name: str) -> None:
@@ -284,24 +284,39 @@ def _parses(text: str, path: str, when: str) -> None:
         ) from None
 
 
-def _recorded_test(
-    file_diff: FileDiff, base: VllmTree, notes: list[str], current: str | None
-) -> str | None:
-    """A test file's content after the fix (``current``: as an earlier
-    patch of the diff left it)."""
+def _record_test(
+    file_diff: FileDiff,
+    base: VllmTree,
+    notes: list[str],
+    recorded: dict[str, str],
+    skipped: dict[str, SkippedTest],
+) -> None:
+    """A test file's content after the fix into ``recorded`` (an earlier
+    patch of the diff may have changed it already); one whose content cannot
+    be known into ``skipped``: the fix is derived all the same, and proven
+    without it."""
     path = file_diff.path
     if file_diff.deleted:
         notes.append(f"{path}: a deleted test, not recorded")
-        return None
+        recorded.pop(path, None)
+        return
+    current = recorded.get(path)
+    reason = ""
     if current is None and not file_diff.new_file:
         file = base.root / path
-        if not file.is_file():
-            notes.append(
-                f"{path}: not in the base, so its content after the fix is unknown"
-            )
-            return None
-        current = file.read_text("utf-8")
-    return apply_file_diff(file_diff, current or "")
+        if file.is_file():
+            current = file.read_text("utf-8")
+        else:
+            reason = "not in the base, so its content after the fix is unknown"
+    if not reason:
+        try:
+            recorded[path] = apply_file_diff(file_diff, current or "")
+            return
+        except DeepstackError as exc:  # the test drifted, not the fix
+            reason = f"its hunks do not apply to the base ({exc.message})"
+    recorded.pop(path, None)
+    skipped[path] = SkippedTest(path, reason)
+    notes.append(f"{path}: {reason}; left out of the proof")
 
 
 def self_check(
@@ -513,6 +528,36 @@ def _check_out(out: Path, target: Path, patch_id: str) -> None:
             f"--id {patch_id}: {target} already exists",
             "choose another id, or remove the old data file first",
         )
+    holder = _file_holding(out, patch_id)
+    if holder is not None:
+        raise DeepstackError(
+            f"--id {patch_id}: already held by {holder}",
+            "choose another id, or remove the old data file first (two "
+            "patches of one id cannot join a series)",
+        )
+
+
+def _file_holding(out: Path, patch_id: str) -> Path | None:
+    """The data file in ``out`` whose id is ``patch_id``, whatever its name
+    (``--patches out`` reads every ``*.toml`` there). Only the id is read: a
+    file that is no data file is the loader's to refuse, not derive's."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    if not out.is_dir():
+        return None
+    for path in sorted(out.glob("*.toml")):
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue
+        if data.get("id") == patch_id:
+            return path
+    return None
 
 
 def _read_diff(diff: Path) -> str:

@@ -1,0 +1,160 @@
+"""One truth in a derived patch's data file: each unit's edits are the change
+from its ``before`` to its ``after``.
+
+A reviewer reads ``before`` and ``after``; the engine writes the edits. The
+loader refuses a file where the two say different things (a hand-edited
+``inserted`` that writes code ``after`` does not show, or an ``after`` edited
+alone, which would change nothing). A unit records its code one of two ways,
+as :func:`.derived_units.units_of_change` made it:
+
+- a function or method changed inside: ``before`` and ``after`` are the
+  whole definition, and its edits are what the same differ finds between
+  them (computed again here and compared);
+- anything else (a definition added, removed or replaced whole, a class's
+  or the module's statements, the imports): ``before`` is the edits'
+  removed code one after the other, ``after`` their inserted code.
+
+Code is compared as code (``ast.dump``): formatting and comments aside, a
+different statement, name or string is a difference.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Sequence
+
+from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
+
+
+def disagreement(unit: Unit) -> str:
+    """What differs between ``unit``'s edits and its before/after; ``""``
+    where they agree."""
+    concatenated = _concatenation_differs(unit)
+    if not concatenated:
+        return ""
+    if not _whole_definition(unit):
+        return concatenated
+    try:
+        from deepstack_patch.engine.derived_units import units_of_change
+
+        found = units_of_change(unit.path, unit.before, unit.after)
+    except SyntaxError as exc:
+        return f"`before` or `after` does not parse: {exc.msg} (line {exc.lineno})"
+    computed = [edit for each in found for edit in each.edits]
+    return _edits_differ(unit.edits, computed)
+
+
+def _whole_definition(unit: Unit) -> bool:
+    """The definition ``before`` holds, where the unit is a function or
+    method changed inside (both sides one definition of the unit's name)."""
+    if unit.kind not in ("function", "method"):
+        return False
+    name = unit.name.rsplit(".", 1)[-1]
+    for text in (unit.before, unit.after):
+        try:
+            body = ast.parse(text).body
+        except SyntaxError:
+            return False
+        match body:
+            case [ast.FunctionDef(name=found) | ast.AsyncFunctionDef(name=found)]:
+                if found != name:
+                    return False
+            case _:
+                return False
+    return True
+
+
+def _concatenation_differs(unit: Unit) -> str:
+    removed = "".join(edit.removed for edit in unit.edits)
+    inserted = "".join(edit.inserted for edit in unit.edits)
+    for side, recorded, joined, field in (
+        ("before", unit.before, removed, "removed"),
+        ("after", unit.after, inserted, "inserted"),
+    ):
+        if _code(recorded) != _code(joined):
+            ours, theirs = _first_difference(recorded, joined)
+            return f"`{side}` has {ours} where its edits' `{field}` code has {theirs}"
+    return ""
+
+
+def _edits_differ(recorded: Sequence[Edit], computed: Sequence[Edit]) -> str:
+    if len(recorded) != len(computed):
+        return (
+            f"it has {len(recorded)} edit(s), the change from `before` to "
+            f"`after` is {len(computed)}"
+        )
+    # The recorded blocks start at the module (a class, a block on the way);
+    # the ones computed here at the unit's own definition.
+    prefixes = set()
+    for number, (ours, theirs) in enumerate(zip(recorded, computed, strict=True), 1):
+        cut = len(ours.block) - len(theirs.block)
+        if cut < 0:
+            return f"edit {number}'s block is not inside the unit"
+        prefixes.add(tuple(_step(s) for s in ours.block[:cut]))
+        differs = _edit_differs(ours, theirs, ours.block[cut:])
+        if differs:
+            return f"edit {number} ({ours.kind}): {differs}"
+    if len(prefixes) > 1:
+        return "its edits lead to the unit through different blocks"
+    return ""
+
+
+def _edit_differs(ours: Edit, theirs: Edit, our_block: Sequence[Step]) -> str:
+    if ours.kind != theirs.kind:
+        return (
+            f"kind is {ours.kind!r}, the change from `before` to `after` is "
+            f"of kind {theirs.kind!r}"
+        )
+    if [_step(s) for s in our_block] != [_step(s) for s in theirs.block]:
+        return "its block is not where `before` and `after` differ"
+    for name in ("removed", "inserted", "header_before", "header_after"):
+        mine, computed = getattr(ours, name), getattr(theirs, name)
+        if _code(mine) != _code(computed):
+            ours, theirs = _first_difference(mine, computed)
+            return (
+                f"`{name}` has {ours} where the change from `before` to `after` "
+                f"has {theirs}"
+            )
+    for name in ("before_anchor", "after_anchor"):
+        if _anchor(getattr(ours, name)) != _anchor(getattr(theirs, name)):
+            return f"`{name}` is not the neighbour `before` shows"
+    return ""
+
+
+def _step(step: Step) -> tuple[str, str]:
+    return _code(step.header), step.field
+
+
+def _anchor(anchor: Anchor | None) -> tuple[str, str] | None:
+    return None if anchor is None else (_code(anchor.code), anchor.match)
+
+
+def _code(text: str) -> str:
+    """Code as the engine reads it, formatting and comments aside; a
+    definition's header (no body) is read with a placeholder body."""
+    source = textwrap.dedent(text)
+    for attempt in (source, source.rstrip("\n") + "\n    ...\n"):
+        try:
+            return ast.dump(ast.parse(attempt))
+        except SyntaxError:
+            continue
+    return text
+
+
+def _first_difference(ours: str, theirs: str) -> tuple[str, str]:
+    """The first line where two pieces of code differ, quoted from each."""
+    mine = [line.strip() for line in ours.splitlines() if line.strip()]
+    other = [line.strip() for line in theirs.splitlines() if line.strip()]
+    at = next(
+        (i for i, (a, b) in enumerate(zip(mine, other, strict=False)) if a != b),
+        min(len(mine), len(other)),
+    )
+    return _quote(mine[at:]), _quote(other[at:])
+
+
+def _quote(lines: Sequence[str]) -> str:
+    if not lines:
+        return "nothing"
+    line = lines[0] if len(lines[0]) <= 70 else lines[0][:67] + "..."
+    return f"`{line}`"
