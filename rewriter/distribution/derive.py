@@ -325,7 +325,17 @@ def self_check(
     results: dict[str, tuple[str, str]],
 ) -> str:
     """The checks before anything is written; how the round trip compared."""
+    from deepstack_patch.engine.derived_truth import disagreement
     from deepstack_patch.engine.plan import plan_tree
+
+    # The data file is one truth: the loader would refuse it otherwise.
+    for unit in patch.units:
+        differs = disagreement(unit)
+        if differs:
+            raise _check_failed(
+                f"{unit.description}: its edits do not turn its code before "
+                f"into its code after: {differs}"
+            )
 
     # The base's lines the whole diff changes, read from the base and the
     # result: in a format-patch series a later patch's hunks count the lines
