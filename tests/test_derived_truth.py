@@ -278,3 +278,35 @@ def test_a_test_hunk_that_does_not_apply_leaves_the_code_derived(
     text = derive(tmp_path, base, code_and_test, tmp_path / "t", output="text")
     assert text.returncode == 0, text.stderr
     assert f"note: {TEST}: its hunks do not apply to the base" in text.stdout
+
+
+def test_a_class_header_is_its_units_before_and_after(tmp_path: Path) -> None:
+    """A class whose bases change: the unit shows the header before and
+    after, and a header edited in one place alone is refused."""
+    from deepstack_patch.engine.derived import DerivedPatch, dump_derived
+    from deepstack_patch.engine.derived_units import units_of_change
+
+    before = "class Buffer(Base):\n    size = 8\n"
+    after = "class Buffer(Base, Mixin):\n    size = 8\n"
+    (unit,) = units_of_change(CODE, before, after)
+    assert (unit.kind, unit.before, unit.after) == (
+        "class",
+        "class Buffer(Base):\n",
+        "class Buffer(Base, Mixin):\n",
+    )
+    patch = DerivedPatch(
+        id="acme#9", title="t", symptom="s", base="0.0.1", paths=[CODE], units=[unit]
+    )
+    path = tmp_path / "acme-9.toml"
+    path.write_text(dump_derived(patch))
+    assert load_derived(path).units == (unit,)
+    path.write_text(
+        dump_derived(patch).replace(
+            "header_after = '''\nclass Buffer(Base, Mixin):",
+            "header_after = '''\nclass Buffer(Base, Backdoor):",
+        )
+    )
+    with pytest.raises(DeepstackError) as caught:
+        load_derived(path)
+    assert "unit vllm/limits.py::Buffer" in caught.value.message
+    assert "`class Buffer(Base, Backdoor):`" in caught.value.message

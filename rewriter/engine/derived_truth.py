@@ -11,8 +11,9 @@ as :func:`.derived_units.units_of_change` made it:
   whole definition, and its edits are what the same differ finds between
   them (computed again here and compared);
 - anything else (a definition added, removed or replaced whole, a class's
-  or the module's statements, the imports): ``before`` is the edits'
-  removed code one after the other, ``after`` their inserted code.
+  header or statements, the module's statements, the imports): ``before``
+  is the edits' removed code (or header before) one after the other,
+  ``after`` their inserted code (or header after).
 
 Code is compared as code (``ast.dump``): formatting and comments aside, a
 different statement, name or string is a difference.
@@ -30,49 +31,48 @@ from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
 def disagreement(unit: Unit) -> str:
     """What differs between ``unit``'s edits and its before/after; ``""``
     where they agree."""
-    concatenated = _concatenation_differs(unit)
-    if not concatenated:
-        return ""
     if not _whole_definition(unit):
-        return concatenated
-    try:
-        from deepstack_patch.engine.derived_units import units_of_change
+        return _concatenation_differs(unit)
+    from deepstack_patch.engine.derived_units import edits_of_change
 
-        found = units_of_change(unit.path, unit.before, unit.after)
+    try:
+        computed = edits_of_change(unit.before, unit.after)
     except SyntaxError as exc:
         return f"`before` or `after` does not parse: {exc.msg} (line {exc.lineno})"
-    computed = [edit for each in found for edit in each.edits]
     return _edits_differ(unit.edits, computed)
 
 
 def _whole_definition(unit: Unit) -> bool:
-    """The definition ``before`` holds, where the unit is a function or
-    method changed inside (both sides one definition of the unit's name)."""
-    if unit.kind not in ("function", "method"):
+    """Whether the unit is a function or method changed inside: its edits
+    lie in its own definition (a step into ``def NAME``), so ``before`` and
+    ``after`` are the whole definition."""
+    if unit.kind not in ("function", "method") or not unit.edits:
         return False
     name = unit.name.rsplit(".", 1)[-1]
-    for text in (unit.before, unit.after):
-        try:
-            body = ast.parse(text).body
-        except SyntaxError:
-            return False
-        match body:
-            case [ast.FunctionDef(name=found) | ast.AsyncFunctionDef(name=found)]:
-                if found != name:
-                    return False
-            case _:
-                return False
-    return True
+    return all(
+        any(_defines(step.header, name) for step in edit.block) for edit in unit.edits
+    )
+
+
+def _defines(header: str, name: str) -> bool:
+    """Whether a step's header is the definition of ``name`` (its decorators
+    first, where it has them)."""
+    for line in header.splitlines():
+        words = line.strip().removeprefix("async ").split(None, 1)
+        if words and words[0] == "def":
+            return len(words) > 1 and words[1].split("(", 1)[0].strip() == name
+    return False
 
 
 def _concatenation_differs(unit: Unit) -> str:
-    removed = "".join(edit.removed for edit in unit.edits)
-    inserted = "".join(edit.inserted for edit in unit.edits)
+    # An edit holds statements or (a class's) header, never both.
+    removed = "".join(edit.removed + edit.header_before for edit in unit.edits)
+    inserted = "".join(edit.inserted + edit.header_after for edit in unit.edits)
     for side, recorded, joined, field in (
         ("before", unit.before, removed, "removed"),
         ("after", unit.after, inserted, "inserted"),
     ):
-        if _code(recorded) != _code(joined):
+        if recorded != joined and _code(recorded) != _code(joined):
             ours, theirs = _first_difference(recorded, joined)
             return f"`{side}` has {ours} where its edits' `{field}` code has {theirs}"
     return ""
@@ -91,7 +91,7 @@ def _edits_differ(recorded: Sequence[Edit], computed: Sequence[Edit]) -> str:
         cut = len(ours.block) - len(theirs.block)
         if cut < 0:
             return f"edit {number}'s block is not inside the unit"
-        prefixes.add(tuple(_step(s) for s in ours.block[:cut]))
+        prefixes.add(ours.block[:cut])
         differs = _edit_differs(ours, theirs, ours.block[cut:])
         if differs:
             return f"edit {number} ({ours.kind}): {differs}"
@@ -106,28 +106,35 @@ def _edit_differs(ours: Edit, theirs: Edit, our_block: Sequence[Step]) -> str:
             f"kind is {ours.kind!r}, the change from `before` to `after` is "
             f"of kind {theirs.kind!r}"
         )
-    if [_step(s) for s in our_block] != [_step(s) for s in theirs.block]:
+    if not _same_steps(our_block, theirs.block):
         return "its block is not where `before` and `after` differ"
     for name in ("removed", "inserted", "header_before", "header_after"):
         mine, computed = getattr(ours, name), getattr(theirs, name)
-        if _code(mine) != _code(computed):
+        if mine != computed and _code(mine) != _code(computed):
             ours, theirs = _first_difference(mine, computed)
             return (
                 f"`{name}` has {ours} where the change from `before` to `after` "
                 f"has {theirs}"
             )
     for name in ("before_anchor", "after_anchor"):
-        if _anchor(getattr(ours, name)) != _anchor(getattr(theirs, name)):
+        if not _same_anchor(getattr(ours, name), getattr(theirs, name)):
             return f"`{name}` is not the neighbour `before` shows"
     return ""
 
 
-def _step(step: Step) -> tuple[str, str]:
-    return _code(step.header), step.field
+def _same_steps(ours: Sequence[Step], theirs: Sequence[Step]) -> bool:
+    return len(ours) == len(theirs) and all(
+        a == b or (a.field == b.field and _code(a.header) == _code(b.header))
+        for a, b in zip(ours, theirs, strict=True)
+    )
 
 
-def _anchor(anchor: Anchor | None) -> tuple[str, str] | None:
-    return None if anchor is None else (_code(anchor.code), anchor.match)
+def _same_anchor(ours: Anchor | None, theirs: Anchor | None) -> bool:
+    if ours is None or theirs is None:
+        return ours is theirs
+    return ours == theirs or (
+        ours.match == theirs.match and _code(ours.code) == _code(theirs.code)
+    )
 
 
 def _code(text: str) -> str:
