@@ -33,7 +33,11 @@ from deepstack_patch.engine.derived import (
     data_file_name,
     write_derived,
 )
-from deepstack_patch.engine.derived_data import url_problem, version_problem
+from deepstack_patch.engine.derived_data import (
+    file_holding_id,
+    url_problem,
+    version_problem,
+)
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState, RecordedTest
 from deepstack_patch.engine.source import SourceFile
@@ -325,17 +329,9 @@ def self_check(
     results: dict[str, tuple[str, str]],
 ) -> str:
     """The checks before anything is written; how the round trip compared."""
-    from deepstack_patch.engine.derived_truth import disagreement
     from deepstack_patch.engine.plan import plan_tree
 
-    # The data file is one truth: the loader would refuse it otherwise.
-    for unit in patch.units:
-        differs = disagreement(unit)
-        if differs:
-            raise _check_failed(
-                f"{unit.description}: its edits do not turn its code before "
-                f"into its code after: {differs}"
-            )
+    _one_truth(patch)
 
     # The base's lines the whole diff changes, read from the base and the
     # result: in a format-patch series a later patch's hunks count the lines
@@ -403,6 +399,19 @@ def self_check(
             if _second_pass(patch, source) != text:
                 raise _check_failed(f"a second pass over {what} of {path} changes it")
     return compared
+
+
+def _one_truth(patch: DerivedPatch) -> None:
+    """The data file is one truth: the loader would refuse it otherwise."""
+    from deepstack_patch.engine.derived_truth import disagreement
+
+    for unit in patch.units:
+        differs = disagreement(unit)
+        if differs:
+            raise _check_failed(
+                f"{unit.description}: its edits do not turn its code before "
+                f"into its code after: {differs}"
+            )
 
 
 def changed_lines(before: str, after: str, context: int = 3) -> list[tuple[int, int]]:
@@ -538,36 +547,13 @@ def _check_out(out: Path, target: Path, patch_id: str) -> None:
             f"--id {patch_id}: {target} already exists",
             "choose another id, or remove the old data file first",
         )
-    holder = _file_holding(out, patch_id)
+    holder = file_holding_id(out, patch_id)
     if holder is not None:
         raise DeepstackError(
             f"--id {patch_id}: already held by {holder}",
             "choose another id, or remove the old data file first (two "
             "patches of one id cannot join a series)",
         )
-
-
-def _file_holding(out: Path, patch_id: str) -> Path | None:
-    """The data file in ``out`` whose id is ``patch_id``, whatever its name
-    (``--patches out`` reads every ``*.toml`` there). Only the id is read: a
-    file that is no data file is the loader's to refuse, not derive's."""
-    import sys
-
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-
-    if not out.is_dir():
-        return None
-    for path in sorted(out.glob("*.toml")):
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-            continue
-        if data.get("id") == patch_id:
-            return path
-    return None
 
 
 def _read_diff(diff: Path) -> str:

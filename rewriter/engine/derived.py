@@ -561,7 +561,7 @@ def load_derived(path: Path) -> DerivedPatch:
     """Read one data file; a broken one is a DeepstackError naming it, and
     so is one whose edits do not turn a unit's ``before`` into its ``after``
     (:mod:`.derived_truth`)."""
-    from deepstack_patch.engine.derived_truth import disagreement
+    from deepstack_patch.engine.derived_truth import refuse_disagreement
 
     patch = DerivedPatch(**read_fields(path))
     try:
@@ -574,16 +574,7 @@ def load_derived(path: Path) -> DerivedPatch:
             BROKEN_HINT,
             path=str(path),
         ) from None
-    for unit in patch.units:
-        differs = disagreement(unit)
-        if differs:
-            raise DeepstackError(
-                f"unit {unit.part}: its edits do not turn `before` into "
-                f"`after`: {differs}",
-                "the engine writes the edits and a reviewer reads before and "
-                "after: derive it again, or edit both",
-                path=str(path),
-            )
+    refuse_disagreement(patch.units, path)
     return patch
 
 

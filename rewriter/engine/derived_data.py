@@ -116,16 +116,36 @@ BROKEN_HINT = (
 )
 
 
-def read_fields(path: Path) -> dict[str, Any]:
-    """A data file's fields, as :class:`DerivedPatch` takes them; a broken
-    file is a DeepstackError naming it (and the line, where TOML says)."""
+def file_holding_id(folder: Path, patch_id: str) -> Path | None:
+    """The data file in ``folder`` whose id is ``patch_id``, whatever its
+    name (``--patches`` reads every ``*.toml`` of a folder). Only the id is
+    read: a file that is no data file is the loader's to refuse."""
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("*.toml")):
+        try:
+            data = _toml().loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # TOMLDecodeError is a ValueError
+        if data.get("id") == patch_id:
+            return path
+    return None
+
+
+def _toml() -> Any:
     import sys
 
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
+    return tomllib
 
+
+def read_fields(path: Path) -> dict[str, Any]:
+    """A data file's fields, as :class:`DerivedPatch` takes them; a broken
+    file is a DeepstackError naming it (and the line, where TOML says)."""
+    tomllib = _toml()
     hint = BROKEN_HINT
     try:
         text = path.read_text(encoding="utf-8")

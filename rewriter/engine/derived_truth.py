@@ -26,6 +26,22 @@ import textwrap
 from collections.abc import Sequence
 
 from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
+from deepstack_patch.engine.errors import DeepstackError
+
+
+def refuse_disagreement(units: Sequence[Unit], path: object) -> None:
+    """A DeepstackError naming the data file ``path`` and the first unit
+    whose edits and before/after disagree."""
+    for unit in units:
+        differs = disagreement(unit)
+        if differs:
+            raise DeepstackError(
+                f"unit {unit.part}: its edits do not turn `before` into "
+                f"`after`: {differs}",
+                "the engine writes the edits and a reviewer reads before and "
+                "after: derive it again, or edit both",
+                path=str(path),
+            )
 
 
 def disagreement(unit: Unit) -> str:
