@@ -310,3 +310,38 @@ def test_a_class_header_is_its_units_before_and_after(tmp_path: Path) -> None:
         load_derived(path)
     assert "unit vllm/limits.py::Buffer" in caught.value.message
     assert "`class Buffer(Base, Backdoor):`" in caught.value.message
+
+
+def test_verify_names_the_tests_left_out_of_the_proof(
+    tmp_path: Path, base: Path
+) -> None:
+    """The proof of a fix whose test file was left out says so: the recorded
+    tests that ran are not all the pull request's."""
+    from deepstack_patch.engine.series import assemble_series, patches_from_folder
+    from deepstack_patch.engine.tree import VllmTree
+    from deepstack_patch.patches import SERIES
+    from deepstack_patch.proof import envs, verify
+
+    from tests.support import TARGETS
+
+    drifted_test = git_diff(TEST, TEST_BEFORE.replace("== 4", "== 5"), TEST_AFTER)
+    out = tmp_path / "out"
+    done = derive(tmp_path, base, git_diff(CODE, BEFORE, AFTER) + drifted_test, out)
+    assert done.returncode == 0, done.stderr
+    fixed = make_tree(tmp_path / "fixed", {CODE: AFTER})
+    report = verify.verify_tree(
+        VllmTree.open(fixed),
+        assemble_series(SERIES, patches_from_folder(out)),
+        {"acme#7"},
+        envs.ProofEnv(Path(sys.executable)),
+        TARGETS,
+    )
+    (verdict,) = report.verdicts
+    assert verdict.proof.status == "missing"
+    assert verdict.proof.message.endswith(
+        f"no recorded tests; left out of the proof: {TEST}: its hunks do not "
+        f"apply to the base (hunk 1 (@@ -2,4 +2,5 @@) of {TEST} does not apply: "
+        "line 5 is 'assert clamp(9) == 4', the hunk expects "
+        "'assert clamp(9) == 5')"
+    )
+    assert report.exit_code == 1
