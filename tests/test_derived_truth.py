@@ -338,3 +338,28 @@ def test_verify_names_the_tests_left_out_of_the_proof(
         "'assert clamp(9) == 5')"
     )
     assert report.exit_code == 1
+
+
+def test_an_edit_moved_to_another_class_is_refused(tmp_path: Path) -> None:
+    """The way to a method is its name: edits led into another class would
+    rewrite a method the unit does not show."""
+    from deepstack_patch.engine.derived import DerivedPatch, dump_derived
+    from deepstack_patch.engine.derived_units import units_of_change
+
+    before = "class Buffer:\n    def read(self):\n        return 1\n"
+    after = "class Buffer:\n    def read(self):\n        return 2\n"
+    (unit,) = units_of_change(CODE, before, after)
+    patch = DerivedPatch(
+        id="acme#9", title="t", symptom="s", base="0.0.1", paths=[CODE], units=[unit]
+    )
+    path = tmp_path / "acme-9.toml"
+    path.write_text(dump_derived(patch))
+    assert load_derived(path).units == (unit,)
+    path.write_text(
+        dump_derived(patch).replace(
+            'header = "class Buffer:\\n"', 'header = "class Cache:\\n"'
+        )
+    )
+    with pytest.raises(DeepstackError) as caught:
+        load_derived(path)
+    assert caught.value.message.endswith("its edits lead to Cache, not to Buffer.read")

@@ -55,7 +55,7 @@ def disagreement(unit: Unit) -> str:
         computed = edits_of_change(unit.before, unit.after)
     except SyntaxError as exc:
         return f"`before` or `after` does not parse: {exc.msg} (line {exc.lineno})"
-    return _edits_differ(unit.edits, computed)
+    return _edits_differ(unit.edits, computed, unit.name)
 
 
 def _whole_definition(unit: Unit) -> bool:
@@ -66,18 +66,20 @@ def _whole_definition(unit: Unit) -> bool:
         return False
     name = unit.name.rsplit(".", 1)[-1]
     return all(
-        any(_defines(step.header, name) for step in edit.block) for edit in unit.edits
+        any(_defined(step.header) == ("def", name) for step in edit.block)
+        for edit in unit.edits
     )
 
 
-def _defines(header: str, name: str) -> bool:
-    """Whether a step's header is the definition of ``name`` (its decorators
-    first, where it has them)."""
+def _defined(header: str) -> tuple[str, str] | None:
+    """``("def", NAME)`` or ``("class", NAME)`` where a step's header is a
+    definition (its decorators first, where it has them); else None."""
     for line in header.splitlines():
         words = line.strip().removeprefix("async ").split(None, 1)
-        if words and words[0] == "def":
-            return len(words) > 1 and words[1].split("(", 1)[0].strip() == name
-    return False
+        if words and words[0] in ("def", "class"):
+            name = words[1] if len(words) > 1 else ""
+            return words[0], name.split("(", 1)[0].split(":", 1)[0].strip()
+    return None
 
 
 def _concatenation_differs(unit: Unit) -> str:
@@ -94,7 +96,9 @@ def _concatenation_differs(unit: Unit) -> str:
     return ""
 
 
-def _edits_differ(recorded: Sequence[Edit], computed: Sequence[Edit]) -> str:
+def _edits_differ(
+    recorded: Sequence[Edit], computed: Sequence[Edit], unit_name: str
+) -> str:
     if len(recorded) != len(computed):
         return (
             f"it has {len(recorded)} edit(s), the change from `before` to "
@@ -113,6 +117,13 @@ def _edits_differ(recorded: Sequence[Edit], computed: Sequence[Edit]) -> str:
             return f"edit {number} ({ours.kind}): {differs}"
     if len(prefixes) > 1:
         return "its edits lead to the unit through different blocks"
+    # The way to the unit is its name: a class renamed on the way would
+    # rewrite another unit than the one shown.
+    way = [_defined(step.header) for step in next(iter(prefixes), ())]
+    names = [found[1] for found in way if found is not None]
+    if names != unit_name.split(".")[:-1]:
+        where = ".".join(names) or "the module"
+        return f"its edits lead to {where}, not to {unit_name}"
     return ""
 
 
