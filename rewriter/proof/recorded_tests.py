@@ -47,7 +47,18 @@ def proven_by_recorded_tests(patch: Patch) -> bool:
 def no_proof_reason(patch: Patch) -> str:
     return (
         f"no proof: {type(patch).__name__} ({patch.origin}) has no prove() "
-        "method and no recorded tests"
+        "method and no recorded tests" + left_out(patch)
+    )
+
+
+def left_out(patch: Patch) -> str:
+    """The diff's test files ``derive`` left out of the proof, and why (a
+    derived patch's ``skipped_tests``); ``""`` where there are none."""
+    skipped = getattr(patch, "skipped_tests", ())
+    if not skipped:
+        return ""
+    return "; left out of the proof: " + "; ".join(
+        f"{test.path}: {test.reason}" for test in skipped
     )
 
 
@@ -80,6 +91,7 @@ def run_recorded_tests(
         env.python, copy, selected, [], env=subprocess_env(copy), spawn=spawn
     )
     result = verdict(run, patch.id, pristine)
+    result.message += left_out(patch)
     result.seconds = run.seconds
     return result
 
