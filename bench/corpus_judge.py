@@ -92,7 +92,7 @@ def judge(commit: Commit, release: str, tree: Path, folder: Path, out: Path) -> 
         else:
             _read_document(cell, document, commit.patch_id)
             ours = _copy_files(tree, commit.paths, Path(scratch) / "ours")
-            diff = document.get("diff", "") if document else ""
+            diff = document.get("diff", "") if cell.written else ""
             if diff and not _git_apply(ours, diff):
                 cell.wrong.append("its own dry-run diff does not apply")
             cell.verdict = _verdict(cell, commit, tree, pristine, ours, git_result)
@@ -126,7 +126,9 @@ def _read_document(cell: Cell, document: dict, patch_id: str) -> None:
     for patch in document.get("patches", []):
         if patch["id"] == patch_id:
             cell.state, cell.reason = patch["state"], patch.get("reason", "")
-    if document.get("diff"):
+    # A refused run (drifted, exit 2) writes nothing, whatever diff it shows
+    # of the parts it could rewrite.
+    if document.get("diff") and cell.exit_code == 0 and "error" not in document:
         cell.written = sorted(
             line.split(" b/", 1)[1]
             for line in document["diff"].splitlines()
@@ -166,7 +168,7 @@ def _beyond_wrongs(
         return [f"{path}: does not compile ({exc.msg}, line {exc.lineno})"]
     names = _new(_ruff_names(before, path), _ruff_names(after, path))
     wrongs = [f"{path}: {code} {message}" for code, message in names]
-    imports = _missing_imports(before, after, path, tree)
+    imports = _missing_imports(before, after, path, [ours, tree])
     wrongs += [f"{path}: {what}" for what in imports]
     merged = _merge_file(pristine / path, commit, path)
     if merged is not None and _code_of(merged) != _code_of(after):
@@ -192,18 +194,21 @@ def _ruff_names(text: str, path: str) -> Counter:
     return Counter((d["code"], d["message"]) for d in found)
 
 
-def _missing_imports(before: str, after: str, path: str, tree: Path) -> list[str]:
+def _missing_imports(
+    before: str, after: str, path: str, trees: list[Path]
+) -> list[str]:
     """``from vllm.x import y`` (or ``import vllm.x``) the fix adds, where the
-    release lacks ``vllm.x`` or ``y`` in it."""
+    release lacks ``vllm.x`` or ``y`` in it (as the patch left it: the files
+    it wrote come first in ``trees``)."""
     added = _vllm_imports(after, path) - _vllm_imports(before, path)
     missing = []
     for module, name in sorted(added, key=str):
         if module.startswith(_COMPILED):
             continue
-        file = _module_file(tree, module)
+        file = _module_file(trees, module)
         if file is None:
             missing.append(f"imports {module}, which this release lacks")
-        elif name and not _defines(tree, module, file, name):
+        elif name and not _defines(trees, module, file, name):
             missing.append(f"imports {name} from {module}, which lacks it here")
     return missing
 
@@ -227,16 +232,17 @@ def _vllm_imports(text: str, path: str) -> set[tuple[str, str]]:
     return found
 
 
-def _module_file(tree: Path, module: str) -> Path | None:
-    base = tree.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
+def _module_file(trees: list[Path], module: str) -> Path | None:
+    for tree in trees:
+        base = tree.joinpath(*module.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
     return None
 
 
-def _defines(tree: Path, module: str, file: Path, name: str) -> bool:
-    if _module_file(tree, f"{module}.{name}") is not None:
+def _defines(trees: list[Path], module: str, file: Path, name: str) -> bool:
+    if _module_file(trees, f"{module}.{name}") is not None:
         return True  # a submodule
     bound: set[str] = set()
     pending = list(ast.parse(file.read_text(encoding="utf-8")).body)

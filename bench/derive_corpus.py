@@ -339,10 +339,14 @@ def main() -> None:
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
     say(f"deriving {len(commits)} commits ({options.jobs} at a time)")
+    records = []
     with concurrent.futures.ThreadPoolExecutor(options.jobs) as pool:
-        records = list(pool.map(lambda c: derive(c, options.repo, run), commits))
-    for record in records:
-        say(f"  {record['sha'][:12]} {record['outcome']:9} {record.get('reason', '')}")
+        for record in pool.map(lambda c: derive(c, options.repo, run), commits):
+            records.append(record)
+            say(
+                f"  {len(records)}/{len(commits)} {record['sha'][:12]} "
+                f"{record['outcome']} {record.get('reason', '')}".rstrip()
+            )
     (run / "derive.json").write_text(json.dumps(records, indent=1) + "\n")
     derived = [r for r in records if r["outcome"] == "derived"]
     jobs = [
