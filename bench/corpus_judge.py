@@ -65,6 +65,8 @@ class Cell:
     git_reverse: bool = False
     verdict: str = ""
     wrong: list[str] = field(default_factory=list)
+    #: A write that changes only import statements (no code unit).
+    imports_only: bool = False
     exit_code: int = 0
     seconds: float = 0.0
 
@@ -140,6 +142,11 @@ def _verdict(
     cell: Cell, commit: Commit, tree: Path, pristine: Path, ours: Path, git: Path
 ) -> str:
     if cell.written:
+        cell.imports_only = all(
+            _code_of(_without_imports(pristine / p))
+            == _code_of(_without_imports(ours / p))
+            for p in cell.written
+        )
         if cell.git_forward:
             for path in commit.paths:
                 if _code(ours / path) != _code(git / path):
@@ -312,6 +319,19 @@ def _git_apply(folder: Path, diff: str, *options: str) -> bool:
         env=env,
     )
     return result.returncode == 0
+
+
+def _without_imports(file: Path) -> str:
+    """The file's code with its import statements left out (as text)."""
+    module = ast.parse(file.read_text(encoding="utf-8"))
+
+    class Drop(ast.NodeTransformer):
+        def visit_Import(self, node: ast.AST) -> None:
+            return None
+
+        visit_ImportFrom = visit_Import
+
+    return ast.unparse(Drop().visit(module))
 
 
 def _code(file: Path) -> str:

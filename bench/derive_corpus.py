@@ -298,7 +298,12 @@ def table(records: list[dict], cells: list[dict], releases: list[str]) -> str:
         name = f"**{release}**" if release == "all" else release
         lines.append(f"| {name} | {len(mine)} | " + " | ".join(row) + " |")
     states = Counter(c["state"] for c in cells)
+    imports_only = Counter(c["verdict"] for c in cells if c.get("imports_only"))
     lines += [
+        "",
+        "Writes that change only imports (no code unit): "
+        + (", ".join(f"{v} {n}" for v, n in imports_only.most_common()) or "none")
+        + ".",
         "",
         "States of the derived patches over all cells: "
         + ", ".join(f"{state} {n}" for state, n in states.most_common())
