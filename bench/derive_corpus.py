@@ -61,6 +61,9 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "derive_corpus.toml"
 MIRROR = Path("/work/.mirror/local-inference-lab+vllm/repo")
 WORK = Path.home() / ".cache" / "deepstack-patch-bench" / "derive-corpus"
+# Every cell is recognised anew: the recognition cache is keyed on the tool's
+# code and cannot go stale, but a measurement should not lean on it.
+os.environ["DEEPSTACK_PATCH_NO_CACHE"] = "1"
 GIT_ENV = {**os.environ, "GIT_NO_LAZY_FETCH": "1", "NO_COLOR": "1"}
 
 
