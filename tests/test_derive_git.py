@@ -380,3 +380,32 @@ def test_a_tree_without_a_version_is_refused_or_takes_base_version(
     assert code == 0, output
     assert "on vLLM 0.20.2" in output and "unknown" not in output
     assert load_derived(out / "local-1.toml").base == "0.20.2"
+
+
+def test_the_base_holds_the_modules_the_fix_imports_from(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    """Where a name the fix reads from another vllm module is looked up."""
+    repo, _fix = clone
+    commit_files(
+        repo,
+        {
+            "vllm/limits.py": "FLOOR = 0\n",
+            "vllm/helpers.py": "def floor(x):\n    return x\n",
+        },
+        "Add limits",
+    )
+    importing = AFTER.replace(
+        '"""A made-up sampler."""\n',
+        '"""A made-up sampler."""\nfrom vllm.limits import FLOOR\n\n'
+        "from .helpers import floor\n",
+    ).replace("max(x, 0)", "floor(max(x, FLOOR))")
+    fix = commit_files(repo, {PATH: importing}, "[Bugfix] Floor (#130)")
+    out = tmp_path / "out"
+    code, output = run(
+        "derive", "--commit", fix, "--repo", str(repo), "--out", str(out)
+    )
+    assert code == 0, output
+    [base] = (tmp_path / "cache" / "commit-trees").iterdir()
+    held = sorted(p.relative_to(base).as_posix() for p in base.rglob("*.py"))
+    assert held == ["vllm/__init__.py", "vllm/helpers.py", "vllm/limits.py", PATH]

@@ -241,12 +241,23 @@ def parent_version(
 
 
 def parent_files(clone: Clone, change: CommitChange, paths: list[str]) -> Path:
-    """A folder holding the parent's copy of ``paths`` (those it has) and
-    ``vllm/__init__.py``, written once into the cache."""
+    """A folder holding the parent's copy of ``paths`` (those it has), of
+    the vllm modules they import from, and of ``vllm/__init__.py``, written
+    once into the cache."""
     from deepstack_patch.engine.cache import cache_dir
     from deepstack_patch.fetch.archives import write_once
 
-    wanted = sorted({*paths, "vllm/__init__.py"})
+    # The vllm modules the changed files import from, as the commit has
+    # them: where a name the fix reads from another module is looked up.
+    imported = {
+        module_file
+        for path in paths
+        if path.startswith("vllm/") and path.endswith(".py")
+        for module_file in imported_module_files(
+            _text_at(clone, change.sha, path), path
+        )
+    }
+    wanted = sorted({*paths, *imported, "vllm/__init__.py"})
     key = hashlib.sha256("\0".join([change.parent, *wanted]).encode()).hexdigest()
     out = cache_dir() / "commit-trees" / f"{change.parent[:12]}-{key[:16]}"
     if out.is_dir():
@@ -267,6 +278,43 @@ def parent_files(clone: Clone, change: CommitChange, paths: list[str]) -> Path:
             target.write_bytes(clone.blob(sha))
 
     return write_once(out, fill, f"the files of commit {change.parent[:12]}")
+
+
+def imported_module_files(text: str, path: str) -> set[str]:
+    """The files that may hold the ``vllm`` modules the file ``path``
+    imports from (``vllm/a.py`` or ``vllm/a/__init__.py``; for ``from
+    vllm.a import b`` also ``b`` as a submodule)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    package = path.split("/")[:-1]
+    modules: list[list[str]] = []
+    for node in ast.walk(tree):
+        match node:
+            case ast.ImportFrom(module=name, names=aliases, level=level):
+                base = package[: len(package) - level + 1] if level else []
+                parts = [*base, *(name.split(".") if name else [])]
+                modules.append(parts)
+                modules.extend([*parts, alias.name] for alias in aliases)
+            case ast.Import(names=aliases):
+                modules.extend(alias.name.split(".") for alias in aliases)
+    return {
+        f"{'/'.join(parts)}{suffix}"
+        for parts in modules
+        if parts[:1] == ["vllm"] and "*" not in parts
+        for suffix in (".py", "/__init__.py")
+    }
+
+
+def _text_at(clone: Clone, commit: str, path: str) -> str:
+    """The file at ``path`` in ``commit``; "" where it has none."""
+    try:
+        return clone.blob(f"{commit}:{path}").decode("utf-8", errors="replace")
+    except DeepstackError:  # deleted by the commit: derive refuses it anyway
+        return ""
 
 
 def _pull_request_id(change: CommitChange) -> str:
