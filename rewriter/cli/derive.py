@@ -17,10 +17,22 @@ from deepstack_patch.cli.common import (
 @click.option(
     "--diff",
     "diff",
-    required=True,
     type=click.Path(path_type=Path),
     help="The upstream fix as a unified diff (a PR's .diff, git diff, "
     "git format-patch).",
+)
+@click.option(
+    "--commit",
+    "commit",
+    metavar="SHA",
+    help="Instead of --diff and its base: a commit of a vLLM clone; the base is "
+    "its parent, read from the object store (the work tree is not touched).",
+)
+@click.option(
+    "--repo",
+    "repo",
+    type=click.Path(path_type=Path),
+    help="With --commit: the clone (a work tree or a bare clone; default: here).",
 )
 @click.option(
     "--base",
@@ -35,11 +47,18 @@ from deepstack_patch.cli.common import (
     help="Instead of --base: a vLLM tree on disk the diff applies to.",
 )
 @click.option(
+    "--base-version",
+    "tree_version",
+    metavar="VERSION",
+    help="The version of a --base-src tree or a --commit's parent, where the "
+    "tree has no version metadata or git describe finds no tag.",
+)
+@click.option(
     "--id",
     "patch_id",
-    required=True,
     metavar="ID",
-    help="The patch's id: short text without spaces (vllm#49397, acme#12).",
+    help="The patch's id: short text without spaces (vllm#49397, acme#12); "
+    "with --commit, vllm#N from a subject ending in (#N) by default.",
 )
 @click.option(
     "--out",
@@ -48,7 +67,12 @@ from deepstack_patch.cli.common import (
     help="The folder the derived patch's data file (ID.toml) is written into: "
     "give it to apply, status or verify with --patches.",
 )
-@click.option("--title", default="", help="One line saying what the fix does.")
+@click.option(
+    "--title",
+    default="",
+    help="One line saying what the fix does (default: the commit's or the "
+    "format-patch mail's subject).",
+)
 @click.option("--symptom", default="", help="The failure a user meets without it.")
 @click.option(
     "--fixed-in",
@@ -67,10 +91,13 @@ from deepstack_patch.cli.common import (
 @patches_option
 @format_option
 def derive(
-    diff: Path,
+    diff: Path | None,
+    commit: str | None,
+    repo: Path | None,
     base_version: str | None,
     base_src: Path | None,
-    patch_id: str,
+    tree_version: str | None,
+    patch_id: str | None,
     out: Path,
     title: str,
     symptom: str,
@@ -78,7 +105,8 @@ def derive(
     upstream_url: str,
     output_format: str,
 ) -> None:
-    """Derive a patch from an upstream diff: one data file, checked on the base.
+    """Derive a patch from an upstream diff or commit: one data file, checked
+    on the base.
 
     Its id must be new to the series it joins: the built-in patches, those of
     installed packages and those of the --patches folders.
@@ -86,22 +114,47 @@ def derive(
     \b
     Exit codes: 0 written; 2 an error or a failed self-check (nothing written).
     """
-    from deepstack_patch.distribution.derive import derive as derive_patch
+    from deepstack_patch.distribution.derive_sources import check_sources
     from deepstack_patch.output.progress import note
 
-    result = derive_patch(
-        diff,
-        patch_id=patch_id,
-        out=out,
-        base_version=base_version,
+    check_sources(
+        diff=diff,
+        commit=commit,
+        repo=repo,
+        release=base_version,
         base_src=base_src,
+        tree_version=tree_version,
+        patch_id=patch_id,
+    )
+    common = dict(
+        out=out,
+        tree_version=tree_version,
         title=title,
         symptom=symptom,
         taken_ids=[patch.id for patch in load_series()],
-        note=note,
         upstream_url=upstream_url,
         fixed_in=fixed_in,
     )
+    if commit is not None:
+        from deepstack_patch.distribution.derive_git import derive_commit
+
+        result = derive_commit(
+            commit, repo=repo or Path("."), patch_id=patch_id or "", **common
+        )
+        source = f"commit {result.commit[:12]}"
+    else:
+        from deepstack_patch.distribution.derive import derive as derive_patch
+
+        assert diff is not None and patch_id is not None
+        result = derive_patch(
+            diff,
+            patch_id=patch_id,
+            base_version=base_version,
+            base_src=base_src,
+            note=note,
+            **common,
+        )
+        source = str(diff)
     if output_format == "json":
         from deepstack_patch.output.derived import derive_json
         from deepstack_patch.output.documents import dump_json
@@ -110,4 +163,4 @@ def derive(
         return
     from deepstack_patch.output.derived import print_derived
 
-    print_derived(stdout_console(), result, str(diff))
+    print_derived(stdout_console(), result, source)

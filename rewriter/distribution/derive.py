@@ -19,6 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deepstack_patch.distribution.derive_sources import (
+    mail_subject,
+    read_diff,
+    release_base,
+    source_base,
+)
 from deepstack_patch.distribution.unified_diff import (
     BASE_HINT,
     FileDiff,
@@ -70,6 +76,8 @@ class DeriveResult:
     tests: list[RecordedTest]
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: With ``--commit``: the commit the diff is (its full sha); else "".
+    commit: str = ""
 
 
 def is_test_path(path: str) -> bool:
@@ -469,6 +477,7 @@ def derive(
     out: Path,
     base_version: str | None = None,
     base_src: Path | None = None,
+    tree_version: str | None = None,
     title: str = "",
     symptom: str = "",
     taken_ids: Sequence[str] = (),
@@ -477,18 +486,25 @@ def derive(
     fixed_in: str = "",
 ) -> DeriveResult:
     """Derive a patch from the diff file ``diff`` on a release or tree, check
-    it, and write its data file into ``out``."""
+    it, and write its data file into ``out``.
+
+    ``tree_version`` (``--base-version``) is the version of a ``base_src``
+    tree, which a tree without version metadata must be given. Without a
+    ``title``, a ``git format-patch`` mail's subject is the title."""
     started = time.monotonic()
     if (base_version is None) == (base_src is None):
         raise DeepstackError(
             "give exactly one of --base VERSION and --base-src PATH",
             "e.g. --base 0.27.1 (the release the PR was made against)",
         )
-    check_patch_id(patch_id, taken_ids)
-    check_upstream(upstream_url, fixed_in)
-    target = out / data_file_name(patch_id)
-    _check_out(out, target, patch_id)
-    diff_text = _read_diff(diff)
+    if base_version is not None and tree_version is not None:
+        raise DeepstackError(
+            "--base-version goes with --base-src or --commit: --base is a "
+            "release, and its version",
+            "leave out --base-version",
+        )
+    prepare_out(out, patch_id, taken_ids, upstream_url, fixed_in)
+    diff_text = read_diff(diff)
     if not diff_text.strip():
         raise DeepstackError(
             f"--diff {diff}: the file is empty",
@@ -497,21 +513,17 @@ def derive(
         )
     files = parse_diff(diff_text, str(diff))
     if base_src is not None:
-        try:
-            base = VllmTree.open(base_src)
-        except DeepstackError as exc:  # worded for --vllm-src, the usual option
-            exc.message = exc.message.replace("--vllm-src", "--base-src", 1)
-            raise
+        base = source_base(base_src, tree_version)
         label = f"tree {base_src}"
     else:
         assert base_version is not None
-        base = _release_base(base_version, [f.path for f in files if f.path], note)
+        base = release_base(base_version, [f.path for f in files if f.path], note)
         label = f"vLLM {base_version}"
     result = derive_patch_from_text(
         diff_text,
         base,
         patch_id,
-        title=title,
+        title=title or mail_subject(diff_text),
         symptom=symptom,
         diff_name=str(diff),
         taken_ids=taken_ids,
@@ -521,6 +533,24 @@ def derive(
     )
     if base_version is not None:
         result.patch.base = base_version
+    return write_result(result, out, started)
+
+
+def prepare_out(
+    out: Path,
+    patch_id: str,
+    taken_ids: Sequence[str],
+    upstream_url: str,
+    fixed_in: str,
+) -> None:
+    """The checks of the id, the metadata and ``--out`` before any work."""
+    check_patch_id(patch_id, taken_ids)
+    check_upstream(upstream_url, fixed_in)
+    _check_out(out, out / data_file_name(patch_id), patch_id)
+
+
+def write_result(result: DeriveResult, out: Path, started: float) -> DeriveResult:
+    """Write the checked patch's data file into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     result.data_file = write_derived(result.patch, out)
     result.seconds = time.monotonic() - started
@@ -554,34 +584,3 @@ def _check_out(out: Path, target: Path, patch_id: str) -> None:
             "choose another id, or remove the old data file first (two "
             "patches of one id cannot join a series)",
         )
-
-
-def _read_diff(diff: Path) -> str:
-    try:
-        return diff.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DeepstackError(
-            f"--diff {diff}: no such file",
-            "save the PR's diff first (https://github.com/OWNER/REPO/pull/N.diff)",
-        ) from None
-    except UnicodeDecodeError:
-        raise DeepstackError(
-            f"--diff {diff}: not a text file (not UTF-8)",
-            "give a unified diff as git or GitHub writes it",
-        ) from None
-    except OSError as exc:
-        raise DeepstackError(
-            f"--diff {diff}: cannot read: {exc.strerror}",
-            "give the file that holds the diff",
-        ) from None
-
-
-def _release_base(
-    version: str, paths: list[str], note: Callable[[str], None] | None
-) -> VllmTree:
-    """The diff's files of a release, extracted once into the cache."""
-    from deepstack_patch.distribution.matrix import status_tree
-    from deepstack_patch.fetch.releases import release_archive
-
-    archive = release_archive(version, None, note)
-    return status_tree(archive, version, sorted(set(paths)))

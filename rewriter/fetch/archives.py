@@ -66,6 +66,35 @@ def extract_part(archive: Path, out: Path, wanted: MemberFilter) -> Path:
     return out
 
 
+def write_once(out: Path, fill: Callable[[Path], None], what: str) -> Path:
+    """Fill the folder ``out`` once with ``fill(staging)``; later calls reuse it.
+
+    For trees that come from elsewhere than an archive (a commit's files in
+    a git object store): staged and moved into place whole, under ``out``'s
+    lock, as an extraction is, so an ``out`` that exists is complete.
+    """
+    make_folder(out.parent, "the output folder's parent")
+    with extraction_lock(out):
+        _remove_stale_staging(out)
+        if out.is_dir():
+            return out
+        try:
+            staging = Path(
+                tempfile.mkdtemp(prefix=f".{out.name}{_STAGING}", dir=out.parent)
+            )
+            try:
+                fill(staging)
+                _move_into_place(staging, out)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        except OSError as exc:
+            raise DeepstackError(
+                f"writing {what} into {out} failed: {exc.strerror or exc}",
+                os_error_hint(exc, out.absolute().parent),
+            ) from None
+    return out
+
+
 def _extract_once(
     archive: Path,
     out: Path,

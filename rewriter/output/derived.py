@@ -17,6 +17,7 @@ def derive_json(result: Any) -> dict[str, Any]:
         "base": result.base_version,
         "upstream_url": result.patch.upstream_url,
         "fixed_in": result.patch.fixed_in,
+        "commit": result.commit,
         "data_file": str(result.data_file),
         "round_trip": result.round_trip,
         "units": [

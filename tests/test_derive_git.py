@@ -1,0 +1,411 @@
+"""``derive --commit``: a derived patch from a commit of a git clone.
+
+The clone is built here: a small made-up ``vllm/`` package, a tag, and a
+fix commit whose subject ends in the pull request's number, as upstream
+squash-merges them. Also the ``--diff`` cases this brings: a format-patch's
+subject as the title, and a tree with no version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from deepstack_patch.cli import main
+from deepstack_patch.engine.derived import load_derived
+
+PATH = "vllm/sampler.py"
+TEST_PATH = "tests/test_sampler.py"
+
+BEFORE = '''"""A made-up sampler."""
+
+LIMIT = 4
+
+
+class Sampler:
+    def __init__(self, n):
+        self.n = n
+
+    def clamp(self, x):
+        if x > LIMIT:
+            x = LIMIT
+        return x
+'''
+
+AFTER = BEFORE.replace("        return x\n", "        return max(x, 0)\n")
+
+SUBJECT = "[Bugfix] Clamp negative sampler values to zero (#123)"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=T", "-c", "user.email=t@e.st",
+         "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def commit_files(repo: Path, files: dict[str, str], subject: str) -> str:
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", subject)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> tuple[Path, str]:
+    """A clone with a tag v0.1.0, the fix on top of it, and a later commit."""
+    repo = tmp_path / "vllm-clone"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commit_files(
+        repo,
+        {
+            "vllm/__init__.py": "",
+            PATH: BEFORE,
+            TEST_PATH: "def test_clamp():\n    pass\n",
+            "README.md": "made up\n",
+        },
+        "Initial",
+    )
+    git(repo, "tag", "v0.1.0")
+    fix = commit_files(
+        repo,
+        {
+            PATH: AFTER,
+            TEST_PATH: "def test_clamp():\n    assert clamp(-1) == 0\n",
+            "README.md": "made up, fixed\n",
+        },
+        SUBJECT,
+    )
+    commit_files(repo, {"vllm/later.py": "X = 1\n"}, "Later work (#124)")
+    return repo, fix
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
+
+
+def work_tree_state(repo: Path) -> tuple[str, str, bytes, str]:
+    return (
+        git(repo, "rev-parse", "HEAD"),
+        git(repo, "status", "--porcelain", "--untracked-files=all"),
+        (repo / ".git" / "index").read_bytes(),
+        (repo / PATH).read_text(),
+    )
+
+
+def test_derive_commit_from_a_clone_leaves_its_work_tree_alone(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    repo, fix = clone
+    # The work tree is elsewhere and dirty: checked out at the tag, with a
+    # change of the very file the fix changes, staged, and an untracked file.
+    git(repo, "checkout", "-q", "v0.1.0")
+    (repo / PATH).write_text(BEFORE + "\n# local change\n")
+    git(repo, "add", PATH)
+    (repo / "vllm" / "scratch.py").write_text("Y = 2\n")
+    before = work_tree_state(repo)
+    out = tmp_path / "out"
+    result = cli(
+        "derive", "--commit", fix[:10], "--repo", str(repo), "--out", str(out),
+        "--format", "json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    document = json.loads(result.stdout)
+    assert document["id"] == "vllm#123"
+    assert document["commit"] == fix
+    assert document["base"] == "0.1.0"
+    assert document["upstream_url"] == "https://github.com/vllm-project/vllm/pull/123"
+    assert document["tests"] == [TEST_PATH]
+    assert document["notes"] == ["README.md: not Python, left out"]
+    patch = load_derived(out / "vllm-123.toml")
+    assert patch.title == SUBJECT
+    assert patch.base == "0.1.0"
+    assert patch.upstream_url == "https://github.com/vllm-project/vllm/pull/123"
+    assert [u.name for u in patch.units] == ["Sampler.clamp"]
+    assert "assert clamp(-1) == 0" in patch.recorded_tests[0].content
+    assert work_tree_state(repo) == before
+
+
+def test_derive_commit_in_a_bare_clone_and_from_inside_a_work_tree(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    repo, fix = clone
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(bare)], check=True)
+    result = cli(
+        "derive", "--commit", fix, "--repo", str(bare), "--out",
+        str(tmp_path / "from-bare"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"derived vllm#123 from commit {fix[:12]} on vLLM 0.1.0" in result.stdout
+    # Without --repo: the repository the command runs in.
+    result = cli(
+        "derive", "--commit", fix, "--out", str(tmp_path / "from-inside"),
+        cwd=repo / "vllm",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    derived = [
+        load_derived(tmp_path / folder / "vllm-123.toml")
+        for folder in ("from-bare", "from-inside")
+    ]
+    assert derived[0].units == derived[1].units
+    assert [p.base for p in derived] == ["0.1.0", "0.1.0"]
+
+
+def test_a_parent_after_the_tag_is_described(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    repo, _fix = clone
+    later = commit_files(repo, {PATH: AFTER.replace("max(x, 0)", "max(x, 1)")}, "Fix")
+    code, output = run(
+        "derive", "--commit", later, "--repo", str(repo), "--id", "local#2",
+        "--out", str(tmp_path / "out"), "--format", "json",
+    )  # fmt: skip
+    assert code == 0, output
+    parent = git(repo, "rev-parse", "--short", f"{later}~1")
+    assert json.loads(output)["base"] == f"0.1.0-2-g{parent}"
+
+
+def test_a_clone_without_tags_needs_base_version(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    repo, fix = clone
+    git(repo, "tag", "-d", "v0.1.0")
+    out = tmp_path / "out"
+    code, output = run(
+        "derive", "--commit", fix, "--repo", str(repo), "--out", str(out)
+    )
+    assert code == 2
+    assert "git describe finds no tag" in output
+    assert "hint: pass --base-version VERSION" in output
+    assert not out.exists()
+    code, output = run(
+        "derive", "--commit", fix, "--repo", str(repo), "--out", str(out),
+        "--base-version", "not a version",
+    )  # fmt: skip
+    assert code == 2 and "--base-version 'not a version': not a version" in output
+    code, output = run(
+        "derive", "--commit", fix, "--repo", str(repo), "--out", str(out),
+        "--base-version", "0.0.9",
+    )  # fmt: skip
+    assert code == 0, output
+    assert "on vLLM 0.0.9" in output
+    assert load_derived(out / "vllm-123.toml").base == "0.0.9"
+
+
+def test_a_subject_without_a_pull_request_needs_an_id(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    repo, _fix = clone
+    local = commit_files(repo, {PATH: AFTER.replace("max(x, 0)", "abs(x)")}, "Fix it")
+    out = tmp_path / "out"
+    code, output = run(
+        "derive", "--commit", local, "--repo", str(repo), "--out", str(out)
+    )
+    assert code == 2
+    assert "its subject names no pull request" in output and "--id ID" in output
+    code, output = run(
+        "derive", "--commit", local, "--repo", str(repo), "--out", str(out),
+        "--id", "acme#7", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, output
+    document = json.loads(output)
+    assert (document["id"], document["upstream_url"]) == ("acme#7", "")
+    assert load_derived(out / "acme-7.toml").title == "Fix it"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        (["--diff", "fix.diff"], "--commit and --diff exclude each other"),
+        (["--base", "0.20.2"], "--commit and --base exclude each other"),
+        (["--base-src", "."], "--commit and --base-src exclude each other"),
+    ],
+)
+def test_commit_excludes_a_diff_and_its_base(
+    tmp_path: Path, clone: tuple[Path, str], arguments: list[str], expected: str
+) -> None:
+    repo, fix = clone
+    out = tmp_path / "out"
+    code, output = run(
+        "derive", "--commit", fix, "--repo", str(repo), "--out", str(out), *arguments
+    )
+    assert code == 2
+    assert expected in output and "hint:" in output
+    assert not out.exists()
+
+
+def test_the_source_options_are_checked(tmp_path: Path) -> None:
+    out = str(tmp_path / "out")
+    code, output = run("derive", "--out", out, "--id", "local#1")
+    assert code == 2 and "give the fix: --diff FILE" in output
+    code, output = run(
+        "derive", "--repo", ".", "--diff", "x", "--id", "a#1", "--out", out
+    )
+    assert code == 2 and "--repo goes with --commit" in output
+    code, output = run("derive", "--diff", "x", "--base-src", ".", "--out", out)
+    assert code == 2 and "--diff needs --id ID" in output
+    code, output = run(
+        "derive", "--diff", "x", "--base", "0.20.2", "--base-version", "0.20.2",
+        "--id", "a#1", "--out", out,
+    )  # fmt: skip
+    assert code == 2 and "--base-version goes with --base-src or --commit" in output
+
+
+def test_a_missing_commit_a_root_commit_and_not_a_repository(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    repo, _fix = clone
+    out = str(tmp_path / "out")
+    code, output = run(
+        "derive", "--commit", "f" * 40, "--repo", str(repo), "--out", out
+    )
+    assert code == 2 and "no such commit" in output and "hint:" in output
+    root = git(repo, "rev-list", "--max-parents=0", "HEAD")
+    code, output = run("derive", "--commit", root, "--repo", str(repo), "--out", out)
+    assert code == 2 and "is a root commit" in output
+    elsewhere = tmp_path / "not-a-repo"
+    elsewhere.mkdir()
+    code, output = run(
+        "derive", "--commit", "HEAD", "--repo", str(elsewhere), "--out", out
+    )
+    assert code == 2 and "not a git repository" in output
+    code, output = run(
+        "derive", "--commit", "HEAD", "--repo", str(tmp_path / "no"), "--out", out
+    )
+    assert code == 2 and "no such folder" in output
+
+
+def test_without_gitpython_commit_says_what_to_install(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    repo, fix = clone
+    code = (
+        "import sys; sys.modules['git'] = None\n"  # import git raises ImportError
+        "from deepstack_patch.entry import main\n"
+        "sys.argv = ['deepstack-patch', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "derive", "--commit", fix, "--repo", str(repo),
+         "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "derive --commit needs GitPython, which is not installed" in result.stderr
+    assert "pip install 'deepstack-patch[vendor]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_format_patch_subject_is_the_title(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    """git format-patch folds a long subject over two header lines."""
+    repo, _fix = clone
+    subject = "[Bugfix] " + "Keep the sampler's values in range " * 3 + "(#125)"
+    fix = commit_files(repo, {PATH: AFTER.replace("max(x, 0)", "abs(x)")}, subject)
+    mail = tmp_path / "fix.patch"
+    mail.write_text(git(repo, "format-patch", "-1", "--stdout", fix) + "\n")
+    assert "Subject: [PATCH] " in mail.read_text()
+    base = tmp_path / "base"
+    (base / "vllm").mkdir(parents=True)
+    (base / "vllm" / "__init__.py").write_text("")
+    (base / PATH).write_text(AFTER)
+    out = tmp_path / "out"
+    code, output = run(
+        "derive", "--diff", str(mail), "--base-src", str(base), "--base-version",
+        "0.1.0", "--id", "vllm#125", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, output
+    assert load_derived(out / "vllm-125.toml").title == subject
+    code, output = run(
+        "derive", "--diff", str(mail), "--base-src", str(base), "--base-version",
+        "0.1.0", "--id", "vllm#126", "--out", str(out), "--title", "Mine",
+    )  # fmt: skip
+    assert code == 0, output
+    assert load_derived(out / "vllm-126.toml").title == "Mine"
+
+
+def test_a_tree_without_a_version_is_refused_or_takes_base_version(
+    tmp_path: Path,
+) -> None:
+    base = tmp_path / "base"
+    (base / "vllm").mkdir(parents=True)
+    (base / "vllm" / "__init__.py").write_text("")
+    (base / PATH).write_text(BEFORE)
+    diff = tmp_path / "fix.diff"
+    repo = tmp_path / "scratch"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    commit_files(repo, {PATH: BEFORE}, "before")
+    commit_files(repo, {PATH: AFTER}, "after")
+    diff.write_text(git(repo, "diff", "HEAD~1", "HEAD") + "\n")
+    out = tmp_path / "out"
+    args = ["derive", "--diff", str(diff), "--base-src", str(base), "--id", "local#1"]
+    code, output = run(*args, "--out", str(out))
+    assert code == 2
+    assert "the tree has no version" in output
+    assert "hint: pass --base-version VERSION" in output
+    assert not out.exists()
+    code, output = run(*args, "--out", str(out), "--base-version", "0.20.2")
+    assert code == 0, output
+    assert "on vLLM 0.20.2" in output and "unknown" not in output
+    assert load_derived(out / "local-1.toml").base == "0.20.2"
+
+
+def test_the_base_holds_the_modules_the_fix_imports_from(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    """Where a name the fix reads from another vllm module is looked up."""
+    repo, _fix = clone
+    commit_files(
+        repo,
+        {
+            "vllm/limits.py": "FLOOR = 0\n",
+            "vllm/helpers.py": "def floor(x):\n    return x\n",
+        },
+        "Add limits",
+    )
+    importing = AFTER.replace(
+        '"""A made-up sampler."""\n',
+        '"""A made-up sampler."""\nfrom vllm.limits import FLOOR\n\n'
+        "from .helpers import floor\n",
+    ).replace("max(x, 0)", "floor(max(x, FLOOR))")
+    fix = commit_files(repo, {PATH: importing}, "[Bugfix] Floor (#130)")
+    out = tmp_path / "out"
+    code, output = run(
+        "derive", "--commit", fix, "--repo", str(repo), "--out", str(out)
+    )
+    assert code == 0, output
+    [base] = (tmp_path / "cache" / "commit-trees").iterdir()
+    held = sorted(p.relative_to(base).as_posix() for p in base.rglob("*.py"))
+    assert held == ["vllm/__init__.py", "vllm/helpers.py", "vllm/limits.py", PATH]
