@@ -142,12 +142,13 @@ class DerivedPatch(Patch):
                     state.span,
                     f"{absent[0].description} is absent while {unit.name} is "
                     "there: a derived patch applies whole or not at all",
+                    line=state.line,
                 )
             findings.append(
                 Finding(
                     state=state.state,
                     symbol=unit.name,
-                    line=state.span[0],
+                    line=state.line or state.span[0],
                     span=state.span,
                     reason=state.reason,
                     part=unit.part,
@@ -165,6 +166,7 @@ class DerivedPatch(Patch):
     ) -> _UnitState | None:
         states: list[tuple[PatchState, str]] = []
         spans: list[tuple[int, int]] = []
+        lines: list[int] = []
         details: dict[str, Any] = {}
         for index, edit in enumerate(unit.edits):
             compiled = self._compile(edit)
@@ -180,6 +182,7 @@ class DerivedPatch(Patch):
                 if isinstance(located, str):
                     states.append((PatchState.DRIFTED, located))
                     continue
+                lines.extend(_definition_line(located))
                 state, reason, span = _recognise_edit(
                     compiled, located, shapes_of, unit.name
                 )
@@ -187,23 +190,25 @@ class DerivedPatch(Patch):
             spans.append(span)
         first = min((s for s, _ in spans), default=1)
         last = max((e for _, e in spans), default=first)
+        line = min(lines, default=0)
         if len(spans) < len(states):  # a drifted step: point at the unit
             return _UnitState(
                 PatchState.DRIFTED,
                 (first, last),
                 "; ".join(r for s, r in states if s is PatchState.DRIFTED),
+                line=line,
             )
         kinds = {state for state, _ in states}
         if kinds == {PatchState.NEEDED}:
-            return _UnitState(PatchState.NEEDED, (first, last), "", details)
+            return _UnitState(PatchState.NEEDED, (first, last), "", details, line)
         if kinds == {PatchState.APPLIED}:
-            return _UnitState(PatchState.APPLIED, (first, last), "")
+            return _UnitState(PatchState.APPLIED, (first, last), "", line=line)
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
         reason = "; ".join(drifted) or (
             "part of the fix is there and part is not: "
             + ", ".join(f"edit {i + 1} {s}" for i, (s, _) in enumerate(states))
         )
-        return _UnitState(PatchState.DRIFTED, (first, last), reason)
+        return _UnitState(PatchState.DRIFTED, (first, last), reason, line=line)
 
     def _renamed(
         self, unit: Unit, tree: ast.Module, state: _UnitState, uses: Counter[str] | None
@@ -218,14 +223,16 @@ class DerivedPatch(Patch):
         renaming = rename.renaming_of(edits, recorded, target)
         if not renaming or isinstance(renaming, str):
             reason = "; ".join(filter(None, [state.reason, renaming or ""]))
-            return _UnitState(state.state, state.span, reason, state.details)
+            return _UnitState(
+                state.state, state.span, reason, state.details, state.line
+            )
         renamed_back = rename.renamed_back(tree, target, renaming)
         found = self._recognise_unit(unit, renamed_back, ShapeCache(), uses)
         if found is None or found.state is PatchState.DRIFTED:
             return state
         why = rename.collision(edits, recorded, target, renaming)
         if found.state is PatchState.NEEDED and why:
-            return _UnitState(PatchState.DRIFTED, found.span, why)
+            return _UnitState(PatchState.DRIFTED, found.span, why, line=found.line)
         found.details["renaming"] = renaming
         return found
 
@@ -281,6 +288,10 @@ class _UnitState:
     span: tuple[int, int]
     reason: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    #: The line shown for the unit: its definition's first line (decorators
+    #: included), as a hand-written patch shows its target; 0: the span's.
+    #: The span may start higher, at the blank lines above the definition.
+    line: int = 0
 
 
 @dataclass
@@ -331,6 +342,13 @@ def _locate(
             return f"`{code.strip().splitlines()[0]}` in {where} has no {field_name}"
         block, owner = inner, node
     return _Located(block, owner, unit_node, None, unit_first)
+
+
+def _definition_line(located: _Located) -> list[int]:
+    """The first line of the definition an edit is in (its decorators
+    included), as a one-item list; none for the module's own statements."""
+    node = located.target or located.unit_node
+    return [] if isinstance(node, ast.Module) else [_lines(node)[0]]
 
 
 def _where(owner: ast.AST) -> str:
