@@ -64,6 +64,9 @@ class DeriveResult:
     tests: list[RecordedTest]
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: The base tree the patch was checked on (a release's files, extracted
+    #: into the cache, or --base-src).
+    tree: VllmTree | None = None
 
 
 def is_test_path(path: str) -> bool:
@@ -175,6 +178,7 @@ def derive_patch_from_text(
         tests=tests,
         seconds=time.monotonic() - started,
         notes=notes,
+        tree=base,
     )
 
 

@@ -45,9 +45,22 @@ def proven_by_recorded_tests(patch: Patch) -> bool:
 
 
 def no_proof_reason(patch: Patch) -> str:
+    """Why ``patch`` has no proof, and what gives it one (a ``hint:`` line)."""
+    from deepstack_patch.output.upstream import derived_base
+
+    if derived_base(patch):
+        return (
+            f"no proof: {patch.id} is a derived patch ({patch.origin}) with no "
+            "recorded tests: the diff it was derived from changed no test file\n"
+            "hint: derive it again from the pull request's whole diff, its tests "
+            "included (https://github.com/OWNER/REPO/pull/N.diff): verify runs "
+            f"them; or verify the others with --skip {patch.id}"
+        )
     return (
         f"no proof: {type(patch).__name__} ({patch.origin}) has no prove() "
-        "method and no recorded tests"
+        "method and no recorded tests\n"
+        "hint: give the patch a prove(tree) method, or recorded_tests "
+        "(docs/adding-a-patch.md)"
     )
 
 
