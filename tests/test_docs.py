@@ -348,6 +348,78 @@ def test_trimmed_examples_name_the_whole_series() -> None:
         assert re.findall(r"vllm#\d+", found) == ids
 
 
+# --- how often a derived patch writes the hand-written code: one place --------
+
+#: The one page that states it (issue 31): its table, and its prose.
+FIGURES = ROOT / "docs" / "derived-vs-series.md"
+PERCENT = re.compile(r"(?<![\w.%])(\d{1,3}(?:\.\d+)?) ?%(?!\w)")
+OF_CELLS = re.compile(r"\b(\d+) of (\d+) cells\b")
+
+
+def derived_share() -> tuple[int, int]:
+    """Cells where the series writes, and those the derived patches got
+    right: the table's row of the five fixes together."""
+    text = FIGURES.read_text(encoding="utf-8")
+    [(cells, same)] = re.findall(r"^\| all five \| (\d+) \| (\d+) \|", text, re.M)
+    return int(same), int(cells)
+
+
+def paragraphs(text: str) -> list[str]:
+    """The prose of a page (fenced blocks left out), paragraph by paragraph."""
+    joined = "\n".join(line for _, line in prose_lines(text))
+    return [part for part in re.split(r"\n\s*\n", joined) if part.strip()]
+
+
+def other_shares(text: str, same: int, cells: int) -> list[str]:
+    """The shares a page states of what derived patches get right that are
+    not ``same`` of ``cells``: a paragraph about derived patches with another
+    percentage, or other counts of cells."""
+    share = round(100 * same / cells)
+    wrong = []
+    for paragraph in paragraphs(text):
+        if not re.search(r"\bderive", paragraph, re.IGNORECASE):
+            continue
+        flat = " ".join(paragraph.split())
+        wrong += [m[0] for m in PERCENT.finditer(flat) if float(m[1]) != share]
+        wrong += [
+            m[0]
+            for m in OF_CELLS.finditer(flat)
+            if (int(m[1]), int(m[2])) != (same, cells)
+        ]
+    return wrong
+
+
+def test_the_derived_patches_share_is_stated_in_one_place() -> None:
+    """docs/derived-vs-series.md keeps the figure, its prose as its table; a
+    page that states it elsewhere states the same (better: links to it)."""
+    same, cells = derived_share()
+    text = FIGURES.read_text(encoding="utf-8")
+    stated = re.findall(
+        r"\*\*Correct where the series writes:\*\* (\d+) of (\d+) cells \((\d+)%\)",
+        text,
+    )
+    assert stated == [(str(same), str(cells), str(round(100 * same / cells)))]
+    wrong = {
+        str(path.relative_to(ROOT)): found
+        for path in documents()
+        if path != FIGURES
+        and (found := other_shares(path.read_text(encoding="utf-8"), same, cells))
+    }
+    assert wrong == {}
+
+
+def test_a_page_with_another_share_is_caught() -> None:
+    page = (
+        "Intro.\n\nOver the cells where the hand-written patch writes a derived\n"
+        "patch was right on 68% (122 of 180 cells).\n\n"
+        "```\nderived 99%\n```\n\nA 0.20.2%2Bdeepstack.1 purl, 50% of nothing.\n"
+    )
+    assert other_shares(page, 144, 180) == ["68%", "122 of 180 cells"]
+    assert (
+        other_shares(page.replace("68%", "80%").replace("122", "144"), 144, 180) == []
+    )
+
+
 @pytest.mark.release
 def test_installed_md_counts_the_files_the_series_changes(
     release_tree: Callable[[str], Path],
