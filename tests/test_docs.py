@@ -420,6 +420,66 @@ def test_a_page_with_another_share_is_caught() -> None:
     )
 
 
+# --- the test tiers README names ---------------------------------------------
+
+#: README's fast tier: ``python -m pytest -m "EXPRESSION"`` in its prose.
+FAST_TIER = re.compile(r'`python -m pytest -m "([^"`]+)"`')
+
+
+def readme_ci_commands() -> list[str]:
+    """The fenced block after the ``<!-- ci:`` marker, as .ci/run reads it."""
+    text = README.read_text(encoding="utf-8")
+    block = text.split("<!-- ci:", 1)[1].split("```", 2)[1]
+    return [line for line in block.splitlines()[1:] if line.strip()]
+
+
+def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+
+
+def test_readme_names_the_fast_tier_and_it_leaves_out_the_slow_tests() -> None:
+    """CI's two commands stay; the fast tier beside them selects by markers
+    pytest knows, and leaves out every test that downloads a release or
+    needs the proof environment."""
+    from deepstack_patch.engine.targets import tomllib
+
+    assert readme_ci_commands() == [
+        "python -m pip install -e '.[test]'",
+        "python -m pytest",
+    ]
+    [expression] = FAST_TIER.findall(README.read_text(encoding="utf-8"))
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    options = config["tool"]["pytest"]["ini_options"]
+    registered = {marker.split(":")[0] for marker in options["markers"]}
+    named = set(re.findall(r"\w+", expression)) - {"not", "and", "or"}
+    assert named == {"release", "verify"} <= registered, expression
+    files = ["tests/test_docs.py", "tests/test_locations.py"]
+    everything = pytest_run("--co", "-q", *files)
+    fast = pytest_run("--co", "-q", "-m", expression, *files)
+    assert everything.returncode == fast.returncode == 0, fast.stdout + fast.stderr
+    ids = [line for line in everything.stdout.splitlines() if "::" in line]
+    kept = [line for line in fast.stdout.splitlines() if "::" in line]
+    slow = [
+        "tests/test_locations.py::test_apply_prints_the_lines_of_the_files_it_wrote",
+        "tests/test_docs.py::test_installed_md_counts_the_files_the_series_changes",
+    ]
+    assert set(slow) <= set(ids) and not set(slow) & set(kept)
+    assert "tests/test_docs.py::test_readme_stays_short" in kept
+
+
+def test_pytest_prints_the_30_slowest_tests() -> None:
+    """README's ``python -m pytest`` (CI's) ends with the 30 slowest tests."""
+    result = pytest_run("tests/test_docs.py::test_readme_stays_short")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"=+ slowest 30 durations =+", result.stdout), result.stdout
+
+
 @pytest.mark.release
 def test_installed_md_counts_the_files_the_series_changes(
     release_tree: Callable[[str], Path],
