@@ -182,7 +182,10 @@ class DerivedPatch(Patch):
                 if isinstance(located, str):
                     states.append((PatchState.DRIFTED, located))
                     continue
-                lines.extend(_definition_line(located))
+                # Shown at its def, not at the blank lines its span starts with.
+                node = located.target or located.unit_node
+                if not isinstance(node, ast.Module):
+                    lines.append(_lines(node)[0])
                 state, reason, span = _recognise_edit(
                     compiled, located, shapes_of, unit.name
                 )
@@ -222,10 +225,8 @@ class DerivedPatch(Patch):
         recorded = one_statement(unit.before)
         renaming = rename.renaming_of(edits, recorded, target)
         if not renaming or isinstance(renaming, str):
-            reason = "; ".join(filter(None, [state.reason, renaming or ""]))
-            return _UnitState(
-                state.state, state.span, reason, state.details, state.line
-            )
+            state.reason = "; ".join(filter(None, [state.reason, renaming or ""]))
+            return state
         renamed_back = rename.renamed_back(tree, target, renaming)
         found = self._recognise_unit(unit, renamed_back, ShapeCache(), uses)
         if found is None or found.state is PatchState.DRIFTED:
@@ -288,9 +289,7 @@ class _UnitState:
     span: tuple[int, int]
     reason: str = ""
     details: dict[str, Any] = field(default_factory=dict)
-    #: The line shown for the unit: its definition's first line (decorators
-    #: included), as a hand-written patch shows its target; 0: the span's.
-    #: The span may start higher, at the blank lines above the definition.
+    #: The line shown: the definition's first (as a hand-written patch's); 0: span's.
     line: int = 0
 
 
@@ -342,13 +341,6 @@ def _locate(
             return f"`{code.strip().splitlines()[0]}` in {where} has no {field_name}"
         block, owner = inner, node
     return _Located(block, owner, unit_node, None, unit_first)
-
-
-def _definition_line(located: _Located) -> list[int]:
-    """The first line of the definition an edit is in (its decorators
-    included), as a one-item list; none for the module's own statements."""
-    node = located.target or located.unit_node
-    return [] if isinstance(node, ast.Module) else [_lines(node)[0]]
 
 
 def _where(owner: ast.AST) -> str:
