@@ -1,4 +1,5 @@
-"""The console entry point: Ctrl-C is handled before the command line loads.
+"""The console entry point: Ctrl-C and a closed pipe are handled before the
+command line loads.
 
 ``deepstack_patch.cli`` imports click and the command line's own modules
 when it is imported, which takes a good part of the first tenth of a second;
@@ -10,6 +11,8 @@ is Python's own start-up and loading this module and the package's empty
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 
 # Not `from typing import TYPE_CHECKING`: typing takes milliseconds to import,
@@ -30,8 +33,63 @@ def interrupted() -> NoReturn:
     sys.exit(EXIT_INTERRUPTED)
 
 
+class _UntilTheReaderGoes(io.RawIOBase):
+    """Writes to a file descriptor; once its reader has gone (``| head``),
+    the descriptor is pointed at the null device and the rest goes there.
+
+    Python ignores SIGPIPE, so a write into a pipe nobody reads raises
+    BrokenPipeError wherever it happens: in the middle of a table, or in
+    Python's own flush at exit. Caught here, once, under every print, it ends
+    nothing: the command finishes as if its output went to /dev/null, with
+    the exit code it would have had (an apply that wrote says 0, a status
+    that found a drifted target says 2). Processes started later inherit the
+    null device, not a broken pipe.
+    """
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        try:
+            return os.write(self._fd, data)
+        except BrokenPipeError:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._fd)
+            os.close(null)
+            return len(data)
+
+
+def _survive_closed_pipe(stream: io.TextIOWrapper) -> io.TextIOWrapper:
+    """``stream`` (stdout or stderr), the same but for a reader that goes."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return stream  # not a file descriptor (an embedding program's stream)
+    stream.flush()
+    return io.TextIOWrapper(
+        io.BufferedWriter(_UntilTheReaderGoes(fd)),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=stream.line_buffering,
+        write_through=stream.write_through,
+    )
+
+
 def main() -> NoReturn:
-    """Load the command line and run it; Ctrl-C at any point ends in 130."""
+    """Load the command line and run it; Ctrl-C at any point ends in 130, and
+    a reader that closes the pipe changes nothing but what is printed."""
+    sys.stdout = _survive_closed_pipe(sys.stdout)
+    sys.stderr = _survive_closed_pipe(sys.stderr)
     try:
         from deepstack_patch.cli import main as command_line
 

@@ -302,9 +302,17 @@ def test_drift_is_an_error_like_every_other_refusal(
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert "refused:" not in result.output
-    assert result.stderr.startswith(f"error: {MODEL}:5: vllm#40917 drifted")
-    assert "hint: " in result.stderr and "--skip vllm#40917" in result.stderr
-    assert "vllm#40917" in result.stdout and "drifted" in result.stdout  # the plan
+    # The plan: on stdout, but under --dry-run, whose stdout is a diff (here
+    # an empty one), on stderr before the error.
+    if "--dry-run" in args:
+        assert result.stdout == "", result.stdout
+        plan, _, error = result.stderr.partition("\nerror: ")
+    else:
+        assert result.stderr.startswith("error: "), result.stderr
+        plan, error = result.stdout, result.stderr.removeprefix("error: ")
+    assert error.startswith(f"{MODEL}:5: vllm#40917 drifted"), result.stderr
+    assert "hint: " in error and "--skip vllm#40917" in error
+    assert "vllm#40917" in plan and "drifted" in plan  # the plan
     result = CliRunner().invoke(main, [*args, "--format", "json"])
     assert result.exit_code == 2
     document = json.loads(result.stdout)

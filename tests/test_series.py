@@ -305,9 +305,9 @@ def test_a_file_is_not_a_folder(tmp_path: Path, vendor: Path) -> None:
     assert code == 2 and "not a folder" in err and "hint:" in err
 
 
-def test_missing_folder_is_a_usage_error(tmp_path: Path) -> None:
+def test_missing_folder_is_an_error(tmp_path: Path) -> None:
     code, _, err = run("list", "--patches", str(tmp_path / "nowhere"))
-    assert code == 2 and "does not exist" in err
+    assert code == 2 and "no such folder" in err and "hint:" in err
 
 
 def test_broken_module_names_its_line(tmp_path: Path) -> None:

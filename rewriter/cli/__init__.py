@@ -8,14 +8,12 @@ Exit codes are a contract (docs/output.md, "Exit codes"):
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import Any
 
 import click
 from deepstack_patch import __version__
 from deepstack_patch.cli.common import (
-    EXIT_ERROR,
     interrupted,
     invoked_command,
     os_error,
@@ -50,7 +48,8 @@ class DeepstackGroup(click.Group):
 
     A :class:`DeepstackError`, a file-system error and a click usage error
     become ``error:`` + ``hint:`` (JSON on stdout with ``--format json``) and
-    exit 2; Ctrl-C prints ``interrupted`` and exits 130.
+    exit 2; Ctrl-C prints ``interrupted`` and exits 130. A reader that
+    closes the pipe is deepstack_patch.entry's to handle (it changes nothing).
     """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -96,10 +95,6 @@ class DeepstackGroup(click.Group):
                 ),
                 words,
             )
-        except BrokenPipeError:
-            # The reader went away (`| head`): nothing more to say to it.
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-            sys.exit(EXIT_ERROR)
         sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -111,8 +106,8 @@ class DeepstackGroup(click.Group):
         except DeepstackError as exc:
             report_error(exc, words)
         except OSError as exc:
-            if isinstance(exc, BrokenPipeError):
-                raise
+            # Not stdout's or stderr's closed pipe: deepstack_patch.entry makes
+            # those write to the null device instead of raising.
             report_error(os_error(exc), words)
 
 

@@ -96,7 +96,11 @@ def apply(
     result = apply_tree(tree, series, selected, mode, cache, check=check)
     if result.drifted:
         fields = _apply_fields(result, dry_run, check)
-        sys.exit(refuse_drifted(result.plan, output_format, "apply", **fields))
+        # Under --dry-run stdout is a diff (here an empty one), never a table.
+        refused = refuse_drifted(
+            result.plan, output_format, "apply", table_on_stderr=dry_run, **fields
+        )
+        sys.exit(refused)
     if output_format == "json":
         document = plan_json(
             result.plan, "apply", **_apply_fields(result, dry_run, check)

@@ -29,8 +29,9 @@ from deepstack_patch.cli.common import (
 @click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
-    help="Output folder (default ./backport-VERSION): new, empty, or an earlier "
-    "backport's, which is replaced.",
+    help="The folder backport writes everything into: the patched tree, the "
+    "series, the tarball and report.json (default ./backport-VERSION); new, "
+    "empty, or an earlier backport's, which is replaced.",
 )
 @click.option(
     "--local-version",

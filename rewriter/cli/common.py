@@ -165,6 +165,17 @@ def warn(text: str) -> None:
     stderr_console().print(f"[yellow]warning:[/] {escape(text)}")
 
 
+#: What ``--out`` is to each command that opens a tree: the extraction it
+#: works on, and where its own output goes instead (backport, wheel and
+#: derive have an ``--out`` of their own).
+OUT_IS = {
+    "apply": ("patched", ""),
+    "status": ("read", ""),
+    "export": ("read", " The series goes to --series."),
+    "verify": ("proved", " The GPU evidence goes to --evidence-out."),
+}
+
+
 def tree_options(
     command: Callable[..., Any], *, read_only: bool = False
 ) -> Callable[..., Any]:
@@ -177,6 +188,7 @@ def tree_options(
     # A command with its own --python (verify: the interpreter to run in)
     # shares it: with --installed it is also the one whose vLLM is used.
     own_python = "python" in inspect.signature(command).parameters
+    verb, elsewhere = OUT_IS.get(command.__name__, ("worked on", ""))
 
     @click.option(
         "--vllm-src",
@@ -194,8 +206,9 @@ def tree_options(
     @click.option(
         "--out",
         type=click.Path(path_type=Path, file_okay=False),
-        help="With --release: where to extract (default ./vllm-VERSION). An "
-        "earlier extraction of the same release is reused."
+        help="With --release: the folder the release's source is extracted "
+        f"into and {verb} there (default ./vllm-VERSION; an earlier extraction "
+        f"of the same release is reused).{elsewhere}"
         + (
             " Without it, status reads only the patches' files, extracted once "
             "into the cache."
@@ -369,6 +382,12 @@ def load_series(folders: Sequence[Path] | None = None) -> Sequence[Patch]:
     meta = context.meta if context is not None else {}
     if folders is None:
         folders = meta.get(PATCHES_META, ())
+    # One folder given twice (or by two names) is one folder: its patches
+    # join once, rather than colliding with themselves.
+    unique: dict[Path, Path] = {}
+    for folder in folders:
+        unique.setdefault(Path(folder).resolve(), Path(folder))
+    folders = [*unique.values()]
     key = (PATCHES_META, tuple(folders))
     if key not in meta:  # once per command: a module runs once
         from deepstack_patch.engine.series import (
@@ -401,19 +420,29 @@ def warn_same_changes(series: Sequence[Patch]) -> None:
 
 def patches_option(command: Callable[..., Any]) -> Callable[..., Any]:
     """``--patches DIR`` (repeatable): patches from elsewhere join the series
-    that :func:`load_series` gives this command."""
+    that :func:`load_series` gives this command.
+
+    The folder is checked by :func:`load_series` (``error:``/``hint:``), not
+    by click, whose "Invalid value" has neither; its help names ``--only`` and
+    ``--skip`` only on a command that has them.
+    """
+    if command.__name__ == "derive":
+        what_then = " Repeatable; the derived patch's id must be new to them."
+    elif "only" in inspect.signature(command).parameters:
+        what_then = " Repeatable; select them by id with --only/--skip."
+    else:
+        what_then = " Repeatable."
 
     @click.option(
         "--patches",
         "patches_folders",
         multiple=True,
         metavar="DIR",
-        type=click.Path(exists=True, path_type=Path),
+        type=click.Path(path_type=Path),
         help="Add the patches of this folder to the series, after the built-in "
         "ones and those of installed packages (entry-point group "
         "deepstack_patch.patches): derived patches (*.toml, from `derive`) and "
-        "patch modules (*.py defining PATCH or PATCHES). Repeatable; select "
-        "them by id with --only/--skip.",
+        "patch modules (*.py defining PATCH or PATCHES)." + what_then,
     )
     @functools.wraps(command)
     def wrapper(patches_folders: tuple[Path, ...], **kwargs: Any) -> Any:
@@ -458,10 +487,21 @@ def selected_drifted(plan: Plan) -> list[Any]:
     return [r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED]
 
 
-def refuse_drifted(plan: Plan, output_format: str, command: str, **extra: Any) -> int:
+def refuse_drifted(
+    plan: Plan,
+    output_format: str,
+    command: str,
+    *,
+    table_on_stderr: bool = False,
+    **extra: Any,
+) -> int:
     """Refuse a run with a drifted selected patch: the plan on stdout (``extra``
     goes into its JSON document, with the ``error`` object every error has),
-    ``error:`` and ``hint:`` on stderr; return exit code 2 (nothing written)."""
+    ``error:`` and ``hint:`` on stderr; return exit code 2 (nothing written).
+
+    ``table_on_stderr``: the text plan goes to stderr too, where stdout is
+    promised to be something else (``apply --dry-run``'s diff: empty here).
+    """
     from deepstack_patch.output.documents import dump_json, error_json, plan_json
     from deepstack_patch.output.tables import print_plan_table, print_tree_header
 
@@ -471,7 +511,7 @@ def refuse_drifted(plan: Plan, output_format: str, command: str, **extra: Any) -
         document["error"] = error_json(error)
         click.echo(dump_json(document))
     else:
-        console = stdout_console()
+        console = stderr_console() if table_on_stderr else stdout_console()
         print_tree_header(console, plan.tree)
         print_plan_table(console, plan)
     print_error(error)

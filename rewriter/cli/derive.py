@@ -45,7 +45,8 @@ from deepstack_patch.cli.common import (
     "--out",
     required=True,
     type=click.Path(path_type=Path),
-    help="The folder that receives the data file (ID.toml).",
+    help="The folder the derived patch's data file (ID.toml) is written into: "
+    "give it to apply, status or verify with --patches.",
 )
 @click.option("--title", default="", help="One line saying what the fix does.")
 @click.option("--symptom", default="", help="The failure a user meets without it.")

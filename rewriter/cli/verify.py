@@ -120,7 +120,7 @@ def verify(
     Each applicable patch's proof runs the tree's own code with torch on the
     CPU and must pass; the tree's tests listed for the patch in targets.toml
     run with pytest. Proofs and tests run in an environment verify builds
-    once in the user cache (about 1.3 GB; torch CPU and vLLM's minimal
+    once in the user cache (about 2.3 GB; torch CPU and vLLM's minimal
     dependencies) and reuses.
 
     \b

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     type=click.Path(path_type=Path, file_okay=False),
     default=Path("."),
     show_default=True,
-    help="Folder to write the wheel into.",
+    help="The folder the patched wheel (vllm-VERSION+LABEL-*.whl) is written into.",
 )
 @select_options
 @format_option

@@ -28,9 +28,15 @@ from deepstack_patch.distribution.unified_diff import (
 )
 from deepstack_patch.engine.derived import (
     DerivedPatch,
+    SkippedTest,
     Unit,
     data_file_name,
     write_derived,
+)
+from deepstack_patch.engine.derived_data import (
+    file_holding_id,
+    url_problem,
+    version_problem,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState, RecordedTest
@@ -97,30 +103,19 @@ def check_patch_id(patch_id: str, taken: Sequence[str]) -> None:
 
 def check_upstream(upstream_url: str, fixed_in: str) -> None:
     """--upstream-url and --fixed-in go into commits, DEP-3 headers and the
-    SBOM as they are: refuse what those cannot carry."""
-    from urllib.parse import urlsplit
-
-    from packaging.version import InvalidVersion, Version
-
-    parts = urlsplit(upstream_url)
-    if upstream_url and (
-        parts.scheme not in ("http", "https")
-        or not parts.netloc
-        or any(c.isspace() for c in upstream_url)
-    ):
+    SBOM as they are: refuse what those cannot carry (the loader refuses a
+    data file with them by the same rules)."""
+    if url_problem(upstream_url):
         raise DeepstackError(
-            f"--upstream-url {upstream_url!r}: not an http(s) URL",
+            f"--upstream-url {upstream_url!r}: {url_problem(upstream_url)}",
             "e.g. --upstream-url https://github.com/vllm-project/vllm/pull/49397",
         )
-    if fixed_in:
-        try:
-            Version(fixed_in)
-        except InvalidVersion:
-            raise DeepstackError(
-                f"--fixed-in {fixed_in!r}: not a version",
-                "the first vLLM release with the fix, e.g. --fixed-in 0.21.0 "
-                "(leave it out while no release has it)",
-            ) from None
+    if version_problem(fixed_in):
+        raise DeepstackError(
+            f"--fixed-in {fixed_in!r}: {version_problem(fixed_in)}",
+            "the first vLLM release with the fix, e.g. --fixed-in 0.21.0 "
+            "(leave it out while no release has it)",
+        )
 
 
 def derive_patch_from_text(
@@ -144,7 +139,9 @@ def derive_patch_from_text(
     check_patch_id(patch_id, taken_ids)
     check_upstream(upstream_url, fixed_in)
     files = parse_diff(diff_text, diff_name)
-    units, tests, results, notes = _read_changes(files, base, diff_name, base_label)
+    units, tests, skipped, results, notes = _read_changes(
+        files, base, diff_name, base_label
+    )
     if not units:
         raise DeepstackError(
             "the diff changes no Python code: "
@@ -165,6 +162,7 @@ def derive_patch_from_text(
         paths=list(results),
         units=units,
         tests=tests,
+        skipped_tests=skipped,
         upstream_url=upstream_url,
         fixed_in=fixed_in,
     )
@@ -184,13 +182,20 @@ def derive_patch_from_text(
 
 def _read_changes(
     files: Sequence[FileDiff], base: VllmTree, diff_name: str, base_label: str
-) -> tuple[list[Unit], list[RecordedTest], dict[str, tuple[str, str]], list[str]]:
-    """The diff's units, its recorded tests, each Python file before and
-    after, and notes on what was left out."""
+) -> tuple[
+    list[Unit],
+    list[RecordedTest],
+    list[SkippedTest],
+    dict[str, tuple[str, str]],
+    list[str],
+]:
+    """The diff's units, its recorded tests, the test files left out of the
+    proof, each Python file before and after, and notes on what was left out."""
     from deepstack_patch.engine.derived_units import units_of_change
 
     notes: list[str] = []
     recorded: dict[str, str] = {}  # test path -> content after the fix
+    skipped: dict[str, SkippedTest] = {}
     texts: dict[str, tuple[str, str]] = {}  # path -> (before, after)
     # A format-patch series may change a file in several patches: each
     # applies to the file as the ones before it left it.
@@ -198,9 +203,8 @@ def _read_changes(
         path = file_diff.path
         _refuse_shape(file_diff, diff_name)
         if is_test_path(path):
-            content = _recorded_test(file_diff, base, notes, recorded.get(path))
-            if content is not None:
-                recorded[path] = content
+            if path not in skipped:
+                _record_test(file_diff, base, notes, recorded, skipped)
             continue
         if not path.endswith(".py"):
             notes.append(f"{path}: not Python, left out")
@@ -235,7 +239,7 @@ def _read_changes(
         units.extend(changed)
         results[path] = (before, after)
     tests = [RecordedTest(path, content) for path, content in recorded.items()]
-    return units, tests, results, notes
+    return units, tests, list(skipped.values()), results, notes
 
 
 def _refuse_shape(file_diff: FileDiff, diff_name: str) -> None:
@@ -288,24 +292,39 @@ def _parses(text: str, path: str, when: str) -> None:
         ) from None
 
 
-def _recorded_test(
-    file_diff: FileDiff, base: VllmTree, notes: list[str], current: str | None
-) -> str | None:
-    """A test file's content after the fix (``current``: as an earlier
-    patch of the diff left it)."""
+def _record_test(
+    file_diff: FileDiff,
+    base: VllmTree,
+    notes: list[str],
+    recorded: dict[str, str],
+    skipped: dict[str, SkippedTest],
+) -> None:
+    """A test file's content after the fix into ``recorded`` (an earlier
+    patch of the diff may have changed it already); one whose content cannot
+    be known into ``skipped``: the fix is derived all the same, and proven
+    without it."""
     path = file_diff.path
     if file_diff.deleted:
         notes.append(f"{path}: a deleted test, not recorded")
-        return None
+        recorded.pop(path, None)
+        return
+    current = recorded.get(path)
+    reason = ""
     if current is None and not file_diff.new_file:
         file = base.root / path
-        if not file.is_file():
-            notes.append(
-                f"{path}: not in the base, so its content after the fix is unknown"
-            )
-            return None
-        current = file.read_text("utf-8")
-    return apply_file_diff(file_diff, current or "")
+        if file.is_file():
+            current = file.read_text("utf-8")
+        else:
+            reason = "not in the base, so its content after the fix is unknown"
+    if not reason:
+        try:
+            recorded[path] = apply_file_diff(file_diff, current or "")
+            return
+        except DeepstackError as exc:  # the test drifted, not the fix
+            reason = f"its hunks do not apply to the base ({exc.message})"
+    recorded.pop(path, None)
+    skipped[path] = SkippedTest(path, reason)
+    notes.append(f"{path}: {reason}; left out of the proof")
 
 
 def self_check(
@@ -315,6 +334,8 @@ def self_check(
 ) -> str:
     """The checks before anything is written; how the round trip compared."""
     from deepstack_patch.engine.plan import plan_tree
+
+    _one_truth(patch)
 
     # The base's lines the whole diff changes, read from the base and the
     # result: in a format-patch series a later patch's hunks count the lines
@@ -382,6 +403,19 @@ def self_check(
             if _second_pass(patch, source) != text:
                 raise _check_failed(f"a second pass over {what} of {path} changes it")
     return compared
+
+
+def _one_truth(patch: DerivedPatch) -> None:
+    """The data file is one truth: the loader would refuse it otherwise."""
+    from deepstack_patch.engine.derived_truth import disagreement
+
+    for unit in patch.units:
+        differs = disagreement(unit)
+        if differs:
+            raise _check_failed(
+                f"{unit.description}: its edits do not turn its code before "
+                f"into its code after: {differs}"
+            )
 
 
 def changed_lines(before: str, after: str, context: int = 3) -> list[tuple[int, int]]:
@@ -516,6 +550,13 @@ def _check_out(out: Path, target: Path, patch_id: str) -> None:
         raise DeepstackError(
             f"--id {patch_id}: {target} already exists",
             "choose another id, or remove the old data file first",
+        )
+    holder = file_holding_id(out, patch_id)
+    if holder is not None:
+        raise DeepstackError(
+            f"--id {patch_id}: already held by {holder}",
+            "choose another id, or remove the old data file first (two "
+            "patches of one id cannot join a series)",
         )
 
 

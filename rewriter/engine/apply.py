@@ -97,12 +97,10 @@ def refuse_blocked(plan: Plan) -> None:
     blocked = [r for r in plan.reports if r.selected and r.blocked_by]
     if blocked:
         first = blocked[0]
-        waits_for = first.blocked_by[0]
-        why = first.blocked_reason.rsplit("; drop --skip ", 1)[0]
+        why, _, how = first.blocked_reason.rpartition("; ")
         raise DeepstackError(
             f"{first.patch.id} {why}; nothing was written",
-            f"select {waits_for} too (drop --skip {waits_for}, or add --only "
-            f"{waits_for}), or leave {first.patch.id} out (--skip {first.patch.id})",
+            f"{how}, or leave {first.patch.id} out (--skip {first.patch.id})",
         )
 
 

@@ -33,6 +33,7 @@ from deepstack_patch.engine.derived_data import (
     UNIT_KINDS,
     Anchor,
     Edit,
+    SkippedTest,
     Step,
     Unit,
     data_file_name,
@@ -80,6 +81,7 @@ class DerivedPatch(Patch):
         base_tree: str = "",
         upstream_url: str = "",
         fixed_in: str = "",
+        skipped_tests: Sequence[SkippedTest] = (),
     ) -> None:
         self.id = id
         self.title = title
@@ -92,6 +94,8 @@ class DerivedPatch(Patch):
         self.paths = tuple(paths)
         self.units = tuple(units)
         self.recorded_tests = tuple(tests)
+        #: The diff's test files left out of the proof, and why.
+        self.skipped_tests = tuple(skipped_tests)
         self.requires = tuple(requires)
         self.origin = origin or "derived"
         #: The engine refuses to apply it in part (see plan_tree).
@@ -564,7 +568,11 @@ def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
 
 
 def load_derived(path: Path) -> DerivedPatch:
-    """Read one data file; a broken one is a DeepstackError naming it."""
+    """Read one data file; a broken one is a DeepstackError naming it, and
+    so is one whose edits do not turn a unit's ``before`` into its ``after``
+    (:mod:`.derived_truth`)."""
+    from deepstack_patch.engine.derived_truth import refuse_disagreement
+
     patch = DerivedPatch(**read_fields(path))
     try:
         for unit in patch.units:  # every recorded piece of code must parse
@@ -576,6 +584,7 @@ def load_derived(path: Path) -> DerivedPatch:
             BROKEN_HINT,
             path=str(path),
         ) from None
+    refuse_disagreement(patch.units, path)
     return patch
 
 
@@ -587,6 +596,7 @@ __all__ = [
     "DerivedPatch",
     "Edit",
     "RecordedTest",
+    "SkippedTest",
     "Step",
     "Unit",
     "data_file_name",

@@ -92,6 +92,15 @@ class Unit:
         return f"{what.get(self.kind, self.kind)} {self.name} in {self.path}"
 
 
+@dataclass(frozen=True)
+class SkippedTest:
+    """A test file of the diff left out of the patch's proof, and why (its
+    hunks do not apply to the base, or the base lacks the file)."""
+
+    path: str
+    reason: str
+
+
 # -- the data file ------------------------------------------------------------
 
 
@@ -107,16 +116,36 @@ BROKEN_HINT = (
 )
 
 
-def read_fields(path: Path) -> dict[str, Any]:
-    """A data file's fields, as :class:`DerivedPatch` takes them; a broken
-    file is a DeepstackError naming it (and the line, where TOML says)."""
+def file_holding_id(folder: Path, patch_id: str) -> Path | None:
+    """The data file in ``folder`` whose id is ``patch_id``, whatever its
+    name (``--patches`` reads every ``*.toml`` of a folder). Only the id is
+    read: a file that is no data file is the loader's to refuse."""
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("*.toml")):
+        try:
+            data = _toml().loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # TOMLDecodeError is a ValueError
+        if data.get("id") == patch_id:
+            return path
+    return None
+
+
+def _toml() -> Any:
     import sys
 
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
+    return tomllib
 
+
+def read_fields(path: Path) -> dict[str, Any]:
+    """A data file's fields, as :class:`DerivedPatch` takes them; a broken
+    file is a DeepstackError naming it (and the line, where TOML says)."""
+    tomllib = _toml()
     hint = BROKEN_HINT
     try:
         text = path.read_text(encoding="utf-8")
@@ -141,6 +170,33 @@ def read_fields(path: Path) -> dict[str, Any]:
         raise DeepstackError(
             f"not a derived patch: {what}", hint, path=str(path)
         ) from None
+
+
+def url_problem(url: str) -> str:
+    """Why ``url`` cannot be a fix's upstream URL (commits, DEP-3 headers and
+    the SBOM carry it as it is); ``""`` where it can, or is empty."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if url and (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or any(c.isspace() for c in url)
+    ):
+        return "not an http(s) URL"
+    return ""
+
+
+def version_problem(version: str) -> str:
+    """Why ``version`` cannot be a first fixed release; ``""`` where it can."""
+    from packaging.version import InvalidVersion, Version
+
+    if version:
+        try:
+            Version(version)
+        except InvalidVersion:
+            return "not a version"
+    return ""
 
 
 def _field(table: dict[str, Any], name: str, default: str | None = None) -> str:
@@ -209,6 +265,16 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
     for unit in units:
         if unit.path not in paths:
             raise ValueError(f"unit {unit.name} is in {unit.path}, not one of paths")
+    upstream_url = _field(data, "upstream_url", "")
+    fixed_in = _field(data, "fixed_in", "")
+    # As derive checks --upstream-url and --fixed-in: a hand edit is no way
+    # around what commits, DEP-3 headers and the SBOM can carry.
+    for name, value, problem in (
+        ("upstream_url", upstream_url, url_problem(upstream_url)),
+        ("fixed_in", fixed_in, version_problem(fixed_in)),
+    ):
+        if problem:
+            raise ValueError(f"{name} {value!r}: {problem}")
     return {
         "id": patch_id,
         "title": _field(data, "title", ""),
@@ -221,10 +287,14 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
             RecordedTest(_field(t, "path"), _field(t, "content"))
             for t in data.get("tests", [])
         ],
+        "skipped_tests": [
+            SkippedTest(_field(t, "path"), _field(t, "reason"))
+            for t in data.get("skipped_tests", [])
+        ],
         "requires": [str(r) for r in data.get("requires", [])],
         "origin": origin,
-        "upstream_url": _field(data, "upstream_url", ""),
-        "fixed_in": _field(data, "fixed_in", ""),
+        "upstream_url": upstream_url,
+        "fixed_in": fixed_in,
     }
 
 
@@ -247,6 +317,9 @@ def dump_derived(patch: Any) -> str:
     for test in patch.recorded_tests:
         out += ["", "[[tests]]", f"path = {_string(test.path)}"]
         out.append(f"content = {_text(test.content)}")
+    for skipped in patch.skipped_tests:
+        out += ["", "[[skipped_tests]]", f"path = {_string(skipped.path)}"]
+        out.append(f"reason = {_string(skipped.reason)}")
     for unit in patch.units:
         out += [
             "",

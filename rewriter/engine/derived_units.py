@@ -233,8 +233,8 @@ def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]
     edit = found.edit
     prefix = ".".join(pair[0].name for pair in chain)  # type: ignore[attr-defined]
     texts = (edit.removed, edit.inserted)
-    if edit.kind == "header":  # a class's bases or decorators
-        return "class", prefix, texts
+    if edit.kind == "header":  # a class's bases or decorators: its header
+        return "class", prefix, (edit.header_before, edit.header_after)
     if edit.kind == "imports":
         return "import", "imports", texts
     statements = [
@@ -268,3 +268,12 @@ def _statement_name(statements: Sequence[ast.stmt]) -> str:
             case ast.FunctionDef(name=name) | ast.ClassDef(name=name):
                 return name
     return type(statements[0]).__name__.lower() if statements else "statement"
+
+
+def edits_of_change(before: str, after: str) -> list[Edit]:
+    """The edits between two versions of a piece of code, as
+    :func:`units_of_change` finds them (in order), without grouping them
+    into units: what the loader compares a unit's recorded edits with."""
+    differ = _Differ(before, after)
+    differ.block(ast.parse(before).body, ast.parse(after).body, (), ())
+    return [found.edit for found in differ.found]

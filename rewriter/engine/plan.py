@@ -25,7 +25,7 @@ from deepstack_patch.engine.protocol import (
     PatchState,
 )
 from deepstack_patch.engine.recognition_cache import RecognitionCache
-from deepstack_patch.engine.requirements import block_unmet_requirements
+from deepstack_patch.engine.requirements import Selection, block_unmet_requirements
 from deepstack_patch.engine.source import SourceFile, code_lines
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.engine.whole import refuse_partial_patches
@@ -63,16 +63,13 @@ class Plan:
 
 def select_patches(
     series: Sequence[Patch], only: Sequence[str] = (), skip: Sequence[str] = ()
-) -> set[str]:
+) -> Selection:
     """The ids chosen by ``--only`` and ``--skip``; unknown ids are an error."""
     known = {patch.id for patch in series}
     for patch_id in [*only, *skip]:
         if patch_id not in known:
-            raise DeepstackError(
-                f"unknown patch id {patch_id!r}",
-                f"choose from: {', '.join(sorted(known))} (see 'deepstack-patch list')",
-            )
-    chosen = (set(only) if only else set(known)) - set(skip)
+            raise _unknown_id(patch_id, series)
+    chosen = Selection((set(only) if only else set(known)) - set(skip), only, skip)
     if not chosen:
         # A gate that checks nothing must not pass: an empty selection is a
         # mistake in the command line, never "nothing to do".
@@ -82,6 +79,23 @@ def select_patches(
             + ", ".join(patch.id for patch in series),
         )
     return chosen
+
+
+def _unknown_id(patch_id: str, series: Sequence[Patch]) -> DeepstackError:
+    """No patch has ``patch_id``: with the built-in series alone, the likely
+    cause is a derived patch whose folder was not given."""
+    ids = ", ".join(sorted(patch.id for patch in series))
+    if all(patch.origin == "built-in" for patch in series):
+        return DeepstackError(
+            f"unknown patch id {patch_id!r}: the series holds only the "
+            "built-in patches",
+            "a derived patch (or a patch module) joins the series with "
+            "--patches DIR, the folder `derive --out` wrote; the built-in ids: " + ids,
+        )
+    return DeepstackError(
+        f"unknown patch id {patch_id!r}",
+        f"choose from: {ids} (see 'deepstack-patch list')",
+    )
 
 
 def plan_tree(

@@ -5,8 +5,35 @@ series)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from deepstack_patch.engine.protocol import Finding, Location, PatchReport, PatchState
+
+
+class Selection(set[str]):
+    """The ids a command works on, and the ``--only`` and ``--skip`` that
+    chose them: what to change to add one names only the options given."""
+
+    def __init__(
+        self, ids: Iterable[str], only: Iterable[str] = (), skip: Iterable[str] = ()
+    ) -> None:
+        super().__init__(ids)
+        self.only = frozenset(only)
+        self.skip = frozenset(skip)
+
+    def how_to_add(self, patch_id: str) -> str:
+        """The change to the command line that selects ``patch_id`` too."""
+        steps = [f"drop --skip {patch_id}"] if patch_id in self.skip else []
+        if self.only and patch_id not in self.only:
+            steps.append(f"add --only {patch_id}")
+        return " and ".join(steps) or f"select {patch_id}"
+
+
+def how_to_add(selected: set[str], patch_id: str) -> str:
+    """:meth:`Selection.how_to_add`, or plain words for a set of ids alone."""
+    if isinstance(selected, Selection):
+        return selected.how_to_add(patch_id)
+    return f"select {patch_id} too"
 
 
 def block_unmet_requirements(
@@ -48,9 +75,8 @@ def block_unmet_requirements(
             for other_id, text in reasons.items()
         )
         report.blocked_by = missing
-        report.blocked_reason = (
-            f"{reason}; drop --skip {missing[0]} or add --only {missing[0]}"
-        )
+        # What to do comes last, after the only "; " it adds (refuse_blocked).
+        report.blocked_reason = f"{reason}; {how_to_add(selected, missing[0])}"
         report.locations = [
             Location(loc.path, _as_blocked(loc.finding, reason))
             if loc.state is PatchState.DRIFTED

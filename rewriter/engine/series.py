@@ -51,12 +51,30 @@ _SOURCES: dict[str, dict[str, str]] = {}
 _MODULES: dict[Path, list[Patch]] = {}
 
 
-def patches_from_folder(folder: Path) -> list[Patch]:
-    """The patches of a ``--patches`` folder, in the order of their file names."""
+def patches_from_folder(folder: Path, given_by: str = "--patches") -> list[Patch]:
+    """The patches of a ``--patches`` folder, in the order of their file names.
+
+    ``given_by`` says where the folder was named (an entry point's errors
+    say it themselves: ``""``).
+    """
     folder = Path(folder)
+    # The folder is the error's place (path=): the message does not repeat it.
+    said = f" (given with {given_by})" if given_by else ""
+    if not folder.exists():
+        raise DeepstackError(
+            f"no such folder{said}",
+            "check the path; " + FOLDER_HINT + ", such as the folder "
+            "`derive --out` wrote",
+            path=str(folder),
+        )
     if not folder.is_dir():
         raise DeepstackError(
-            f"--patches {folder}: not a folder", FOLDER_HINT, path=str(folder)
+            f"not a folder{said}",
+            f"give the folder that holds it: --patches {folder.absolute().parent} "
+            "(every patch in it joins the series)"
+            if given_by == "--patches"
+            else FOLDER_HINT,
+            path=str(folder),
         )
     files = sorted(
         path
@@ -68,7 +86,7 @@ def patches_from_folder(folder: Path) -> list[Patch]:
     patches = [patch for path in files for patch in patches_from_file(path)]
     if not patches:
         raise DeepstackError(
-            f"--patches {folder}: the folder holds no patch",
+            f"the folder holds no patch{said}",
             FOLDER_HINT + "; give the folder `derive --out` wrote",
             path=str(folder),
         )
@@ -322,7 +340,7 @@ def resolve_loaded(loaded: object, origin: str) -> list[Patch]:
         case Patch():
             return [_checked(loaded, origin, origin)]
         case str() | os.PathLike():
-            patches = patches_from_folder(Path(loaded))
+            patches = patches_from_folder(Path(loaded), given_by="")
             for patch in patches:
                 path = patch.origin  # the file's (patches_from_file)
                 _set_origin(patch, f"{origin}: {path}", {"file": path})

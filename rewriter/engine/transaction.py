@@ -160,6 +160,13 @@ def _refuse_unwritable(
     unwritable = [p for p in dict.fromkeys(places) if not _writable(p)]
     if not unwritable:
         return
+    # No chmod helps on a read-only mount, whoever runs: say what does.
+    read_only = next((p for p in unwritable if _on_read_only_mount(p)), None)
+    if read_only is not None:
+        raise DeepstackError(
+            f"{read_only} is on a read-only file system; nothing was written",
+            f"remount it writable, or {_way_round(root)}",
+        )
     if len(unwritable) == 1:
         (place,) = unwritable
         what = "the folder" if place.is_dir() else "the file"
@@ -203,6 +210,13 @@ def _writable(path: Path) -> bool:
 
 
 _ANY_WRITE = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
+def _on_read_only_mount(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+        return False
 
 
 def _remove_stale_stages(target: Path) -> None:

@@ -3,8 +3,12 @@
 An extraction is staged in a hidden folder beside its destination and moved
 into place only when complete, under a per-destination file lock, so two
 runs into one folder never mix their files and a reader never sees half a
-tree. A killed run leaves its staging folder; the next run into the same
-destination (holding the lock, so it cannot be a live run's) removes it.
+tree. A destination that exists already (an empty folder the user chose,
+perhaps a mount point) is staged in instead, so that no rename crosses from
+one file system to another; its ``vllm`` folder, by which an extraction is
+known, moves in last. A killed run leaves its staging folder; the next run
+into the same destination (holding the lock, so it cannot be a live run's)
+removes it.
 """
 
 from __future__ import annotations
@@ -75,8 +79,7 @@ def _extract_once(
         _remove_stale_staging(out)
         if already_there():
             return
-        prefix = f".{out.name}{_STAGING}"
-        folder = out.parent
+        folder, prefix = _staging_place(out)
         staging = Path(
             _guarded(lambda: tempfile.mkdtemp(prefix=prefix, dir=folder), archive, out)
         )
@@ -85,6 +88,25 @@ def _extract_once(
             _guarded(lambda: _move_into_place(extracted, out), archive, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _staging_place(out: Path) -> tuple[Path, str]:
+    """The folder to stage ``out``'s extraction in, and the staging name's
+    prefix: inside ``out`` where it exists, else beside it."""
+    if out.is_dir():
+        return out, _STAGING
+    return out.parent, f".{out.name}{_STAGING}"
+
+
+def _staging_name(prefix: str) -> re.Pattern[str]:
+    # mkdtemp's suffix has no dot: another destination's folder never matches.
+    return re.compile(re.escape(prefix) + r"[A-Za-z0-9_]+\Z")
+
+
+def _entries(out: Path) -> list[Path]:
+    """What ``out`` holds, less the staging folders of runs into it."""
+    ours = _staging_name(_STAGING)
+    return [child for child in out.iterdir() if not ours.match(child.name)]
 
 
 def extraction_target(out: Path, version: str) -> bool:
@@ -101,11 +123,18 @@ def extraction_target(out: Path, version: str) -> bool:
             f"cannot extract into {out}: {os.strerror(code)} ({folder})",
             os_error_hint(OSError(code, os.strerror(code)), folder),
         )
+    try:  # root may write anywhere, yet /proc takes no folder: try one
+        os.rmdir(tempfile.mkdtemp(prefix=_STAGING, dir=folder))
+    except OSError as exc:
+        raise DeepstackError(
+            f"cannot extract into {out}: {exc.strerror or exc} ({folder})",
+            _mkdir_hint(exc, folder),
+        ) from None
     return False
 
 
 def _reusable(out: Path, version: str) -> bool:
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    if not out.exists() or (out.is_dir() and not _entries(out)):
         return False
     existing = out / "vllm" / "__init__.py"
     if out.is_dir() and existing.is_file() and detect_version(out)[0] == version:
@@ -141,8 +170,8 @@ def _extract_into(
 
 
 def _move_into_place(extracted: Path, out: Path) -> None:
-    if out.exists():  # an empty folder the user chose: fill it
-        for child in extracted.iterdir():
+    if out.exists():  # an empty folder the user chose: fill it, vllm/ last
+        for child in sorted(extracted.iterdir(), key=lambda c: c.name == "vllm"):
             child.rename(out / child.name)
     else:
         extracted.rename(out)
@@ -171,8 +200,19 @@ def make_folder(folder: Path, what: str) -> None:
     except OSError as exc:
         raise DeepstackError(
             f"cannot create {what} {folder}: {exc.strerror or exc}",
-            os_error_hint(exc, writable_folder_of(folder)),
+            _mkdir_hint(exc, writable_folder_of(folder)),
         ) from None
+
+
+def _mkdir_hint(exc: OSError, parent: Path) -> str:
+    """A folder that exists and still says "no such file" to a new folder in
+    it is no disk's folder (/proc, /sys), not one another program changed."""
+    if exc.errno == errno.ENOENT and parent.is_dir():
+        return (
+            f"{parent} takes no new folders (a virtual file system holds only "
+            "what the kernel puts there): choose a folder on a disk"
+        )
+    return os_error_hint(exc, parent)
 
 
 @contextlib.contextmanager
@@ -207,11 +247,13 @@ def _remove_stale_staging(out: Path) -> None:
     """Remove the staging folders killed runs into ``out`` left behind.
 
     Called under :func:`extraction_lock`, so no live run into ``out`` is
-    staging; the name must match exactly (mkdtemp's suffix has no dot), so
-    another destination's staging folder is never taken for ours.
+    staging; the name must match exactly, so another destination's staging
+    folder is never taken for ours. Both places are looked in: ``out`` may
+    have been created, or emptied, since.
     """
-    pattern = re.compile(re.escape(f".{out.name}{_STAGING}") + r"[A-Za-z0-9_]+\Z")
-    with contextlib.suppress(OSError):
-        for candidate in out.parent.iterdir():
-            if pattern.match(candidate.name) and candidate.is_dir():
-                shutil.rmtree(candidate, ignore_errors=True)
+    for folder, prefix in ((out.parent, f".{out.name}{_STAGING}"), (out, _STAGING)):
+        pattern = _staging_name(prefix)
+        with contextlib.suppress(OSError):
+            for candidate in folder.iterdir():
+                if pattern.match(candidate.name) and candidate.is_dir():
+                    shutil.rmtree(candidate, ignore_errors=True)

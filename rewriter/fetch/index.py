@@ -254,14 +254,25 @@ def find_release(version: str, index_url: str | None = None) -> SourceRelease:
     newest = f"the newest: {', '.join(sdists[-3:])}"
     raise DeepstackError(
         f"{shown} has no source release {filename}",
-        f"did you mean {nearest}? ({newest})" if nearest else f"choose one of {newest}",
+        f"did you mean {nearest}? ({newest})" if nearest else not_a_version(sdists),
+    )
+
+
+def not_a_version(versions: Sequence[str]) -> str:
+    """What to give instead of something that is like no release at all."""
+    example = versions[-1] if versions else "0.20.2"
+    listed = f" (the newest: {', '.join(versions[-3:])})" if versions else ""
+    return (
+        f"give a release's version number, such as {example}{listed}; "
+        "`pip index versions vllm` lists them all"
     )
 
 
 def nearest_release(asked: str, versions: Sequence[str]) -> str | None:
     """The release a version not on the index most likely means: ``v0.20.2``
     is 0.20.2, a partial ``0.20`` the newest 0.20.x, any other version the
-    closest release before it (else the first), anything else the newest."""
+    closest release before it (else the first), ``latest`` the newest, and
+    anything else a release it is a near miss of (``O.20.2``), or none."""
     from packaging.version import InvalidVersion, Version
 
     known = sorted(
@@ -274,7 +285,12 @@ def nearest_release(asked: str, versions: Sequence[str]) -> str | None:
     try:
         wanted = Version(asked.strip())  # accepts a leading "v"
     except InvalidVersion:
-        return known[-1][1]
+        if asked.strip().lower() in ("latest", "newest"):
+            return known[-1][1]
+        import difflib
+
+        close = difflib.get_close_matches(asked.strip(), [t for _, t in known], 1)
+        return close[0] if close else None
     if len(wanted.release) < 3:  # 0.20: the newest 0.20.x
         series = [
             t for v, t in known if v.release[: len(wanted.release)] == wanted.release

@@ -29,6 +29,9 @@ def derive_json(result: Any) -> dict[str, Any]:
             for u in result.units
         ],
         "tests": [t.path for t in result.tests],
+        "skipped_tests": [
+            {"path": t.path, "reason": t.reason} for t in result.patch.skipped_tests
+        ],
         "notes": result.notes,
         "seconds": round(result.seconds, 2),
     }

@@ -26,13 +26,20 @@ def junit_xml(report: Any) -> str:
                 element, "skipped", message=f"not-applicable: {verdict.reason}"
             )
             continue
+        imports = verdict.imports
+        if imports is not None:  # first: a patch that breaks an import
+            element = case(f"imports.{version}", pid)
+            if imports.status != "passed":
+                tag = "failure" if imports.status == "failed" else "error"
+                ET.SubElement(element, tag, message=imports.problem[:2000])
         proof = verdict.proof
         element = case(f"proof.{version}", pid, proof.seconds if proof else 0.0)
-        # Fail-to-pass and tree tests have test cases of their own below.
+        # Imports, fail-to-pass and tree tests have test cases of their own.
         own = [
             p
             for p in verdict.problems
-            if not p.startswith("fail-to-pass") and "tree test(s)" not in p
+            if not p.startswith(("fail-to-pass", "import stage"))
+            and "tree test(s)" not in p
         ]
         if own:
             failed = proof is not None and proof.status in ("failed", "passed")

@@ -213,6 +213,9 @@ def print_verify_report(console: Console, report: Any) -> None:
     table = new_table(console, boxed=True)
     table.add_column("patch")
     table.add_column("state")
+    imports = any(v.imports is not None for v in report.verdicts)
+    if imports:  # a patch without a proof of its own: its modules imported
+        table.add_column("imports")
     table.add_column("proof")
     if report.pristine is not None:
         table.add_column("pristine")
@@ -226,7 +229,11 @@ def print_verify_report(console: Console, report: Any) -> None:
         tests = f"{passed}/{len(verdict.tests)} passed" if verdict.tests else "-"
         if skipped:
             tests += f", {skipped} skipped"
-        cells = [verdict.patch.id, verdict.state.value, _style(proof)]
+        cells = [verdict.patch.id, verdict.state.value]
+        if imports:
+            stage = verdict.imports
+            cells.append(_style(stage.status) if stage else "-")
+        cells.append(_style(proof))
         if report.pristine is not None:
             before = verdict.pristine_proof.status if verdict.pristine_proof else "-"
             cells += [_style(before, failed_ok=True), verdict.fail_to_pass or "-"]
@@ -240,6 +247,11 @@ def print_verify_report(console: Console, report: Any) -> None:
         )
         table.add_row(*cells, tests, verdict_cell)
     console.print(table)
+    _print_verify_messages(console, report)
+
+
+def _print_verify_messages(console: Console, report: Any) -> None:
+    """Below verify's table: baselines, failing stages and proofs, tree tests."""
     for verdict in report.verdicts:
         if verdict.pristine_baseline:
             console.print(
@@ -249,6 +261,13 @@ def print_verify_report(console: Console, report: Any) -> None:
                 highlight=False,
             )
     for verdict in report.verdicts:
+        stage = verdict.imports
+        if stage is not None and stage.status != "passed":
+            console.print(
+                f"[bold]{verdict.patch.id} imports:[/] {stage.status}: "
+                f"{escape(stage.message)}",
+                highlight=False,
+            )
         for label, proof in (
             ("proof", verdict.proof),
             ("pristine", verdict.pristine_proof),

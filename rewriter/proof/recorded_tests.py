@@ -49,18 +49,33 @@ def no_proof_reason(patch: Patch) -> str:
     from deepstack_patch.output.upstream import derived_base
 
     if derived_base(patch):
+        why = left_out(patch).removeprefix("; ") or (
+            "the diff it was derived from changed no test file"
+        )
         return (
             f"no proof: {patch.id} is a derived patch ({patch.origin}) with no "
-            "recorded tests: the diff it was derived from changed no test file\n"
-            "hint: derive it again from the pull request's whole diff, its tests "
-            "included (https://github.com/OWNER/REPO/pull/N.diff): verify runs "
-            f"them; or verify the others with --skip {patch.id}"
+            f"recorded tests: {why}\n"
+            "hint: derive it again from the pull request's whole diff on the "
+            "release it was made against, its tests included "
+            "(https://github.com/OWNER/REPO/pull/N.diff): verify runs them; or "
+            f"verify the others with --skip {patch.id}"
         )
     return (
         f"no proof: {type(patch).__name__} ({patch.origin}) has no prove() "
-        "method and no recorded tests\n"
+        "method and no recorded tests" + left_out(patch) + "\n"
         "hint: give the patch a prove(tree) method, or recorded_tests "
         "(docs/adding-a-patch.md)"
+    )
+
+
+def left_out(patch: Patch) -> str:
+    """The diff's test files ``derive`` left out of the proof, and why (a
+    derived patch's ``skipped_tests``); ``""`` where there are none."""
+    skipped = getattr(patch, "skipped_tests", ())
+    if not skipped:
+        return ""
+    return "; left out of the proof: " + "; ".join(
+        f"{test.path}: {test.reason}" for test in skipped
     )
 
 
@@ -93,6 +108,7 @@ def run_recorded_tests(
         env.python, copy, selected, [], env=subprocess_env(copy), spawn=spawn
     )
     result = verdict(run, patch.id, pristine)
+    result.message += left_out(patch)
     result.seconds = run.seconds
     return result
 

@@ -11,6 +11,10 @@ The request names the tree, the patch ids, where ``deepstack_patch`` and
 goes first on ``sys.path``, so ``import vllm`` is the tree's. All proofs of a
 tree share one process because importing vLLM takes seconds. Standard library
 only until the packages are loaded from the request's folders.
+
+A request with ``modules`` instead imports those modules of the tree, one
+after another, and writes each one's error (``""``: it imported): verify's
+import stage (``imports.py``). Nothing of deepstack-patch is loaded for it.
 """
 
 from __future__ import annotations
@@ -118,5 +122,56 @@ def run(request: dict) -> list[dict]:
     return results
 
 
+def import_modules(request: dict) -> list[dict]:
+    """Import each of ``request["modules"]`` from the tree; its error, if any."""
+    import importlib
+
+    tree = Path(request["tree"])
+    sys.path.insert(0, str(tree))
+    install_code_cache(tree)
+    results = []
+    for module in request["modules"]:
+        print(f"import {module} from {tree}", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        try:
+            importlib.import_module(module)
+            error = ""
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a module may raise anything, exit too
+            error = import_error(exc, tree, module)
+        results.append(
+            {
+                "module": module,
+                "error": error,
+                "seconds": round(time.monotonic() - started, 2),
+            }
+        )
+        Path(request["output"]).write_text(json.dumps(results))
+    return results
+
+
+def import_error(exc: BaseException, tree: Path, module: str) -> str:
+    """``ImportError: cannot import name ...``, and where in the tree it was
+    raised: the last line of the module's own file on the way, else the
+    last line of the tree's files."""
+    own = {module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py"}
+    in_tree, in_module = "", ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        try:
+            relative = Path(frame.filename).resolve().relative_to(tree.resolve())
+        except ValueError:
+            continue
+        in_tree = f"{relative.as_posix()}:{frame.lineno}"
+        if relative.as_posix() in own:
+            in_module = in_tree
+    where = in_module or in_tree
+    return f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+
+
 if __name__ == "__main__":
-    run(json.loads(Path(sys.argv[1]).read_text()))
+    request = json.loads(Path(sys.argv[1]).read_text())
+    if "modules" in request:
+        import_modules(request)
+    else:
+        run(request)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.proof.imports import ImportStage
 from deepstack_patch.proof.proofs import ProofResult
 from deepstack_patch.proof.results import TestCase
 
@@ -24,6 +25,10 @@ class PatchVerdict:
     tests: list[TestCase] = field(default_factory=list)
     #: What applies the patch to this tree (an installed vLLM needs --installed).
     apply_command: str = "deepstack-patch apply"
+    #: The files the patch changes (needed or applied there), on either tree.
+    changed_files: list[str] = field(default_factory=list)
+    #: The import stage of a patch without a proof of its own (imports.py).
+    imports: ImportStage | None = None
 
     @property
     def fail_to_pass(self) -> str:
@@ -48,6 +53,8 @@ class PatchVerdict:
             found.append(f"drifted: {self.reason}")
         elif self.state is PatchState.NEEDED:
             found.append(f"not applied to this tree: run `{self.apply_command}` first")
+        if self.imports is not None and self.imports.problem:
+            found.append(self.imports.problem)
         if self.proof is None or self.proof.status != "passed":
             status = self.proof.status if self.proof else "not run"
             found.append(f"proof {status}")
@@ -73,6 +80,7 @@ class PatchVerdict:
             if self.pristine_proof
             else None,
             "pristine_baseline": list(self.pristine_baseline),
+            "imports": self.imports.json() if self.imports else None,
             "fail_to_pass": self.fail_to_pass or None,
             "tree_tests": [t.nodeid for t in self.tests],
             "ok": not self.problems,

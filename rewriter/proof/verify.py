@@ -48,6 +48,7 @@ from deepstack_patch.engine.tree import VllmTree, link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 from deepstack_patch.proof.forkserver import ForkServer
 from deepstack_patch.proof.gpu import GpuStage, gpu_stage
+from deepstack_patch.proof.imports import changed_modules, import_stage, run_imports
 from deepstack_patch.proof.proofs import ProofResult, has_proof, run_proofs
 from deepstack_patch.proof.recorded_tests import (
     no_proof_reason,
@@ -196,18 +197,29 @@ def _verdicts(
     """Each selected patch's state here (and on the pristine tree), before proofs."""
     plan = plan_tree(tree, series, selected, rewrite=False)
     verdicts = [
-        PatchVerdict(r.patch, r.state, r.reason) for r in plan.reports if r.selected
+        PatchVerdict(r.patch, r.state, r.reason, changed_files=_changed_files(r))
+        for r in plan.reports
+        if r.selected
     ]
     if pristine is not None:
         before = plan_tree(pristine, series, selected, rewrite=False)
         for verdict in verdicts:
-            verdict.pristine_state = before.report(verdict.patch.id).state
+            report = before.report(verdict.patch.id)
+            verdict.pristine_state = report.state
+            verdict.changed_files = sorted(
+                {*verdict.changed_files, *_changed_files(report)}
+            )
     for verdict in verdicts:
         patch = verdict.patch
         proven = has_proof(patch) or proven_by_recorded_tests(patch)
         if _provable(verdict.state) and not proven:
             verdict.proof = ProofResult(patch.id, "missing", no_proof_reason(patch))
     return verdicts
+
+
+def _changed_files(report: Any) -> list[str]:
+    """The files where the patch is needed or applied: the ones it changes."""
+    return sorted({loc.path for loc in report.locations if _provable(loc.state)})
 
 
 def verify_tree(
@@ -248,6 +260,7 @@ def verify_tree(
             pristine, series, verdicts, Path(scratch), before_ids
         )
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            imports = _import_runs(pool, env, tree, pristine, verdicts, forks.run)
             progress(f"proofs on {tree.root}: {', '.join(to_prove) or 'none'}")
             after = pool.submit(prove, env, tree.root, to_prove)
             before_futures = [
@@ -262,17 +275,13 @@ def verify_tree(
             if tests:
                 progress(f"{len(tests)} tree test selection(s) with pytest")
             test_future = pool.submit(
-                run_pytest,
-                env.python,
-                tree.root,
-                tests,
-                absent,
-                env=subprocess_env(tree.root),
-                spawn=forks.run,
-            )
+                run_pytest, env.python, tree.root, tests, absent,
+                env=subprocess_env(tree.root), spawn=forks.run,
+            )  # fmt: skip
             proofs = _results([after, *recorded[False]])
             proofs_before = _results([*before_futures, *recorded[True]])
             cpu_run = test_future.result()
+            _set_import_stages(verdicts, *imports)
 
     for verdict in verdicts:
         verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
@@ -322,6 +331,49 @@ def _recorded_runs(
                 )
             )  # fmt: skip
     return runs
+
+
+def _import_stage_of(verdict: PatchVerdict) -> list[tuple[str, str]]:
+    """The modules a patch without a proof of its own changes (its import
+    stage, ``imports.py``); none for a patch with one, or not here."""
+    if has_proof(verdict.patch) or not _provable(verdict.state):
+        return []
+    return changed_modules(verdict.changed_files)
+
+
+def _import_runs(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdicts: list[PatchVerdict],
+    spawn: Any,
+) -> tuple[Future[dict[str, str]] | None, Future[dict[str, str]] | None]:
+    """Every changed module imported on the tree, and on the pristine tree:
+    one process each, beside the proofs."""
+    modules = sorted({m for v in verdicts for m, _ in _import_stage_of(v)})
+    if not modules:
+        return None, None
+    trees = [tree.root, *([pristine.root] if pristine is not None else [])]
+    futures = [
+        pool.submit(run_imports, env, root, modules, spawn=spawn) for root in trees
+    ]
+    return futures[0], futures[1] if len(futures) > 1 else None
+
+
+def _set_import_stages(
+    verdicts: list[PatchVerdict],
+    after: Future[dict[str, str]] | None,
+    before: Future[dict[str, str]] | None,
+) -> None:
+    """Each patch's import stage, from the runs of :func:`_import_runs`."""
+    if after is None:
+        return
+    on_tree, on_pristine = after.result(), before.result() if before else None
+    for verdict in verdicts:
+        modules = _import_stage_of(verdict)
+        if modules:
+            verdict.imports = import_stage(modules, on_tree, on_pristine)
 
 
 def _recorded_proof(*args: Any, **kwargs: Any) -> dict[str, ProofResult]:

@@ -1,0 +1,194 @@
+"""One truth in a derived patch's data file: each unit's edits are the change
+from its ``before`` to its ``after``.
+
+A reviewer reads ``before`` and ``after``; the engine writes the edits. The
+loader refuses a file where the two say different things (a hand-edited
+``inserted`` that writes code ``after`` does not show, or an ``after`` edited
+alone, which would change nothing). A unit records its code one of two ways,
+as :func:`.derived_units.units_of_change` made it:
+
+- a function or method changed inside: ``before`` and ``after`` are the
+  whole definition, and its edits are what the same differ finds between
+  them (computed again here and compared);
+- anything else (a definition added, removed or replaced whole, a class's
+  header or statements, the module's statements, the imports): ``before``
+  is the edits' removed code (or header before) one after the other,
+  ``after`` their inserted code (or header after).
+
+Code is compared as code (``ast.dump``): formatting and comments aside, a
+different statement, name or string is a difference.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Sequence
+
+from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
+from deepstack_patch.engine.errors import DeepstackError
+
+
+def refuse_disagreement(units: Sequence[Unit], path: object) -> None:
+    """A DeepstackError naming the data file ``path`` and the first unit
+    whose edits and before/after disagree."""
+    for unit in units:
+        differs = disagreement(unit)
+        if differs:
+            raise DeepstackError(
+                f"unit {unit.part}: its edits do not turn `before` into "
+                f"`after`: {differs}",
+                "the engine writes the edits and a reviewer reads before and "
+                "after: derive it again, or edit both",
+                path=str(path),
+            )
+
+
+def disagreement(unit: Unit) -> str:
+    """What differs between ``unit``'s edits and its before/after; ``""``
+    where they agree."""
+    if not _whole_definition(unit):
+        return _concatenation_differs(unit)
+    from deepstack_patch.engine.derived_units import edits_of_change
+
+    try:
+        computed = edits_of_change(unit.before, unit.after)
+    except SyntaxError as exc:
+        return f"`before` or `after` does not parse: {exc.msg} (line {exc.lineno})"
+    return _edits_differ(unit.edits, computed, unit.name)
+
+
+def _whole_definition(unit: Unit) -> bool:
+    """Whether the unit is a function or method changed inside: its edits
+    lie in its own definition (a step into ``def NAME``), so ``before`` and
+    ``after`` are the whole definition."""
+    if unit.kind not in ("function", "method") or not unit.edits:
+        return False
+    name = unit.name.rsplit(".", 1)[-1]
+    return all(
+        any(_defined(step.header) == ("def", name) for step in edit.block)
+        for edit in unit.edits
+    )
+
+
+def _defined(header: str) -> tuple[str, str] | None:
+    """``("def", NAME)`` or ``("class", NAME)`` where a step's header is a
+    definition (its decorators first, where it has them); else None."""
+    for line in header.splitlines():
+        words = line.strip().removeprefix("async ").split(None, 1)
+        if words and words[0] in ("def", "class"):
+            name = words[1] if len(words) > 1 else ""
+            return words[0], name.split("(", 1)[0].split(":", 1)[0].strip()
+    return None
+
+
+def _concatenation_differs(unit: Unit) -> str:
+    # An edit holds statements or (a class's) header, never both.
+    removed = "".join(edit.removed + edit.header_before for edit in unit.edits)
+    inserted = "".join(edit.inserted + edit.header_after for edit in unit.edits)
+    for side, recorded, joined, field in (
+        ("before", unit.before, removed, "removed"),
+        ("after", unit.after, inserted, "inserted"),
+    ):
+        if recorded != joined and _code(recorded) != _code(joined):
+            ours, theirs = _first_difference(recorded, joined)
+            return f"`{side}` has {ours} where its edits' `{field}` code has {theirs}"
+    return ""
+
+
+def _edits_differ(
+    recorded: Sequence[Edit], computed: Sequence[Edit], unit_name: str
+) -> str:
+    if len(recorded) != len(computed):
+        return (
+            f"it has {len(recorded)} edit(s), the change from `before` to "
+            f"`after` is {len(computed)}"
+        )
+    # The recorded blocks start at the module (a class, a block on the way);
+    # the ones computed here at the unit's own definition.
+    prefixes = set()
+    for number, (ours, theirs) in enumerate(zip(recorded, computed, strict=True), 1):
+        cut = len(ours.block) - len(theirs.block)
+        if cut < 0:
+            return f"edit {number}'s block is not inside the unit"
+        prefixes.add(ours.block[:cut])
+        differs = _edit_differs(ours, theirs, ours.block[cut:])
+        if differs:
+            return f"edit {number} ({ours.kind}): {differs}"
+    if len(prefixes) > 1:
+        return "its edits lead to the unit through different blocks"
+    # The way to the unit is its name: a class renamed on the way would
+    # rewrite another unit than the one shown.
+    way = [_defined(step.header) for step in next(iter(prefixes), ())]
+    names = [found[1] for found in way if found is not None]
+    if names != unit_name.split(".")[:-1]:
+        where = ".".join(names) or "the module"
+        return f"its edits lead to {where}, not to {unit_name}"
+    return ""
+
+
+def _edit_differs(ours: Edit, theirs: Edit, our_block: Sequence[Step]) -> str:
+    if ours.kind != theirs.kind:
+        return (
+            f"kind is {ours.kind!r}, the change from `before` to `after` is "
+            f"of kind {theirs.kind!r}"
+        )
+    if not _same_steps(our_block, theirs.block):
+        return "its block is not where `before` and `after` differ"
+    for name in ("removed", "inserted", "header_before", "header_after"):
+        mine, computed = getattr(ours, name), getattr(theirs, name)
+        if mine != computed and _code(mine) != _code(computed):
+            ours, theirs = _first_difference(mine, computed)
+            return (
+                f"`{name}` has {ours} where the change from `before` to `after` "
+                f"has {theirs}"
+            )
+    for name in ("before_anchor", "after_anchor"):
+        if not _same_anchor(getattr(ours, name), getattr(theirs, name)):
+            return f"`{name}` is not the neighbour `before` shows"
+    return ""
+
+
+def _same_steps(ours: Sequence[Step], theirs: Sequence[Step]) -> bool:
+    return len(ours) == len(theirs) and all(
+        a == b or (a.field == b.field and _code(a.header) == _code(b.header))
+        for a, b in zip(ours, theirs, strict=True)
+    )
+
+
+def _same_anchor(ours: Anchor | None, theirs: Anchor | None) -> bool:
+    if ours is None or theirs is None:
+        return ours is theirs
+    return ours == theirs or (
+        ours.match == theirs.match and _code(ours.code) == _code(theirs.code)
+    )
+
+
+def _code(text: str) -> str:
+    """Code as the engine reads it, formatting and comments aside; a
+    definition's header (no body) is read with a placeholder body."""
+    source = textwrap.dedent(text)
+    for attempt in (source, source.rstrip("\n") + "\n    ...\n"):
+        try:
+            return ast.dump(ast.parse(attempt))
+        except SyntaxError:
+            continue
+    return text
+
+
+def _first_difference(ours: str, theirs: str) -> tuple[str, str]:
+    """The first line where two pieces of code differ, quoted from each."""
+    mine = [line.strip() for line in ours.splitlines() if line.strip()]
+    other = [line.strip() for line in theirs.splitlines() if line.strip()]
+    at = next(
+        (i for i, (a, b) in enumerate(zip(mine, other, strict=False)) if a != b),
+        min(len(mine), len(other)),
+    )
+    return _quote(mine[at:]), _quote(other[at:])
+
+
+def _quote(lines: Sequence[str]) -> str:
+    if not lines:
+        return "nothing"
+    line = lines[0] if len(lines[0]) <= 70 else lines[0][:67] + "..."
+    return f"`{line}`"
