@@ -38,6 +38,7 @@ from deepstack_patch.engine.derived_data import (
     Unit,
     data_file_name,
     dump_derived,
+    pull_request_url,
     read_fields,
     write_derived,
 )
@@ -88,7 +89,7 @@ class DerivedPatch(Patch):
         self.symptom = symptom
         self.base = base
         self.base_tree = base_tree
-        self.upstream_url = upstream_url or _upstream_url(id)
+        self.upstream_url = upstream_url or pull_request_url(id)
         #: The first vLLM release with the fix, when its author named one.
         self.fixed_in = fixed_in
         self.paths = tuple(paths)
@@ -186,10 +187,8 @@ class DerivedPatch(Patch):
                 if isinstance(located, str):
                     states.append((PatchState.DRIFTED, located))
                     continue
-                # Shown at its def, not at the blank lines its span starts with.
-                node = located.target or located.unit_node
-                if not isinstance(node, ast.Module):
-                    lines.append(_lines(node)[0])
+                node = located.target or located.unit_node  # shown at its def
+                lines += [] if isinstance(node, ast.Module) else [_lines(node)[0]]
                 state, reason, span = _recognise_edit(
                     compiled, located, shapes_of, unit.name
                 )
@@ -280,21 +279,13 @@ class DerivedPatch(Patch):
         )
 
 
-def _upstream_url(patch_id: str) -> str:
-    project, _, number = patch_id.partition("#")
-    if project == "vllm" and number.isdigit():
-        return f"https://github.com/vllm-project/vllm/pull/{number}"
-    return ""
-
-
 @dataclass
 class _UnitState:
     state: PatchState
     span: tuple[int, int]
     reason: str = ""
     details: dict[str, Any] = field(default_factory=dict)
-    #: The line shown: the definition's first (as a hand-written patch's); 0: span's.
-    line: int = 0
+    line: int = 0  # the def's first line, not the blanks above it the span has
 
 
 @dataclass
