@@ -331,12 +331,14 @@ def test_verify_names_the_tests_left_out_of_the_proof(
     )
     (verdict,) = report.verdicts
     assert verdict.proof.status == "missing"
-    assert verdict.proof.message.endswith(
-        f"no recorded tests; left out of the proof: {TEST}: its hunks do not "
+    said, hint = verdict.proof.message.split("\n")
+    assert said.endswith(
+        f"no recorded tests: left out of the proof: {TEST}: its hunks do not "
         f"apply to the base (hunk 1 (@@ -2,4 +2,5 @@) of {TEST} does not apply: "
         "line 5 is 'assert clamp(9) == 4', the hunk expects "
         "'assert clamp(9) == 5')"
     )
+    assert hint.startswith("hint: derive it again")
     assert report.exit_code == 1
 
 

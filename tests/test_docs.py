@@ -348,6 +348,138 @@ def test_trimmed_examples_name_the_whole_series() -> None:
         assert re.findall(r"vllm#\d+", found) == ids
 
 
+# --- how often a derived patch writes the hand-written code: one place --------
+
+#: The one page that states it (issue 31): its table, and its prose.
+FIGURES = ROOT / "docs" / "derived-vs-series.md"
+PERCENT = re.compile(r"(?<![\w.%])(\d{1,3}(?:\.\d+)?) ?%(?!\w)")
+OF_CELLS = re.compile(r"\b(\d+) of (\d+) cells\b")
+
+
+def derived_share() -> tuple[int, int]:
+    """Cells where the series writes, and those the derived patches got
+    right: the table's row of the five fixes together."""
+    text = FIGURES.read_text(encoding="utf-8")
+    [(cells, same)] = re.findall(r"^\| all five \| (\d+) \| (\d+) \|", text, re.M)
+    return int(same), int(cells)
+
+
+def paragraphs(text: str) -> list[str]:
+    """The prose of a page (fenced blocks left out), paragraph by paragraph."""
+    joined = "\n".join(line for _, line in prose_lines(text))
+    return [part for part in re.split(r"\n\s*\n", joined) if part.strip()]
+
+
+def other_shares(text: str, same: int, cells: int) -> list[str]:
+    """The shares a page states of what derived patches get right that are
+    not ``same`` of ``cells``: a paragraph about derived patches with another
+    percentage, or other counts of cells."""
+    share = round(100 * same / cells)
+    wrong = []
+    for paragraph in paragraphs(text):
+        if not re.search(r"\bderive", paragraph, re.IGNORECASE):
+            continue
+        flat = " ".join(paragraph.split())
+        wrong += [m[0] for m in PERCENT.finditer(flat) if float(m[1]) != share]
+        wrong += [
+            m[0]
+            for m in OF_CELLS.finditer(flat)
+            if (int(m[1]), int(m[2])) != (same, cells)
+        ]
+    return wrong
+
+
+def test_the_derived_patches_share_is_stated_in_one_place() -> None:
+    """docs/derived-vs-series.md keeps the figure, its prose as its table; a
+    page that states it elsewhere states the same (better: links to it)."""
+    same, cells = derived_share()
+    text = FIGURES.read_text(encoding="utf-8")
+    stated = re.findall(
+        r"\*\*Correct where the series writes:\*\* (\d+) of (\d+) cells \((\d+)%\)",
+        text,
+    )
+    assert stated == [(str(same), str(cells), str(round(100 * same / cells)))]
+    wrong = {
+        str(path.relative_to(ROOT)): found
+        for path in documents()
+        if path != FIGURES
+        and (found := other_shares(path.read_text(encoding="utf-8"), same, cells))
+    }
+    assert wrong == {}
+
+
+def test_a_page_with_another_share_is_caught() -> None:
+    page = (
+        "Intro.\n\nOver the cells where the hand-written patch writes a derived\n"
+        "patch was right on 68% (122 of 180 cells).\n\n"
+        "```\nderived 99%\n```\n\nA 0.20.2%2Bdeepstack.1 purl, 50% of nothing.\n"
+    )
+    assert other_shares(page, 144, 180) == ["68%", "122 of 180 cells"]
+    assert (
+        other_shares(page.replace("68%", "80%").replace("122", "144"), 144, 180) == []
+    )
+
+
+# --- the test tiers README names ---------------------------------------------
+
+#: README's fast tier: ``python -m pytest -m "EXPRESSION"`` in its prose.
+FAST_TIER = re.compile(r'`python -m pytest -m "([^"`]+)"`')
+
+
+def readme_ci_commands() -> list[str]:
+    """The fenced block after the ``<!-- ci:`` marker, as .ci/run reads it."""
+    text = README.read_text(encoding="utf-8")
+    block = text.split("<!-- ci:", 1)[1].split("```", 2)[1]
+    return [line for line in block.splitlines()[1:] if line.strip()]
+
+
+def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+
+
+def test_readme_names_the_fast_tier_and_it_leaves_out_the_slow_tests() -> None:
+    """CI's two commands stay; the fast tier beside them selects by markers
+    pytest knows, and leaves out every test that downloads a release or
+    needs the proof environment."""
+    from deepstack_patch.engine.targets import tomllib
+
+    assert readme_ci_commands() == [
+        "python -m pip install -e '.[test]'",
+        "python -m pytest",
+    ]
+    [expression] = FAST_TIER.findall(README.read_text(encoding="utf-8"))
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    options = config["tool"]["pytest"]["ini_options"]
+    registered = {marker.split(":")[0] for marker in options["markers"]}
+    named = set(re.findall(r"\w+", expression)) - {"not", "and", "or"}
+    assert named == {"release", "verify"} <= registered, expression
+    files = ["tests/test_docs.py", "tests/test_locations.py"]
+    everything = pytest_run("--co", "-q", *files)
+    fast = pytest_run("--co", "-q", "-m", expression, *files)
+    assert everything.returncode == fast.returncode == 0, fast.stdout + fast.stderr
+    ids = [line for line in everything.stdout.splitlines() if "::" in line]
+    kept = [line for line in fast.stdout.splitlines() if "::" in line]
+    slow = [
+        "tests/test_locations.py::test_apply_prints_the_lines_of_the_files_it_wrote",
+        "tests/test_docs.py::test_installed_md_counts_the_files_the_series_changes",
+    ]
+    assert set(slow) <= set(ids) and not set(slow) & set(kept)
+    assert "tests/test_docs.py::test_readme_stays_short" in kept
+
+
+def test_pytest_prints_the_30_slowest_tests() -> None:
+    """README's ``python -m pytest`` (CI's) ends with the 30 slowest tests."""
+    result = pytest_run("tests/test_docs.py::test_readme_stays_short")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"=+ slowest 30 durations =+", result.stdout), result.stdout
+
+
 @pytest.mark.release
 def test_installed_md_counts_the_files_the_series_changes(
     release_tree: Callable[[str], Path],

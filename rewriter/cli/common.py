@@ -401,7 +401,21 @@ def load_series(folders: Sequence[Path] | None = None) -> Sequence[Patch]:
         for folder in folders:
             extra.extend(patches_from_folder(folder))
         meta[key] = assemble_series(SERIES, extra) if extra else SERIES
+        warn_same_changes(meta[key])
     return meta[key]
+
+
+def warn_same_changes(series: Sequence[Patch]) -> None:
+    """Two derived patches of one change: the second reads ``applied`` once
+    the first is, and would say nothing of it."""
+    from deepstack_patch.engine.series import same_changes
+
+    for first, second in same_changes(series):
+        warn(
+            f"{first.id} and {second.id} make the same change ({first.origin}; "
+            f"{second.origin}): once one is applied the other reads applied; "
+            f"keep one of them (or --skip {second.id})"
+        )
 
 
 def patches_option(command: Callable[..., Any]) -> Callable[..., Any]:

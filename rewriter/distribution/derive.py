@@ -78,6 +78,9 @@ class DeriveResult:
     notes: list[str] = field(default_factory=list)
     #: With ``--commit``: the commit the diff is (its full sha); else "".
     commit: str = ""
+    #: The base tree the patch was checked on (a release's files, extracted
+    #: into the cache, or --base-src).
+    tree: VllmTree | None = None
 
 
 def is_test_path(path: str) -> bool:
@@ -181,6 +184,7 @@ def derive_patch_from_text(
         tests=tests,
         seconds=time.monotonic() - started,
         notes=notes,
+        tree=base,
     )
 
 

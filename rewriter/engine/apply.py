@@ -6,9 +6,10 @@ command only chooses the mode and prints the result.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,24 +105,61 @@ def refuse_blocked(plan: Plan) -> None:
 
 
 def mark_applied(plan: Plan, patch_ids: Sequence[str]) -> None:
-    """Show the state after a write: what this run applied is now applied.
+    """Show the state after a write: what this run applied is now applied,
+    at the lines of the written files.
 
     Every rewrite was recognised as applied before it was written (the
-    engine insists), so no second plan is needed to know it.
+    engine insists), so no second plan is needed to know it; the lines of
+    every location in a written file (whatever its patch) are mapped from
+    the old file to the new one, as ``status`` then reads them.
     """
+    if not patch_ids:
+        return
+    moved = {edit.relpath: lines_after(edit.old, edit.new) for edit in plan.edits}
     for report in plan.reports:
-        if report.patch.id not in patch_ids:
-            continue
-        report.applied_now = True
+        applied = report.patch.id in patch_ids
+        report.applied_now = report.applied_now or applied
         report.locations = [
-            Location(
-                loc.path,
-                dataclasses.replace(loc.finding, state=PatchState.APPLIED, reason=""),
-            )
-            if loc.state is PatchState.NEEDED
-            else loc
-            for loc in report.locations
+            _after_write(loc, applied, moved.get(loc.path)) for loc in report.locations
         ]
+
+
+def _after_write(
+    loc: Location, applied: bool, moved: Callable[[int], int] | None
+) -> Location:
+    finding = loc.finding
+    if applied and finding.state is PatchState.NEEDED:
+        finding = dataclasses.replace(finding, state=PatchState.APPLIED, reason="")
+    if moved is not None:
+        first, last = finding.span
+        finding = dataclasses.replace(
+            finding, line=moved(finding.line), span=(moved(first), moved(last))
+        )
+    return loc if finding is loc.finding else Location(loc.path, finding)
+
+
+def lines_after(old: bytes, new: bytes) -> Callable[[int], int]:
+    """Where each 1-based line of ``old`` is in ``new``: a kept line where
+    it went; a replaced one the line that took its place (the first
+    replacement line for a longer run, the line after a deleted run)."""
+    import difflib
+
+    opcodes = difflib.SequenceMatcher(
+        a=old.splitlines(), b=new.splitlines(), autojunk=False
+    ).get_opcodes()
+    starts = [i1 for _tag, i1, _i2, _j1, _j2 in opcodes]
+
+    def moved(line: int) -> int:
+        index = bisect.bisect_right(starts, line - 1) - 1
+        if index < 0:
+            return line
+        tag, i1, _i2, j1, j2 = opcodes[index]
+        offset = line - 1 - i1
+        if tag != "equal":
+            offset = min(offset, max(j2 - j1 - 1, 0))
+        return j1 + offset + 1
+
+    return moved
 
 
 def hard_linked(root: Path, relpaths: Sequence[str]) -> dict[str, int]:

@@ -38,6 +38,7 @@ from deepstack_patch.engine.derived_data import (
     Unit,
     data_file_name,
     dump_derived,
+    pull_request_url,
     read_fields,
     write_derived,
 )
@@ -88,7 +89,7 @@ class DerivedPatch(Patch):
         self.symptom = symptom
         self.base = base
         self.base_tree = base_tree
-        self.upstream_url = upstream_url or _upstream_url(id)
+        self.upstream_url = upstream_url or pull_request_url(id)
         #: The first vLLM release with the fix, when its author named one.
         self.fixed_in = fixed_in
         self.paths = tuple(paths)
@@ -146,12 +147,13 @@ class DerivedPatch(Patch):
                     state.span,
                     f"{absent[0].description} is absent while {unit.name} is "
                     "there: a derived patch applies whole or not at all",
+                    line=state.line,
                 )
             findings.append(
                 Finding(
                     state=state.state,
                     symbol=unit.name,
-                    line=state.span[0],
+                    line=state.line or state.span[0],
                     span=state.span,
                     reason=state.reason,
                     part=unit.part,
@@ -169,6 +171,7 @@ class DerivedPatch(Patch):
     ) -> _UnitState | None:
         states: list[tuple[PatchState, str]] = []
         spans: list[tuple[int, int]] = []
+        lines: list[int] = []
         details: dict[str, Any] = {}
         for index, edit in enumerate(unit.edits):
             compiled = self._compile(edit)
@@ -184,6 +187,8 @@ class DerivedPatch(Patch):
                 if isinstance(located, str):
                     states.append((PatchState.DRIFTED, located))
                     continue
+                node = located.target or located.unit_node  # shown at its def
+                lines += [] if isinstance(node, ast.Module) else [_lines(node)[0]]
                 state, reason, span = _recognise_edit(
                     compiled, located, shapes_of, unit.name
                 )
@@ -191,23 +196,25 @@ class DerivedPatch(Patch):
             spans.append(span)
         first = min((s for s, _ in spans), default=1)
         last = max((e for _, e in spans), default=first)
+        line = min(lines, default=0)
         if len(spans) < len(states):  # a drifted step: point at the unit
             return _UnitState(
                 PatchState.DRIFTED,
                 (first, last),
                 "; ".join(r for s, r in states if s is PatchState.DRIFTED),
+                line=line,
             )
         kinds = {state for state, _ in states}
         if kinds == {PatchState.NEEDED}:
-            return _UnitState(PatchState.NEEDED, (first, last), "", details)
+            return _UnitState(PatchState.NEEDED, (first, last), "", details, line)
         if kinds == {PatchState.APPLIED}:
-            return _UnitState(PatchState.APPLIED, (first, last), "")
+            return _UnitState(PatchState.APPLIED, (first, last), "", line=line)
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
         reason = "; ".join(drifted) or (
             "part of the fix is there and part is not: "
             + ", ".join(f"edit {i + 1} {s}" for i, (s, _) in enumerate(states))
         )
-        return _UnitState(PatchState.DRIFTED, (first, last), reason)
+        return _UnitState(PatchState.DRIFTED, (first, last), reason, line=line)
 
     def _renamed(
         self, unit: Unit, tree: ast.Module, state: _UnitState, uses: Counter[str] | None
@@ -221,15 +228,15 @@ class DerivedPatch(Patch):
         recorded = one_statement(unit.before)
         renaming = rename.renaming_of(edits, recorded, target)
         if not renaming or isinstance(renaming, str):
-            reason = "; ".join(filter(None, [state.reason, renaming or ""]))
-            return _UnitState(state.state, state.span, reason, state.details)
+            state.reason = "; ".join(filter(None, [state.reason, renaming or ""]))
+            return state
         renamed_back = rename.renamed_back(tree, target, renaming)
         found = self._recognise_unit(unit, renamed_back, ShapeCache(), uses)
         if found is None or found.state is PatchState.DRIFTED:
             return state
         why = rename.collision(edits, recorded, target, renaming)
         if found.state is PatchState.NEEDED and why:
-            return _UnitState(PatchState.DRIFTED, found.span, why)
+            return _UnitState(PatchState.DRIFTED, found.span, why, line=found.line)
         found.details["renaming"] = renaming
         return found
 
@@ -272,19 +279,13 @@ class DerivedPatch(Patch):
         )
 
 
-def _upstream_url(patch_id: str) -> str:
-    project, _, number = patch_id.partition("#")
-    if project == "vllm" and number.isdigit():
-        return f"https://github.com/vllm-project/vllm/pull/{number}"
-    return ""
-
-
 @dataclass
 class _UnitState:
     state: PatchState
     span: tuple[int, int]
     reason: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    line: int = 0  # the def's first line, not the blanks above it the span has
 
 
 @dataclass

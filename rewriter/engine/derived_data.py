@@ -104,6 +104,14 @@ class SkippedTest:
 # -- the data file ------------------------------------------------------------
 
 
+def pull_request_url(patch_id: str) -> str:
+    """``vllm#49397`` -> its pull request's address; "" for another project."""
+    project, _, number = patch_id.partition("#")
+    if project == "vllm" and number.isdigit():
+        return f"https://github.com/vllm-project/vllm/pull/{number}"
+    return ""
+
+
 def data_file_name(patch_id: str) -> str:
     """``vllm#49397`` -> ``vllm-49397.toml``."""
     return patch_id.replace("#", "-").replace("/", "-") + ".toml"

@@ -499,6 +499,32 @@ def assemble_series(
     return tuple(ordered)
 
 
+def same_changes(series: Sequence[Patch]) -> list[tuple[Patch, Patch]]:
+    """Derived patches that make one change under two ids (the same units
+    with the same edits), each with the first that makes it.
+
+    Both are in the series, and once one is applied the other reads
+    ``applied``: nothing says that the second was never needed.
+    """
+    # Never imported here: no derived patch exists unless its module is loaded.
+    derived = sys.modules.get("deepstack_patch.engine.derived")
+    if derived is None:
+        return []
+    first_with: dict[frozenset[Any], Patch] = {}
+    pairs = []
+    for patch in series:
+        if not isinstance(patch, derived.DerivedPatch):
+            continue
+        change = frozenset(
+            (unit.path, unit.kind, unit.name, unit.edits) for unit in patch.units
+        )
+        if change in first_with:
+            pairs.append((first_with[change], patch))
+        else:
+            first_with[change] = patch
+    return pairs
+
+
 def _path_of(patch: Patch) -> str | None:
     found = patch_file(patch)
     return str(found) if found else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -10,15 +12,18 @@ if TYPE_CHECKING:
 
 def derive_json(result: Any) -> dict[str, Any]:
     """``derive --format json`` (schema 1); ``result`` is a DeriveResult."""
+    from deepstack_patch.output.documents import tree_json
+
     return {
         "schema": 1,
         "command": "derive",
+        "tree": tree_json(result.tree),
         "id": result.patch.id,
         "base": result.base_version,
         "upstream_url": result.patch.upstream_url,
         "fixed_in": result.patch.fixed_in,
         "commit": result.commit,
-        "data_file": str(result.data_file),
+        "data_file": str(Path(result.data_file).absolute()),
         "round_trip": result.round_trip,
         "units": [
             {"path": u.path, "kind": u.kind, "name": u.name, "edits": len(u.edits)}
@@ -53,4 +58,11 @@ def print_derived(console: Console, result: Any, diff: str) -> None:
         "checked: needed only at the diff's sites; the rewrite gives the diff's "
         f"result ({same}); recognised applied after; a second pass changes nothing"
     )
-    console.print(escape(f"wrote {result.data_file} ({result.seconds:.1f} s)"))
+    data_file = Path(result.data_file).absolute()
+    console.print(escape(f"wrote {data_file} ({result.seconds:.1f} s)"))
+    folder = shlex.quote(str(data_file.parent))
+    console.print("next, on your vLLM tree PATH:")
+    for command in ("apply", "verify"):
+        console.print(
+            escape(f"  deepstack-patch {command} --vllm-src PATH --patches {folder}")
+        )

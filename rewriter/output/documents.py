@@ -13,6 +13,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from deepstack_patch.output.upstream import derived_base
+
 if TYPE_CHECKING:  # annotations only: `list` imports this module, and no more
     from deepstack_patch.engine.plan import Plan
     from deepstack_patch.engine.protocol import Patch, PatchReport
@@ -43,6 +45,7 @@ def patch_json(report: PatchReport) -> dict[str, Any]:
         **patch_state_json(patch, report.state.value, report.reason),
         "upstream_url": patch.upstream_url,
         "fixed_in": patch.fixed_in,
+        "base": derived_base(patch),
         "origin": patch.origin,
         "selected": report.selected,
         "blocked_by": list(report.blocked_by),
@@ -89,6 +92,7 @@ def metadata_json(patch: Patch) -> dict[str, Any]:
         "title": patch.title,
         "upstream_url": patch.upstream_url,
         "fixed_in": patch.fixed_in,
+        "base": derived_base(patch),
         "origin": patch.origin,
         "symptom": patch.symptom,
         "also_changes": patch.also_changes,

@@ -73,7 +73,7 @@ def print_plan_table(console: Console, plan: Plan) -> None:
                 table.add_row(
                     "",
                     f"  [{STATE_STYLE[part_state]}]{part_state.value}[/]",
-                    f"  part {part}",
+                    f"  part {escape(part_words(part))}",
                 )
             part_locations = [
                 loc for loc in report.locations if loc.finding.part == part
@@ -90,6 +90,15 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         if report.blocked_reason and not report.applied_now:
             table.add_row("", "", f"  [yellow]{escape(report.blocked_reason)}[/]")
     console.print(table)
+
+
+def part_words(part: str) -> str:
+    """A part as the table shows it. A derived patch's part is
+    ``path::Class.method``, often wider than a terminal: shown as two
+    fields, ``Class.method (path)``, each whole on a line of its own if it
+    must (as ``derive`` lists its units)."""
+    path, separator, name = part.partition("::")
+    return f"{name} ({path})" if separator and name else part
 
 
 def patch_relations(patch: Patch, reports: Sequence[PatchReport]) -> str:

@@ -45,9 +45,26 @@ def proven_by_recorded_tests(patch: Patch) -> bool:
 
 
 def no_proof_reason(patch: Patch) -> str:
+    """Why ``patch`` has no proof, and what gives it one (a ``hint:`` line)."""
+    from deepstack_patch.output.upstream import derived_base
+
+    if derived_base(patch):
+        why = left_out(patch).removeprefix("; ") or (
+            "the diff it was derived from changed no test file"
+        )
+        return (
+            f"no proof: {patch.id} is a derived patch ({patch.origin}) with no "
+            f"recorded tests: {why}\n"
+            "hint: derive it again from the pull request's whole diff on the "
+            "release it was made against, its tests included "
+            "(https://github.com/OWNER/REPO/pull/N.diff): verify runs them; or "
+            f"verify the others with --skip {patch.id}"
+        )
     return (
         f"no proof: {type(patch).__name__} ({patch.origin}) has no prove() "
-        "method and no recorded tests" + left_out(patch)
+        "method and no recorded tests" + left_out(patch) + "\n"
+        "hint: give the patch a prove(tree) method, or recorded_tests "
+        "(docs/adding-a-patch.md)"
     )
 
 
