@@ -231,13 +231,15 @@ def _scope_bindings(unit: Unit, tree: ast.Module) -> set[str]:
 
 def _patch_bindings(patch: DerivedPatch, path: str) -> set[str]:
     """The module-level names the patch binds in ``path``: its new
-    definitions and module statements, and every import it records."""
+    definitions and module statements, and the names its imports add."""
     found: set[str] = set()
     for unit in patch.units:
         if unit.path != path:
             continue
         for edit in unit.edits:
-            if not edit.block and edit.kind != "header":
+            if edit.kind == "imports":  # what it adds, not its context
+                found |= {bound_name(alias) for alias in wanted_imports(edit)}
+            elif not edit.block and edit.kind != "header":
                 found |= bound_in(shapes.parse_statements(edit.inserted), nested=False)
     return found
 
