@@ -33,7 +33,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from deepstack_patch.engine import derived_shapes as shapes
 from deepstack_patch.engine.derived_data import Edit, Unit
@@ -45,9 +45,6 @@ from deepstack_patch.engine.derived_match import (
 )
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.tree import TreeContext, tree_context
-
-if TYPE_CHECKING:
-    from deepstack_patch.engine.derived import DerivedPatch
 
 #: Names every module has without binding them.
 _IMPLICIT = frozenset(dir(builtins)) | {
@@ -70,6 +67,17 @@ class _State(Protocol):
     state: PatchState
     reason: str
     details: dict[str, Any]
+
+
+class DerivedPatch(Protocol):
+    """What is read of a :class:`~deepstack_patch.engine.derived.DerivedPatch`
+    (named here without importing it: derived imports this module)."""
+
+    units: tuple[Unit, ...]
+
+    def unit_states(
+        self, tree: ast.Module, path: str
+    ) -> Mapping[str, _State | None]: ...
 
 
 # -- the states of one file, made whole -----------------------------------------
