@@ -357,6 +357,8 @@ def test_an_imports_only_file_follows_the_code_of_the_others(tmp_path: Path) -> 
     report = report_of(absent, patch)
     assert report.state is PatchState.NOT_APPLICABLE, report.reason
     assert not apply_tree(absent, [patch], {patch.id}).written
+    missing = make_tree(tmp_path / "missing", files)  # no vllm/models/b.py
+    assert report_of(missing, patch).state is PatchState.NOT_APPLICABLE
     done = CLASS_AFTER.replace("from m import scale", "from vllm.models.m import *")
     applied = make_tree(tmp_path / "applied", {**files, PATH: done})
     assert report_of(applied, patch).state is PatchState.APPLIED

@@ -148,6 +148,11 @@ def _code_states_elsewhere(
         return None
     found: list[_State | None] = []
     for other in others:
+        if not (context.root / other).is_file():  # its code is absent
+            found += [
+                None for u in patch.units if u.path == other and u.kind != "import"
+            ]
+            continue
         tree = _parsed(context, context.root / other)
         if tree is None:
             return None  # unreadable here: undecidable, the file decides
