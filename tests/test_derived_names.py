@@ -420,3 +420,21 @@ def _diff(path: str, before: str, after: str) -> str:
             f"b/{path}",
         )
     )
+
+
+def test_some_code_there_and_some_absent_drifts_in_every_order(
+    tmp_path: Path,
+) -> None:
+    f = ("def f():\n    return 1\n", "def f():\n    return 2\n")
+    g = ("def g():\n    return 1\n", "def g():\n    return 2\n")
+    for first, second in ((f, g), (g, f)):
+        patch = patch_of((PATH, first[0], first[1]), (OTHER, second[0], second[1]))
+        for state_of_first in first:  # needed, then applied
+            tree = make_tree(
+                tmp_path / str(len(list(tmp_path.iterdir()))),
+                {PATH: state_of_first, OTHER: "x = 1\n"},
+            )
+            report = report_of(tree, patch)
+            assert report.state is PatchState.DRIFTED, (first, state_of_first)
+            assert "applies whole or not at all" in report.reason
+            assert not apply_tree(tree, [patch], {patch.id}).written
