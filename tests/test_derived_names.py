@@ -357,6 +357,16 @@ def test_an_imports_only_file_follows_the_code_of_the_others(tmp_path: Path) -> 
     report = report_of(absent, patch)
     assert report.state is PatchState.NOT_APPLICABLE, report.reason
     assert not apply_tree(absent, [patch], {patch.id}).written
+    needed = make_tree(tmp_path / "needed", {**files, PATH: CLASS_BEFORE})
+    assert report_of(needed, patch).state is PatchState.NEEDED
+    # The __init__'s import is checked too: m lacks scale.
+    lacking = make_tree(
+        tmp_path / "lacking",
+        {**files, "vllm/models/m.py": "X = 1\n", PATH: CLASS_BEFORE},
+    )
+    state, reason = report_of(lacking, patch).part_state(f"{init}::imports")
+    assert state is PatchState.DRIFTED
+    assert "the fix needs `scale` from `vllm.models.m`" in reason
     missing = make_tree(tmp_path / "missing", files)  # no vllm/models/b.py
     assert report_of(missing, patch).state is PatchState.NOT_APPLICABLE
     done = CLASS_AFTER.replace("from m import scale", "from vllm.models.m import *")

@@ -126,7 +126,10 @@ def settle(
         for unit in code
         if (s := settled[unit.part]) is not None and s.state is PatchState.NEEDED
     ]
-    why = unresolved(patch, needed, settled, tree, path) if needed else ""
+    importing = not code and any(
+        s is not None and s.state is PatchState.NEEDED for s in settled.values()
+    )
+    why = unresolved(patch, needed, settled, tree, path) if needed or importing else ""
     if why:
         for part, state in settled.items():
             if state is not None and state.state is PatchState.NEEDED:
