@@ -124,6 +124,13 @@ def test_a_name_the_patch_adds_itself_resolves() -> None:
     assert ast.dump(ast.parse(fixed)) == ast.dump(ast.parse(after))
 
 
+def test_a_name_the_patch_adds_in_a_top_level_block_resolves() -> None:
+    before = "if True:\n    pass\n\n\ndef f(x):\n    return x\n"
+    after = "if True:\n    from m import g\n\n\ndef f(x):\n    return g(x)\n"
+    patch = patch_of((PATH, before, after))
+    assert {s for s, _ in states(patch, before).values()} == {PatchState.NEEDED}
+
+
 def test_a_local_the_target_function_lacks_drifts() -> None:
     before = "def f(x):\n    y = x\n    z = 1\n    return y\n"
     after = "def f(x):\n    y = x\n    z = 1\n    return y + z\n"

@@ -255,7 +255,10 @@ def _patch_bindings(patch: DerivedPatch, path: str) -> set[str]:
         for edit in unit.edits:
             if edit.kind == "imports":  # what it adds, not its context
                 found |= {bound_name(alias) for alias in wanted_imports(edit)}
-            elif not edit.block and edit.kind != "header":
+            elif edit.kind != "header" and not any(
+                isinstance(one_statement(with_block(step.header)), shapes.DEFINITIONS)
+                for step in edit.block
+            ):  # at the top level, or in its `if`/`try` blocks
                 found |= bound_in(shapes.parse_statements(edit.inserted), nested=False)
     return found
 
