@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deepstack_patch.engine import derived_names as names
 from deepstack_patch.engine import derived_rename as rename
 from deepstack_patch.engine import derived_shapes as shapes
 from deepstack_patch.engine.derived_data import (
@@ -101,6 +102,8 @@ class DerivedPatch(Patch):
         self.origin = origin or "derived"
         #: The engine refuses to apply it in part (see plan_tree).
         self.applies_whole = True
+        #: It reads the modules its fix imports from (derived_names).
+        self.reads_tree = True
         # Paths are exact files: every one is read.
         self.markers = (b"",)
         self.parts = {unit.part: unit.description for unit in self.units}
@@ -117,6 +120,27 @@ class DerivedPatch(Patch):
         units = [unit for unit in self.units if unit.path == path]
         if not units:
             return []
+        # Whole, never by its imports alone, and only code whose names
+        # resolve (engine/derived_names.py).
+        states = names.settle(self, units, self.unit_states(tree, path), tree, path)
+        return [
+            Finding(
+                state=state.state,
+                symbol=unit.name,
+                line=state.line or state.span[0],
+                span=state.span,
+                reason=state.reason,
+                part=unit.part,
+                details=state.details,
+            )
+            for unit in units
+            # None: the report says target absent, no <unit> in this tree
+            if (state := states[unit.part]) is not None
+        ]
+
+    def unit_states(self, tree: ast.Module, path: str) -> dict[str, _UnitState | None]:
+        """Each unit of ``path`` recognised on its own (None: absent)."""
+        units = [unit for unit in self.units if unit.path == path]
         shapes_of = ShapeCache()
         # The imports last: whether a name the fix stops importing is still
         # used depends on the code the other units will have after the fix.
@@ -134,33 +158,7 @@ class DerivedPatch(Patch):
                 for edit in unit.edits:
                     uses_after_fix.subtract(code_uses(edit.removed, edit.header_before))
                     uses_after_fix.update(code_uses(edit.inserted, edit.header_after))
-        found = [(unit, states[unit.part]) for unit in units]
-        absent = [unit for unit, state in found if state is None]
-        findings = []
-        for unit, state in found:
-            if state is None:
-                continue  # the report says: target absent, no <unit> in this tree
-            if absent and state.state is not PatchState.APPLIED:
-                # Whole or not at all: half a fix is not the fix.
-                state = _UnitState(
-                    PatchState.DRIFTED,
-                    state.span,
-                    f"{absent[0].description} is absent while {unit.name} is "
-                    "there: a derived patch applies whole or not at all",
-                    line=state.line,
-                )
-            findings.append(
-                Finding(
-                    state=state.state,
-                    symbol=unit.name,
-                    line=state.line or state.span[0],
-                    span=state.span,
-                    reason=state.reason,
-                    part=unit.part,
-                    details=state.details,
-                )
-            )
-        return findings
+        return states
 
     def _recognise_unit(
         self,
@@ -510,11 +508,11 @@ def _recognise_imports(
     and nothing uses them once the fix is in (``uses_after_fix``: what the
     needed units' rewrites take away and bring); they never drift."""
     edit = compiled.edit
-    wanted = import_aliases(shapes.parse_statements(edit.inserted))
+    wanted = names.wanted_imports(edit)  # never a name of a context line
     dropped = [
         alias
         for alias in import_aliases(shapes.parse_statements(edit.removed))
-        if alias not in wanted
+        if alias not in import_aliases(shapes.parse_statements(edit.inserted))
     ]
     imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
     present = set(import_aliases(imports))

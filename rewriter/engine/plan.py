@@ -27,7 +27,7 @@ from deepstack_patch.engine.protocol import (
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.requirements import Selection, block_unmet_requirements
 from deepstack_patch.engine.source import SourceFile, code_lines
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import VllmTree, recognising_in
 from deepstack_patch.engine.whole import refuse_partial_patches
 
 
@@ -120,7 +120,9 @@ def plan_tree(
     """
     if selected is None:
         selected = {patch.id for patch in series}
-    with _without_cycle_collection():
+    # Recognition may read other files of the tree (a derived patch checks
+    # the names its fix imports: engine/derived_names.py).
+    with _without_cycle_collection(), recognising_in(tree.root):
         return _plan(tree, series, selected, rewrite, progress, cache)
 
 
@@ -216,6 +218,8 @@ def _plan_file(
 ) -> tuple[list[list[Finding]], FileEdit | None]:
     """Each touching patch's findings in one file, and the file's edit."""
     relpath = original.relpath
+    if any(getattr(patch, "reads_tree", False) for patch in touching):
+        cache = None  # the findings depend on more than the file's bytes
     if cache is not None:
         cached = cache.load(relpath, original.raw, touching)
         if cached is not None and not (

@@ -205,6 +205,10 @@ class Patch:
     origin: str = "built-in"
     #: Tests that come with the patch (a derived patch's recorded tests).
     recorded_tests: tuple[RecordedTest, ...] = ()
+    #: Whether recognition reads other files of the tree than the one it is
+    #: given (through :func:`deepstack_patch.engine.tree.tree_context`): the
+    #: recognition cache, which keys on the file's bytes, then skips the file.
+    reads_tree: ClassVar[bool] = False
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
         """Report the state of every target location in one parsed file.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
@@ -204,3 +206,37 @@ def dist_info_beside(root: Path) -> Path | None:
                 "remove the stale dist-info folder(s) (pip left them behind), "
                 "keeping the one whose RECORD matches the installed files",
             )
+
+
+# -- the tree being recognised --------------------------------------------------
+
+
+@dataclass
+class TreeContext:
+    """The tree a plan recognises, for a patch whose recognition reads other
+    files of it (a derived patch checks that the names its fix imports exist
+    in the tree: :mod:`.derived_names`). ``memo`` lives as long as the plan:
+    what was read from the tree, by whoever read it."""
+
+    root: Path
+    memo: dict[object, object] = field(default_factory=dict)
+
+
+_RECOGNISING: ContextVar[TreeContext | None] = ContextVar("recognising", default=None)
+
+
+@contextlib.contextmanager
+def recognising_in(root: Path) -> Iterator[TreeContext]:
+    """Make ``root`` the tree being recognised (see :func:`tree_context`)."""
+    context = TreeContext(root)
+    token = _RECOGNISING.set(context)
+    try:
+        yield context
+    finally:
+        _RECOGNISING.reset(token)
+
+
+def tree_context() -> TreeContext | None:
+    """The tree being recognised, or None where recognition has only the
+    file (``rewrite_text``, a patch's examples)."""
+    return _RECOGNISING.get()

@@ -240,30 +240,33 @@ def _full_check(
     root: Path, skipped: set[str]
 ) -> tuple[LiveState, list[str], list[str]]:
     from deepstack_patch.engine.protocol import Location, PatchReport, PatchState
+    from deepstack_patch.engine.tree import recognising_in
 
     state = LiveState(root)
     parsed: dict[str, ast.Module | None] = {}
     folders: set[str] = set()
     targets: set[str] = set()
-    for patch in live_series():
-        report = PatchReport(patch=patch, selected=True)
-        for relpath in _candidates(root, patch.paths, patch.markers, folders):
-            if relpath not in parsed:
-                parsed[relpath] = _parse(root / relpath)
-            tree = parsed[relpath]
-            if tree is not None:
-                found = patch.recognise(tree, relpath)
-                report.locations.extend(Location(relpath, f) for f in found)
-        targets.update(report.files)
-        match report.state:
-            case PatchState.NOT_APPLICABLE:
-                continue
-            case PatchState.APPLIED:
-                state.live.append(patch.id)
-            case _ if patch.id in skipped:
-                state.skipped.append(patch.id)
-            case other:
-                state.missing[patch.id] = f"{other} in {', '.join(report.files)}"
+    # A derived patch reads the modules its fix imports from.
+    with recognising_in(root):
+        for patch in live_series():
+            report = PatchReport(patch=patch, selected=True)
+            for relpath in _candidates(root, patch.paths, patch.markers, folders):
+                if relpath not in parsed:
+                    parsed[relpath] = _parse(root / relpath)
+                tree = parsed[relpath]
+                if tree is not None:
+                    found = patch.recognise(tree, relpath)
+                    report.locations.extend(Location(relpath, f) for f in found)
+            targets.update(report.files)
+            match report.state:
+                case PatchState.NOT_APPLICABLE:
+                    continue
+                case PatchState.APPLIED:
+                    state.live.append(patch.id)
+                case _ if patch.id in skipped:
+                    state.skipped.append(patch.id)
+                case other:
+                    state.missing[patch.id] = f"{other} in {', '.join(report.files)}"
     return state, sorted(targets), sorted(folders)
 
 

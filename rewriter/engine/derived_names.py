@@ -1,0 +1,568 @@
+"""Whether the code a derived patch writes can run in its target: every name
+its new statements read is there (issue 30, item 1).
+
+A fix's inserted statements (and a changed header) may read names its
+removed statements did not. Before a unit is called ``needed``, each such
+name must be, in the target file: a builtin; a local of the function (its
+parameters, any name bound in it or in the fix's own statements, theirs and
+their comprehensions' and lambdas' included); a global or an import of the
+file; or a name the patch itself adds there (a new definition or module
+statement, an import it adds). Where the tree being recognised is known
+(:func:`deepstack_patch.engine.tree.tree_context`, which the plan sets), a
+name the fix imports from a ``vllm`` module, and an attribute it reads off an
+imported ``vllm`` module (``envs.X``, ``vllm.a.b.f``), must be defined,
+imported or a submodule there, as the tree's file of that module has it.
+
+Nothing undecidable is refused: a file or module with a ``*`` import or a
+module ``__getattr__`` accepts every name; a module the tree does not have
+is judged missing only in a whole tree (one with its ``pyproject.toml`` or
+``setup.py``: a partial extraction lacks most modules); attributes of
+objects (``self.x``, ``cls.x``, a config's fields) and names of modules
+outside ``vllm`` are not checked. docs/derive.md says the same.
+
+:func:`settle` also makes a file's states whole (item 3): imports alone never
+make a patch ``applied`` or ``needed``; code units all absent leave nothing
+(not-applicable); some absent and some there drift.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from deepstack_patch.engine import derived_shapes as shapes
+from deepstack_patch.engine.derived_data import Edit, Unit
+from deepstack_patch.engine.derived_match import (
+    bound_name,
+    import_aliases,
+    one_statement,
+    with_block,
+)
+from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.tree import TreeContext, tree_context
+
+#: Names every module has without binding them.
+_IMPLICIT = frozenset(dir(builtins)) | {
+    "__file__",
+    "__name__",
+    "__doc__",
+    "__spec__",
+    "__package__",
+    "__loader__",
+    "__path__",
+    "__builtins__",
+    "__annotations__",
+    "__class__",  # a method's implicit cell (super())
+    "__module__",
+    "__qualname__",
+}
+
+
+class _State(Protocol):
+    state: PatchState
+    reason: str
+    details: dict[str, Any]
+
+
+class DerivedPatch(Protocol):
+    """What is read of a :class:`~deepstack_patch.engine.derived.DerivedPatch`
+    (named here without importing it: derived imports this module)."""
+
+    units: tuple[Unit, ...]
+
+    def unit_states(
+        self, tree: ast.Module, path: str
+    ) -> Mapping[str, _State | None]: ...
+
+
+# -- the states of one file, made whole -----------------------------------------
+
+
+def settle(
+    patch: DerivedPatch,
+    units: Sequence[Unit],
+    states: Mapping[str, _State | None],
+    tree: ast.Module,
+    path: str,
+) -> dict[str, _State | None]:
+    """``states`` (unit part -> state, None where absent) as the patch
+    reports them: whole, importing nothing alone, reading only names that
+    resolve."""
+    settled = dict(states)
+    code = [unit for unit in units if unit.kind != "import"]
+    imports = [unit for unit in units if unit.kind == "import"]
+    if code:
+        code_states = [states[unit.part] for unit in code]
+    else:  # an imports-only file: the patch's code is in its other files
+        code_states = _code_states_elsewhere(patch, path)
+    present = [s for s in code_states or () if s is not None]
+    if code_states and not present:
+        # No code of the fix here: its imports alone are nothing to do.
+        return {unit.part: None for unit in units}
+    absent = [unit for unit in code if states[unit.part] is None]
+    for unit in code:
+        state = states[unit.part]
+        if absent and state is not None:
+            settled[unit.part] = dataclasses.replace(
+                state,
+                state=PatchState.DRIFTED,
+                reason=f"{absent[0].description} is absent while {unit.name} "
+                "is there: a derived patch applies whole or not at all",
+            )
+    if present and all(s.state is PatchState.APPLIED for s in present):
+        for unit in imports:  # the fix is in: nothing to import for it
+            state = states[unit.part]
+            if state is not None and state.state is PatchState.NEEDED:
+                settled[unit.part] = dataclasses.replace(
+                    state, state=PatchState.APPLIED, details={}
+                )
+    needed = [
+        unit
+        for unit in code
+        if (s := settled[unit.part]) is not None and s.state is PatchState.NEEDED
+    ]
+    importing = not code and any(
+        s is not None and s.state is PatchState.NEEDED for s in settled.values()
+    )
+    why = unresolved(patch, needed, settled, tree, path) if needed or importing else ""
+    if why:
+        for part, state in settled.items():
+            if state is not None and state.state is PatchState.NEEDED:
+                settled[part] = dataclasses.replace(
+                    state, state=PatchState.DRIFTED, reason=why, details={}
+                )
+    return settled
+
+
+def _code_states_elsewhere(
+    patch: DerivedPatch, path: str
+) -> list[_State | None] | None:
+    """The states of the patch's code units in its other files, read from the
+    tree being recognised; None where no tree is known, or the patch has no
+    code at all (its imports then stand for themselves)."""
+    context = tree_context()
+    others = sorted({u.path for u in patch.units if u.kind != "import"} - {path})
+    if context is None or not others:
+        return None
+    found: list[_State | None] = []
+    for other in others:
+        if not (context.root / other).is_file():  # its code is absent
+            found += [
+                None for u in patch.units if u.path == other and u.kind != "import"
+            ]
+            continue
+        tree = _parsed(context, context.root / other)
+        if tree is None:
+            return None  # unreadable here: undecidable, the file decides
+        states = patch.unit_states(tree, other)
+        found += [s for part, s in states.items() if not part.endswith("::imports")]
+    return found
+
+
+# -- the names the fix reads ----------------------------------------------------
+
+
+def unresolved(
+    patch: DerivedPatch,
+    needed: Sequence[Unit],
+    states: Mapping[str, _State | None],
+    tree: ast.Module,
+    path: str,
+) -> str:
+    """Why the needed units' fix cannot run in ``tree``: the first name it
+    reads that is not there; empty where every name resolves."""
+    context = tree_context()
+    file_names = bound_in(tree.body, nested=False)
+    patch_names = _patch_bindings(patch, path)
+    stars = _has_star_import(tree.body)
+    imported = _imported_modules(tree.body, path)
+    for unit in needed:
+        state = states[unit.part]
+        renaming: Mapping[str, str] = state.details.get("renaming", {}) if state else {}
+        scope = _scope_bindings(unit, tree)
+        new_code = [_code_of(e.inserted, e.header_after) for e in unit.edits]
+        old_code = [_code_of(e.removed, e.header_before) for e in unit.edits]
+        new_nodes = [n for nodes in new_code for n in nodes]
+        old_nodes = [n for nodes in old_code for n in nodes]
+        local = scope | bound_in(new_nodes, nested=True)
+        known = local | file_names | patch_names | _IMPLICIT
+        if not stars:
+            for name in sorted(reads(new_nodes) - reads(old_nodes)):
+                if name not in known and renaming.get(name) not in known:
+                    return (
+                        f"the fix reads `{name}`, which {path} does not define "
+                        "or import"
+                    )
+        if context is None:
+            continue
+        aliases = [
+            a
+            for a in import_aliases(_imports_in(new_nodes))
+            if a not in import_aliases(_imports_in(old_nodes))
+        ]
+        why = _missing_import(context, patch, aliases, path)
+        if why:
+            return why
+        modules = {**imported, **_imported_modules(_imports_in(new_nodes), path)}
+        chains = attribute_chains(new_nodes) - attribute_chains(old_nodes)
+        for chain in sorted(chains):
+            if chain[0] in modules and chain[0] not in scope:
+                why = _missing_attribute(context, patch, modules[chain[0]], chain[1:])
+                if why:
+                    return why
+    if context is None:
+        return ""
+    return _missing_import(context, patch, _added_aliases(states, patch, path), path)
+
+
+def _code_of(code: str, header: str) -> list[ast.stmt]:
+    nodes = list(shapes.parse_statements(code))
+    if header:
+        nodes.append(one_statement(with_block(header)))
+    return nodes
+
+
+def _scope_bindings(unit: Unit, tree: ast.Module) -> set[str]:
+    """Every name bound in the outermost definition the unit's edits are in
+    (its parameters and all its locals, nested ones included: more than the
+    scope, never less); empty for a module-level edit."""
+    found: set[str] = set()
+    memo: shapes.Memo = {}
+    for edit in unit.edits:
+        if not edit.block:
+            continue
+        identity = shapes.identity(one_statement(with_block(edit.block[0].header)))
+        for node in tree.body:
+            if isinstance(node, shapes.DEFINITIONS) and (
+                shapes.identity(node, memo) == identity
+            ):
+                found |= bound_in([node], nested=True)
+    return found
+
+
+def _patch_bindings(patch: DerivedPatch, path: str) -> set[str]:
+    """The module-level names the patch binds in ``path``: its new
+    definitions and module statements, and the names its imports add."""
+    found: set[str] = set()
+    for unit in patch.units:
+        if unit.path != path:
+            continue
+        for edit in unit.edits:
+            if edit.kind == "imports":  # what it adds, not its context
+                found |= {bound_name(alias) for alias in wanted_imports(edit)}
+            elif edit.kind != "header" and not any(
+                isinstance(one_statement(with_block(step.header)), shapes.DEFINITIONS)
+                for step in edit.block
+            ):  # at the top level, or in its `if`/`try` blocks
+                found |= bound_in(shapes.parse_statements(edit.inserted), nested=False)
+    return found
+
+
+def _added_aliases(
+    states: Mapping[str, _State | None], patch: DerivedPatch, path: str
+) -> list[tuple[str, str, int, str, str]]:
+    """The imports the patch's import edits will add to ``path``."""
+    added: list[tuple[str, str, int, str, str]] = []
+    for unit in patch.units:
+        state = states.get(unit.part)
+        if unit.path != path or unit.kind != "import" or state is None:
+            continue
+        if state.state is not PatchState.NEEDED:
+            continue
+        for details in state.details.values():
+            if isinstance(details, Mapping):
+                added += [tuple(a) for a in details.get("add", ())]  # type: ignore[misc]
+    return added
+
+
+def wanted_imports(edit: Edit) -> list[tuple[str, str, int, str, str]]:
+    """The names an import edit brings: those of its new statements that its
+    old ones did not import (a name on a context line is never added)."""
+    before = set(import_aliases(shapes.parse_statements(edit.removed)))
+    return [
+        alias
+        for alias in import_aliases(shapes.parse_statements(edit.inserted))
+        if alias not in before
+    ]
+
+
+# -- reading the code -------------------------------------------------------------
+
+
+def reads(nodes: Iterable[ast.AST]) -> set[str]:
+    """The names ``nodes`` read."""
+    return {
+        node.id
+        for root in nodes
+        for node in ast.walk(root)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
+
+
+def attribute_chains(nodes: Iterable[ast.AST]) -> set[tuple[str, ...]]:
+    """``a.b.c`` as ``("a", "b", "c")``, for every attribute read off a name."""
+    found: set[tuple[str, ...]] = set()
+    for root in nodes:
+        for node in ast.walk(root):
+            chain: list[str] = []
+            while isinstance(node, ast.Attribute):
+                chain.append(node.attr)
+                node = node.value
+            if chain and isinstance(node, ast.Name):
+                found.add((node.id, *reversed(chain)))
+    return found
+
+
+def bound_in(nodes: Iterable[ast.AST], *, nested: bool) -> set[str]:
+    """The names ``nodes`` bind; with ``nested``, also inside the functions,
+    classes and lambdas among them (else only their names, and what their
+    ``global`` statements declare)."""
+    found: set[str] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        match node:
+            case (
+                ast.FunctionDef(name=name)
+                | ast.AsyncFunctionDef(name=name)
+                | ast.ClassDef(name=name)
+            ):
+                found.add(name)
+                if not nested:
+                    for inner in ast.walk(node):
+                        if isinstance(inner, ast.Global):
+                            found.update(inner.names)
+                    continue
+            case ast.Lambda() if not nested:
+                continue
+            case ast.Name(id=name, ctx=ast.Store() | ast.Del()):
+                found.add(name)
+            case ast.arg(arg=name):
+                found.add(name)
+            case ast.alias(name=name, asname=asname) if name != "*":
+                found.add(asname or name.split(".")[0])
+            case (
+                ast.ExceptHandler(name=str() as name)
+                | ast.MatchAs(name=str() as name)
+                | ast.MatchStar(name=str() as name)
+                | ast.MatchMapping(rest=str() as name)
+            ):
+                found.add(name)
+            case ast.Global(names=names) | ast.Nonlocal(names=names):
+                found.update(names)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _imports_in(nodes: Iterable[ast.AST]) -> list[ast.stmt]:
+    return [
+        node
+        for root in nodes
+        for node in ast.walk(root)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    ]
+
+
+def _has_star_import(body: Sequence[ast.stmt]) -> bool:
+    return any(
+        isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
+        for root in body
+        for node in ast.walk(root)
+    )
+
+
+def absolute_module(module: str, level: int, path: str) -> str:
+    """The dotted module an import in the file ``path`` names."""
+    if not level:
+        return module
+    package = path.split("/")[:-1]
+    if level > 1:
+        package = package[: len(package) - (level - 1)]
+    return ".".join([*package, *([module] if module else [])])
+
+
+def _imported_modules(body: Iterable[ast.AST], path: str) -> dict[str, str]:
+    """Name -> dotted module, for the names imports bind to a ``vllm`` module
+    (``import vllm.envs as envs``, ``import vllm``, ``from vllm import envs``:
+    the last one a module only where the tree has it as one)."""
+    found: dict[str, str] = {}
+    for kind, module, level, name, asname in import_aliases(_imports_in(body)):
+        if kind == "import":
+            dotted = name if asname else name.split(".")[0]
+        else:
+            dotted = f"{absolute_module(module, level, path)}.{name}"
+        if dotted.split(".")[0] == "vllm":
+            found[bound_name((kind, module, level, name, asname))] = dotted
+    return found
+
+
+# -- the modules of the tree ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Module:
+    """What one module of the tree binds at its top level."""
+
+    names: frozenset[str]
+    package: Path | None  # its folder, where it is a package
+    open: bool  # a module __getattr__ or a * import: any name may be there
+
+    def has(self, name: str) -> bool:
+        if self.open or name in self.names:
+            return True
+        return self.package is not None and (
+            (self.package / f"{name}.py").is_file() or (self.package / name).is_dir()
+        )
+
+
+#: A tree with one of these files is whole: a module it lacks is not there.
+_WHOLE_TREE = ("pyproject.toml", "setup.py")
+
+#: A module the tree cannot tell about (a partial extraction).
+_UNKNOWN = _Module(frozenset(), None, True)
+
+
+def _module(
+    context: TreeContext, dotted: str, seen: frozenset[str] = frozenset()
+) -> _Module | None:
+    """The tree's module ``dotted``; None where a whole tree lacks it."""
+    key = ("module", dotted)
+    if key in context.memo:
+        return context.memo[key]
+    base = context.root.joinpath(*dotted.split("."))
+    package: Path | None = None
+    if (base / "__init__.py").is_file():
+        file, package = base / "__init__.py", base
+    elif base.with_name(base.name + ".py").is_file():
+        file = base.with_name(base.name + ".py")
+    elif base.is_dir():  # a namespace package: its submodules only
+        context.memo[key] = _Module(frozenset(), base, False)
+        return context.memo[key]
+    else:
+        whole = any((context.root / f).is_file() for f in _WHOLE_TREE)
+        context.memo[key] = None if whole else _UNKNOWN
+        return context.memo[key]
+    tree = _parsed(context, file)
+    if tree is None:
+        found: _Module | None = _UNKNOWN
+    else:
+        found = _module_of(context, tree, dotted, package, seen | {dotted})
+    context.memo[key] = found
+    return found
+
+
+def _module_of(
+    context: TreeContext,
+    tree: ast.Module,
+    dotted: str,
+    package: Path | None,
+    seen: frozenset[str],
+) -> _Module:
+    names = bound_in(tree.body, nested=False) | _all_of(tree.body)
+    is_open = "__getattr__" in names
+    relpath = "/".join(dotted.split(".")) + ("/__init__.py" if package else ".py")
+    for node in _imports_in(tree.body):
+        if not isinstance(node, ast.ImportFrom) or node.names[0].name != "*":
+            continue
+        source = absolute_module(node.module or "", node.level or 0, relpath)
+        star = (
+            _module(context, source, seen)
+            if source.split(".")[0] == "vllm" and source not in seen
+            else _UNKNOWN
+        )
+        if star is None or star.open:
+            is_open = True
+        else:
+            names |= star.names
+    return _Module(frozenset(names), package, is_open)
+
+
+def _all_of(body: Sequence[ast.stmt]) -> set[str]:
+    """The words of the module's ``__all__`` (a list or tuple of strings)."""
+    found: set[str] = set()
+    for node in body:
+        match node:
+            case (
+                ast.Assign(
+                    targets=[ast.Name(id="__all__")],
+                    value=ast.List() | ast.Tuple() as v,
+                )
+                | ast.AugAssign(
+                    target=ast.Name(id="__all__"), value=ast.List() | ast.Tuple() as v
+                )
+            ):
+                found |= {
+                    e.value
+                    for e in v.elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                }
+    return found
+
+
+def _parsed(context: TreeContext, file: Path) -> ast.Module | None:
+    key = ("parsed", file)
+    if key not in context.memo:
+        try:
+            context.memo[key] = ast.parse(file.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            context.memo[key] = None
+    return context.memo[key]  # type: ignore[return-value]
+
+
+def _own_names(patch: DerivedPatch, dotted: str) -> set[str]:
+    """What the patch itself adds to the module ``dotted`` (a file it changes)."""
+    relpath = "/".join(dotted.split("."))
+    return _patch_bindings(patch, relpath + ".py") | _patch_bindings(
+        patch, relpath + "/__init__.py"
+    )
+
+
+def _missing_import(
+    context: TreeContext,
+    patch: DerivedPatch,
+    aliases: Iterable[tuple[str, str, int, str, str]],
+    path: str,
+) -> str:
+    for kind, module, level, name, _asname in aliases:
+        if kind == "import":
+            if name.split(".")[0] == "vllm" and _module(context, name) is None:
+                return f"the fix imports `{name}`, which this release lacks"
+            continue
+        dotted = absolute_module(module, level, path)
+        if dotted.split(".")[0] != "vllm" or name == "*":
+            continue
+        found = _module(context, dotted)
+        if found is None or not (found.has(name) or name in _own_names(patch, dotted)):
+            return f"the fix needs `{name}` from `{dotted}`, which this release lacks"
+    return ""
+
+
+def _missing_attribute(
+    context: TreeContext, patch: DerivedPatch, dotted: str, chain: Sequence[str]
+) -> str:
+    """``dotted.a.b``: each step a submodule, or a name of the last module."""
+    found = _module(context, dotted)
+    if found is None:  # ``from vllm.a import b``: b is then not a module
+        parent, _, name = dotted.rpartition(".")
+        return (
+            f"the fix needs `{name}` from `{parent}`, which this release lacks"
+            if parent and _module(context, parent) is None
+            else ""
+        )
+    for attribute in chain:
+        if found.package is not None and (
+            (found.package / f"{attribute}.py").is_file()
+            or (found.package / attribute / "__init__.py").is_file()
+        ):
+            dotted = f"{dotted}.{attribute}"
+            found = _module(context, dotted) or _UNKNOWN
+            continue
+        if found.has(attribute) or attribute in _own_names(patch, dotted):
+            return ""
+        return f"the fix needs `{attribute}` from `{dotted}`, which this release lacks"
+    return ""
