@@ -53,6 +53,7 @@ from deepstack_patch.engine.derived_match import (
     occurrences,
     one_statement,
 )
+from deepstack_patch.engine.derived_reads import module_files
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
     Finding,
@@ -104,6 +105,7 @@ class DerivedPatch(Patch):
         self.applies_whole = True
         #: It reads the modules its fix imports from (derived_names).
         self.reads_tree = True
+        self.also_reads = module_files(self.units)
         # Paths are exact files: every one is read.
         self.markers = (b"",)
         self.parts = {unit.part: unit.description for unit in self.units}
