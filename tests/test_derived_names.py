@@ -512,6 +512,33 @@ def test_a_name_the_release_lacks_drifts_in_a_partial_extraction(
             assert reason in release["reasons"]["local#48429"], release
 
 
+@pytest.mark.release
+def test_derive_on_a_release_refuses_a_fix_whose_name_it_lacks(
+    tmp_path: Path, release_tree: Callable[[str], Path]
+) -> None:
+    """``derive --base 0.20.2`` reads a partial extraction too: the fix is
+    checked where the module it imports from is, and refused on a base that
+    lacks the name (before, the data file was written)."""
+    mtp = (release_tree("0.20.2") / MTP).read_text()
+    diff = tmp_path / "fix.diff"
+    diff.write_text(_diff(MTP, mtp, fixed_mtp(mtp, PARALLEL_STATE)))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", "derive", "--diff", str(diff)]
+        + ["--base", "0.20.2", "--id", "local#48429", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert result.returncode == 2, result
+    assert (
+        f"the fix needs `{HELPER}` from `{PARALLEL_STATE}`, which this release lacks"
+        in result.stderr
+    ), result.stderr
+    assert not list(out.glob("*.toml"))
+
+
 def _diff(path: str, before: str, after: str) -> str:
     return f"diff --git a/{path} b/{path}\n" + "".join(
         difflib.unified_diff(
