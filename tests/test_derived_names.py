@@ -26,7 +26,7 @@ from deepstack_patch.engine.derived_data import write_derived
 from deepstack_patch.engine.derived_units import units_of_change
 from deepstack_patch.engine.plan import plan_tree, rewrite_text
 from deepstack_patch.engine.protocol import PatchState
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
 
 PATH = "vllm/models/b.py"
 OTHER = "vllm/models/a.py"
@@ -228,6 +228,59 @@ def test_a_relative_import_and_a_missing_module(tmp_path: Path) -> None:
     assert report_of(moved, patch).state is PatchState.DRIFTED
     partial = make_tree(tmp_path / "partial", {PATH: before}, whole=False)
     assert report_of(partial, patch).state is PatchState.NEEDED
+
+
+def test_a_partial_tree_lacks_the_modules_it_was_asked_for(tmp_path: Path) -> None:
+    """A partial extraction lists what it was asked for (status --release,
+    matrix, derive --base): the fix's modules, which the patch names."""
+    patch = patch_of((PATH, USER_BEFORE, USER_AFTER))
+    assert {
+        "vllm/__init__.py",
+        "vllm/models/__init__.py",
+        "vllm/models/a.py",
+        "vllm/models/a/__init__.py",
+        "vllm/models/a/gather.py",  # ``from vllm.models.a import gather``: a
+    } <= set(patch.also_reads)  # submodule, perhaps
+    listed = "\n".join([PATH, *patch.also_reads])
+    for name, text in (("lacking", "class Layer:\n    pass\n"), ("absent", None)):
+        files = {PATH: USER_BEFORE, ASKED_FOR: listed}
+        tree = make_tree(
+            tmp_path / name, {**files, **({OTHER: text} if text else {})}, whole=False
+        )
+        report = report_of(tree, patch)
+        assert report.state is PatchState.DRIFTED, name
+        assert "`gather` from `vllm.models.a`, which this release lacks" in (
+            report.reason
+        )
+    # Asked for by a glob, as a patch's paths are.
+    globbed = make_tree(
+        tmp_path / "globbed",
+        {PATH: USER_BEFORE, ASKED_FOR: "vllm/models/*.py\nvllm/models/**/*.py\n"},
+        whole=False,
+    )
+    assert report_of(globbed, patch).state is PatchState.DRIFTED
+    # Not asked for: a partial extraction cannot tell.
+    unasked = make_tree(
+        tmp_path / "unasked", {PATH: USER_BEFORE, ASKED_FOR: PATH}, whole=False
+    )
+    assert report_of(unasked, patch).state is PatchState.NEEDED
+
+
+def test_a_package_a_partial_tree_has_only_some_files_of_is_unknown(
+    tmp_path: Path,
+) -> None:
+    """A folder of a partial extraction without its ``__init__.py`` is no
+    namespace package: the ``__init__.py`` was not extracted."""
+    before = "from vllm.pkg import Layer\n\n\ndef run(x):\n    return Layer(x)\n"
+    after = (
+        "from vllm.pkg import Layer, gather\n\n\ndef run(x):\n    return gather(x)\n"
+    )
+    patch = patch_of((PATH, before, after))
+    files = {"vllm/pkg/other.py": "", PATH: before}
+    partial = make_tree(tmp_path / "partial", files, whole=False)
+    assert report_of(partial, patch).state is PatchState.NEEDED
+    whole = make_tree(tmp_path / "whole", files)  # a namespace package there
+    assert "`gather` from `vllm.pkg`" in report_of(whole, patch).reason
 
 
 def test_a_name_the_patch_adds_to_the_other_module_resolves(tmp_path: Path) -> None:
