@@ -15,10 +15,12 @@ imported or a submodule there, as the tree's file of that module has it.
 
 Nothing undecidable is refused: a file or module with a ``*`` import or a
 module ``__getattr__`` accepts every name; a module the tree does not have
-is judged missing only in a whole tree (one with its ``pyproject.toml`` or
-``setup.py``: a partial extraction lacks most modules); attributes of
-objects (``self.x``, ``cls.x``, a config's fields) and names of modules
-outside ``vllm`` are not checked. docs/derive.md says the same.
+is judged missing only where the tree would have it
+(:meth:`~deepstack_patch.engine.tree.TreeContext.lacks`: a whole tree, or a
+partial extraction asked for it, as it is for the modules a derived patch
+reads, :mod:`.derived_reads`); attributes of objects (``self.x``, ``cls.x``,
+a config's fields) and names of modules outside ``vllm`` are not checked.
+docs/derive.md says the same.
 
 :func:`settle` also makes a file's states whole (item 3): imports alone never
 make a patch ``applied`` or ``needed``; code units all absent leave nothing
