@@ -330,6 +330,55 @@ def test_drift_is_an_error_like_every_other_refusal(
 @pytest.mark.parametrize(
     "args",
     [
+        ["apply", "--dry-run"],
+        ["apply", "--dry-run", "--check"],
+        ["apply", "--check"],
+    ],
+)
+def test_a_refused_dry_run_gives_no_half_diff(
+    args: list[str], drifted_tree: Path
+) -> None:
+    """One patch drifted, another needed: the run refuses (exit 2, nothing
+    would be written), so no part of its rewrite may reach a pipeline that
+    applies the diff, in the text diff or in the JSON document's ``diff``."""
+    import subprocess
+    import sys
+
+    from deepstack_patch.patches import qwen3_vl_deepstack_resize as resize
+
+    qwen = "vllm/model_executor/models/qwen3_vl.py"
+    (drifted_tree / qwen).write_text(resize.BEFORE)
+    before = support.snapshot(drifted_tree)
+    command = [sys.executable, "-m", "deepstack_patch", *args]
+    command += ["--vllm-src", str(drifted_tree)]
+    # Without the drifted patch the run goes on: the other one has a rewrite.
+    skipped = subprocess.run(
+        [*command, "--skip", "vllm#40917", "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    assert skipped.returncode == (1 if "--check" in args else 0), skipped.stderr
+    if "--dry-run" in args:
+        assert f"+++ b/{qwen}" in json.loads(skipped.stdout)["diff"]
+    text = subprocess.run(command, capture_output=True, text=True)
+    assert text.returncode == 2, text.stderr
+    assert "vllm#40917 drifted" in text.stderr
+    if "--dry-run" in args:
+        assert text.stdout == ""
+    document = subprocess.run(
+        [*command, "--format", "json"], capture_output=True, text=True
+    )
+    assert document.returncode == 2, document.stderr
+    refused = json.loads(document.stdout)
+    assert refused["written"] == [] and "drifted" in refused["error"]["message"]
+    assert refused.get("diff", "") == ""
+    assert ("diff" in refused) == ("--dry-run" in args)
+    assert support.snapshot(drifted_tree) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
         ["status"],
         ["apply"],
         ["apply", "--check"],
