@@ -447,3 +447,62 @@ def test_status_installed_names_the_install_once(tmp_path: Path) -> None:
         f"vLLM 0.1.0 installed in {site} (python {python}; version from "
         "vllm-0.1.0.dist-info/METADATA)"
     ]
+
+
+@pytest.fixture(scope="module")
+def venv_with_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import subprocess
+    import sys
+
+    from tests.test_permissions import fake_vllm
+
+    venv = tmp_path_factory.mktemp("relative") / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    (site,) = venv.glob("lib/python3*/site-packages")
+    fake_vllm(site)
+    # A relative link beside it: no `py` on PATH to stand in for it.
+    (venv / "bin" / "py").symlink_to("python")
+    return venv.resolve()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["doctor"],
+        ["verify", "--vllm-src", "{tree}"],
+        ["verify", "--installed"],
+        ["status", "--installed"],
+        ["apply", "--installed", "--check"],
+        ["revert", "--installed"],
+    ],
+)
+@pytest.mark.parametrize("python", ["./python", "./py"])
+def test_a_relative_python_is_the_one_in_the_current_folder(
+    args: list[str], python: str, venv_with_vllm: Path, needing_tree: Path
+) -> None:
+    """``--python ./python`` typed in a venv's bin/ runs that venv's python,
+    not one found on PATH nor one in a folder a proof runs in."""
+    import subprocess
+    import sys
+
+    bin_folder = venv_with_vllm / "bin"
+    args = [a.format(tree=needing_tree) for a in args]
+    result = subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", *args, "--python", python],
+        capture_output=True,
+        text=True,
+        cwd=bin_folder,
+    )
+    output = result.stdout + result.stderr
+    assert "No such file" not in output and "python has no vllm" not in output
+    # The venv's own python (it has neither torch nor pytest) or its vLLM,
+    # by full name.
+    assert f"{venv_with_vllm}/" in output, output
+    if args[0] == "verify":
+        assert result.returncode == 2
+        named = bin_folder / python
+        assert f"--python {named}: cannot import torch, pytest" in result.stderr
+    else:
+        assert result.returncode in (0, 1), output
