@@ -376,6 +376,33 @@ def test_a_refused_dry_run_gives_no_half_diff(
     assert support.snapshot(drifted_tree) == before
 
 
+@pytest.mark.parametrize("json_format", [False, True])
+def test_a_dry_run_refuses_a_blocked_patch_as_a_write_does(
+    json_format: bool, needing_tree: Path
+) -> None:
+    """vllm#43617 waits for vllm#40932, left out: a write refuses (exit 2),
+    so a dry run gives no diff either, not the other patches' rewrites."""
+    import subprocess
+    import sys
+
+    from deepstack_patch.patches import qwen3_vl_deepstack_bounds_check as bounds
+
+    qwen = "vllm/model_executor/models/qwen3_vl.py"
+    (needing_tree / qwen).write_text(bounds.BEFORE)
+    before = support.snapshot(needing_tree)
+    command = [sys.executable, "-m", "deepstack_patch", "apply"]
+    command += ["--vllm-src", str(needing_tree), "--skip", "vllm#40932"]
+    command += ["--format", "json"] if json_format else []
+    blocked = "vllm#43617 requires vllm#40932, which is not selected"
+    write = subprocess.run(command, capture_output=True, text=True)
+    assert write.returncode == 2 and blocked in write.stderr, write.stderr
+    dry = subprocess.run([*command, "--dry-run"], capture_output=True, text=True)
+    assert dry.returncode == 2 and blocked in dry.stderr, dry.stderr
+    assert dry.stdout == write.stdout  # the same refusal, no diff
+    assert "+++ b/" not in dry.stdout
+    assert support.snapshot(needing_tree) == before
+
+
 @pytest.mark.parametrize(
     "args",
     [
