@@ -45,10 +45,12 @@ from deepstack_patch.engine.derived_match import (
     ShapeCache,
     bound_name,
     code_uses,
+    find_step,
     import_aliases,
     name_uses,
     occurrences,
     one_statement,
+    single_out,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
@@ -253,7 +255,10 @@ class DerivedPatch(Patch):
         by_part = {unit.part: unit for unit in self.units}
         for finding in needed:
             unit = by_part[finding.part]
-            for index, edit in enumerate(unit.edits):
+            # Headers last: an `if` the fix changes may be another edit's
+            # neighbour, found by its header before the fix.
+            edits = sorted(enumerate(unit.edits), key=lambda e: e[1].kind == "header")
+            for index, edit in edits:
                 module = derived_rewrite.apply_edit(
                     module,
                     self._compile(edit),
@@ -306,22 +311,19 @@ def _locate(
     owner: ast.AST = tree
     unit_node: ast.AST = tree
     unit_first = 1
-    for identity, field_name, code in compiled.steps:
-        found = [node for node in block if shapes_of.identity(node) == identity]
+    for index, (identity, field_name, code) in enumerate(compiled.steps):
+        node = find_step(block, compiled, index, shapes_of)
         is_definition = identity.startswith(("def ", "class "))
-        if not found and is_definition:
+        if node == "not found" and is_definition:
             return None
         where = _where(owner)
-        if len(found) != 1:
-            first_line = code.strip().splitlines()[0]
-            count = "not found" if not found else f"found {len(found)} times"
-            return f"`{first_line}` {count} in {where}"
-        node = found[0]
+        if isinstance(node, str):
+            return f"`{code.strip().splitlines()[0]}` {node} in {where}"
         if is_definition:
             unit_node = node
-            index = block.index(node)
-            if index:
-                unit_first = _lines(block[index - 1])[1] + 1
+            position = block.index(node)
+            if position:
+                unit_first = _lines(block[position - 1])[1] + 1
             else:
                 unit_first = _lines(owner)[0] + (0 if owner is tree else 1)
         if field_name == "header":
@@ -400,6 +402,12 @@ def _recognise_edit(
             if not any(s < o + other_size and o < s + size for o in others)
         ]
 
+    # A statement found more than once is told apart by its neighbours.
+    statements = shapes.without_docstring(located.block)
+    anchors = (compiled.before_anchor, compiled.after_anchor)
+    if not compiled.anchored:
+        before = single_out(statements, before, size_before, anchors, shapes_of, True)
+    fixed = single_out(statements, fixed, size_fixed, anchors, shapes_of, True)
     if len(before) == 1 and not apart(fixed, size_fixed, before, size_before):
         return PatchState.NEEDED, "", span
     if compiled.inserted:
