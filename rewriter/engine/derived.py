@@ -43,6 +43,7 @@ from deepstack_patch.engine.derived_data import (
 from deepstack_patch.engine.derived_match import (
     CompiledEdit,
     ShapeCache,
+    body_state,
     bound_name,
     code_uses,
     find_step,
@@ -50,7 +51,6 @@ from deepstack_patch.engine.derived_match import (
     name_uses,
     occurrences,
     one_statement,
-    single_out,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
@@ -255,10 +255,7 @@ class DerivedPatch(Patch):
         by_part = {unit.part: unit for unit in self.units}
         for finding in needed:
             unit = by_part[finding.part]
-            # Headers last: an `if` the fix changes may be another edit's
-            # neighbour, found by its header before the fix.
-            edits = sorted(enumerate(unit.edits), key=lambda e: e[1].kind == "header")
-            for index, edit in edits:
+            for index, edit in enumerate(unit.edits):
                 module = derived_rewrite.apply_edit(
                     module,
                     self._compile(edit),
@@ -377,46 +374,10 @@ def _recognise_edit(
             f"(`{first}`) nor the fixed one",
             span,
         )
-    before = occurrences(
-        located.block,
-        compiled.before_pattern,
-        compiled.at_start,
-        compiled.at_end,
-        shapes_of,
-    )
-    # Applied asks for the fix's own statements, not its anchors: the code
-    # around them may have changed since the fix went in.
-    fixed = (
-        occurrences(located.block, compiled.inserted, False, False, shapes_of)
-        if compiled.inserted
-        else []
-    )
-    size_before, size_fixed = len(compiled.before_pattern), len(compiled.inserted)
-
-    def apart(
-        starts: list[int], size: int, others: list[int], other_size: int
-    ) -> list[int]:
-        return [
-            s
-            for s in starts
-            if not any(s < o + other_size and o < s + size for o in others)
-        ]
-
-    # A statement found more than once is told apart by its neighbours.
-    statements = shapes.without_docstring(located.block)
-    anchors = (compiled.before_anchor, compiled.after_anchor)
-    if not compiled.anchored:
-        before = single_out(statements, before, size_before, anchors, shapes_of, True)
-    fixed = single_out(statements, fixed, size_fixed, anchors, shapes_of, True)
-    if len(before) == 1 and not apart(fixed, size_fixed, before, size_before):
-        return PatchState.NEEDED, "", span
-    if compiled.inserted:
-        applied = len(fixed) == 1 and not apart(before, size_before, fixed, size_fixed)
-    else:  # a removal: applied where the removed statements are gone
-        applied = not before
-    if applied or (
-        not before and not fixed and _in_unit_once(compiled, located, shapes_of)
-    ):
+    state, nothing = body_state(compiled, located.block, shapes_of)
+    if state is not None:
+        return state, "", span
+    if nothing and _in_unit_once(compiled, located, shapes_of):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
 

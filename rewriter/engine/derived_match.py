@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from deepstack_patch.engine import derived_shapes as shapes
 from deepstack_patch.engine.derived_data import Anchor, Edit
+from deepstack_patch.engine.protocol import PatchState
 
 
 class ShapeCache:
@@ -256,6 +257,61 @@ def single_out(
         start
         for start in starts
         if neighbours_match(statements, start, size, neighbours, shapes_of, edges)
+    ]
+
+
+def body_state(
+    compiled: CompiledEdit, block: Sequence[ast.stmt], shapes_of: ShapeCache
+) -> tuple[PatchState | None, bool]:
+    """A body edit's state in its block (None: neither needed nor applied),
+    and whether neither the code it changes nor the fixed code is there."""
+    statements = shapes.without_docstring(block)
+    anchors = (compiled.before_anchor, compiled.after_anchor)
+    before = occurrences(
+        block, compiled.before_pattern, compiled.at_start, compiled.at_end, shapes_of
+    )
+    # Applied asks for the fix's own statements, not its anchors: the code
+    # around them may have changed since the fix went in.
+    fixed = (
+        occurrences(block, compiled.inserted, False, False, shapes_of)
+        if compiled.inserted
+        else []
+    )
+    size_before, size_fixed = len(compiled.before_pattern), len(compiled.inserted)
+    # A statement found more than once is told apart by its neighbours.
+    if not compiled.anchored:
+        before = single_out(statements, before, size_before, anchors, shapes_of, True)
+    fixed = single_out(statements, fixed, size_fixed, anchors, shapes_of, True)
+    if len(before) == 1 and not _apart(fixed, size_fixed, before, size_before):
+        return PatchState.NEEDED, False
+    leftover = _apart(before, size_before, fixed, size_fixed)
+    if (
+        leftover
+        and compiled.removed
+        and len(fixed) == 1
+        and neighbours_match(statements, fixed[0], size_fixed, anchors, shapes_of, True)
+    ):
+        # The fixed code between the recorded neighbours: the code it
+        # replaced, there elsewhere too, is other code where it sits
+        # between other neighbours (the base had it more than once).
+        leftover = [
+            start
+            for start in leftover
+            if neighbours_match(statements, start, size_before, anchors, shapes_of)
+        ]
+    # A removal is applied where the removed statements are gone.
+    applied = (len(fixed) == 1 and not leftover) if compiled.inserted else not before
+    return (PatchState.APPLIED if applied else None), not before and not fixed
+
+
+def _apart(
+    starts: list[int], size: int, others: list[int], other_size: int
+) -> list[int]:
+    """The runs of ``starts`` that overlap none of ``others``."""
+    return [
+        s
+        for s in starts
+        if not any(s < o + other_size and o < s + size for o in others)
     ]
 
 
