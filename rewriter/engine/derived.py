@@ -212,7 +212,7 @@ class DerivedPatch(Patch):
     ) -> _UnitState:
         """The unit recognised up to a consistent renaming of its function's
         locals (:mod:`.derived_rename`); ``state`` where there is none."""
-        edits = [self._compile(edit) for edit in unit.edits if edit.kind == "body"]
+        edits = [c for c in map(self._compile, unit.edits) if rename.followed(c)]
         target = rename.function_of(tree, edits[0]) if edits else None
         if target is None or unit.kind not in ("function", "method"):
             return state

@@ -161,7 +161,10 @@ class _Rewriter:
         node = statements[index]
         if shapes.header(self.ast_of(node)[0]) != compiled.header_before:
             raise RewriteRefused("the header is not the one the fix expects")
-        new = cst.parse_statement(with_block(compiled.edit.header_after))
+        code = with_block(compiled.edit.header_after)
+        if self.inside_function:  # an `if`'s header reads the function's locals
+            code = rename.renamed_code(code, self.renaming)
+        new = cst.parse_statement(code)
         if type(new) is not type(node):
             raise RewriteRefused("the fixed header is another kind of statement")
         # The blocks stay the target's: only the header is the fix's.
