@@ -361,3 +361,17 @@ def test_derive_over_mutated_diffs_exits_0_or_2_never_a_traceback(
         codes[code] += 1
     # Both outcomes were met: the fuzzing reaches past the diff's parser.
     assert codes[0] > 20 and codes[2] > 5, codes
+
+
+def test_a_header_changed_into_one_the_block_already_has_is_told_apart() -> None:
+    before = (
+        "def f(x):\n    a = 0\n    if x:\n        a = 1\n    b = 0\n"
+        "    if y:\n        a = 2\n    return a\n"
+    )
+    after = before.replace("if x:", "if y:")
+    patch = derived(before, after)
+    [edit] = patch.units[0].edits
+    assert edit.kind == "header" and edit.block[-1].before is not None
+    assert states(patch, before)["f"] == (PatchState.NEEDED, "")
+    assert rewrite_text(patch, before, PATH) == after
+    assert states(patch, after)["f"] == (PatchState.APPLIED, "")

@@ -135,7 +135,7 @@ class _Differ:
         """A compound statement whose header alone changed (see
         ``shapes.HEADED``): the header is carried, not its blocks."""
         code = shapes.header_source(self.before_lines, old[at])
-        step = Step(code, "header", *self.neighbours(old, at))
+        step = Step(code, "header", *self.neighbours(old, at, also=now))
         edit = Edit(
             kind="header",
             block=(*steps, step),
@@ -145,12 +145,13 @@ class _Differ:
         self.found.append(_Found(edit, chain))
 
     def neighbours(
-        self, block: Sequence[ast.stmt], at: int
+        self, block: Sequence[ast.stmt], at: int, also: ast.stmt | None = None
     ) -> tuple[Anchor | None, Anchor | None]:
-        """The statements around ``block[at]``, where its identity is there
-        more than once (they tell the occurrences apart); else none."""
-        identity = shapes.identity(block[at], self.memo)
-        if sum(shapes.identity(n, self.memo) == identity for n in block) < 2:
+        """The statements around ``block[at]``, where its identity (or that
+        of ``also``, what a header edit makes of it) is there more than once
+        (they tell the occurrences apart); else none."""
+        names = {shapes.identity(n, self.memo) for n in (block[at], also) if n}
+        if sum(shapes.identity(n, self.memo) in names for n in block) < 2:
             return None, None
         return (
             self.anchor(block[at - 1]) if at > 0 else None,
