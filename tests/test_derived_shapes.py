@@ -375,3 +375,20 @@ def test_a_header_changed_into_one_the_block_already_has_is_told_apart() -> None
     assert states(patch, before)["f"] == (PatchState.NEEDED, "")
     assert rewrite_text(patch, before, PATH) == after
     assert states(patch, after)["f"] == (PatchState.APPLIED, "")
+
+
+def test_a_neighbour_the_fix_changes_is_not_recorded() -> None:
+    # The statement before the second `if x:` is replaced by the same fix:
+    # after the fix (or once that edit is made) it is not there to ask for.
+    before = (
+        "def f(x):\n    a = 1\n    if x:\n        b = 1\n    c = 1\n"
+        "    if x:\n        b = 2\n    d = 1\n"
+    )
+    after = before.replace("c = 1", "c = 3").replace("b = 2", "b = 4")
+    patch = derived(before, after)
+    [step] = [e.block[-1] for e in patch.units[0].edits if len(e.block) == 2]
+    assert step.before is None and step.after is not None
+    assert step.after.code == "d = 1"
+    assert states(patch, before)["f"] == (PatchState.NEEDED, "")
+    assert rewrite_text(patch, before, PATH) == after
+    assert states(patch, after)["f"] == (PatchState.APPLIED, "")

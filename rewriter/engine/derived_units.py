@@ -53,7 +53,19 @@ class _Differ:
             b=[shapes.identity(n, self.memo) for n in new],
             autojunk=False,
         )
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        opcodes = matcher.get_opcodes()
+        # The statements the fix leaves where they are (changed inside at
+        # most): only those can tell a repeated header apart, before the fix
+        # and after it.
+        stable = {
+            i1 + offset
+            for tag, i1, i2, j1, _ in opcodes
+            if tag == "equal"
+            for offset in range(i2 - i1)
+            if self.shape(old[i1 + offset]) == self.shape(new[j1 + offset])
+            or _inside_only(old[i1 + offset], new[j1 + offset], self.memo)
+        }
+        for tag, i1, i2, j1, j2 in opcodes:
             pairs = list(zip(old[i1:i2], new[j1:j2], strict=False))
             if (
                 tag == "replace"
@@ -61,7 +73,8 @@ class _Differ:
                 and all(_header_only(was, now, self.memo) for was, now in pairs)
             ):
                 for offset, (_, now) in enumerate(pairs):
-                    self.header_edit(old, i1 + offset, now, steps, chain)
+                    at = i1 + offset
+                    self.header_edit(old, at, now, steps, chain, stable)
                 continue
             if tag != "equal":
                 self.edit(old, new, (i1, i2), (j1, j2), steps, chain)
@@ -71,9 +84,8 @@ class _Differ:
                 if self.shape(was) == self.shape(now):
                     continue
                 if _inside_only(was, now, self.memo):
-                    self.inside(
-                        was, now, steps, chain, self.neighbours(old, i1 + offset)
-                    )
+                    around = self.neighbours(old, i1 + offset, stable)
+                    self.inside(was, now, steps, chain, around)
                 else:
                     at = i1 + offset
                     self.edit(
@@ -131,11 +143,12 @@ class _Differ:
         now: ast.stmt,
         steps: tuple[Step, ...],
         chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+        stable: set[int],
     ) -> None:
         """A compound statement whose header alone changed (see
         ``shapes.HEADED``): the header is carried, not its blocks."""
         code = shapes.header_source(self.before_lines, old[at])
-        step = Step(code, "header", *self.neighbours(old, at, also=now))
+        step = Step(code, "header", *self.neighbours(old, at, stable, also=now))
         edit = Edit(
             kind="header",
             block=(*steps, step),
@@ -145,17 +158,23 @@ class _Differ:
         self.found.append(_Found(edit, chain))
 
     def neighbours(
-        self, block: Sequence[ast.stmt], at: int, also: ast.stmt | None = None
+        self,
+        block: Sequence[ast.stmt],
+        at: int,
+        stable: set[int],
+        also: ast.stmt | None = None,
     ) -> tuple[Anchor | None, Anchor | None]:
         """The statements around ``block[at]``, where its identity (or that
         of ``also``, what a header edit makes of it) is there more than once
-        (they tell the occurrences apart); else none."""
+        (they tell the occurrences apart); else none. Only a neighbour the
+        fix keeps (in ``stable``) is recorded: the one it changes is not
+        there after it, nor once an edit before this one is made."""
         names = {shapes.identity(n, self.memo) for n in (block[at], also) if n}
         if sum(shapes.identity(n, self.memo) in names for n in block) < 2:
             return None, None
         return (
-            self.anchor(block[at - 1]) if at > 0 else None,
-            self.anchor(block[at + 1]) if at + 1 < len(block) else None,
+            self.anchor(block[at - 1]) if at - 1 in stable else None,
+            self.anchor(block[at + 1]) if at + 1 in stable else None,
         )
 
     def edit(
