@@ -392,3 +392,14 @@ def test_a_neighbour_the_fix_changes_is_not_recorded() -> None:
     assert states(patch, before)["f"] == (PatchState.NEEDED, "")
     assert rewrite_text(patch, before, PATH) == after
     assert states(patch, after)["f"] == (PatchState.APPLIED, "")
+
+
+def test_a_module_if_whose_header_alone_changes_is_a_whole_statement_unit() -> None:
+    before = "import os\n\nif os.name == 'nt':\n    SEP = 1\nelse:\n    SEP = 2\n"
+    after = before.replace("os.name == 'nt'", "os.name in ('nt', 'ce')")
+    [unit] = derived(before, after).units
+    assert (unit.kind, unit.name) == ("module-statement", "if")
+    assert [e.kind for e in unit.edits] == ["header"]
+    # The unit reads as the statement, before and after (it parses).
+    assert unit.before == before.split("\n\n")[1]
+    assert unit.after == after.split("\n\n")[1]

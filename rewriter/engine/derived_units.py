@@ -27,6 +27,8 @@ class _Found:
 
     edit: Edit
     chain: tuple[tuple[ast.stmt, ast.stmt], ...]  # (before, after) definitions
+    #: A header edit's whole statement before and after the fix.
+    statement: tuple[str, str] = ("", "")
 
 
 class _Differ:
@@ -155,7 +157,11 @@ class _Differ:
             header_before=code,
             header_after=shapes.header_source(self.after_lines, now),
         )
-        self.found.append(_Found(edit, chain))
+        whole = (
+            shapes.statements_code(self.before_lines, [old[at]]),
+            shapes.statements_code(self.after_lines, [now]),
+        )
+        self.found.append(_Found(edit, chain, whole))
 
     def neighbours(
         self,
@@ -322,7 +328,7 @@ def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]
         header = one_statement(with_block(edit.header_before))
         if isinstance(header, ast.ClassDef):  # a class's bases or decorators
             return "class", prefix, texts
-        statements, texts = [header], (edit.header_before, edit.header_after)
+        statements, texts = [header], found.statement
     in_class = bool(chain) and isinstance(chain[-1][0], ast.ClassDef)
     if statements and all(isinstance(n, shapes.DEFINITIONS) for n in statements):
         name = statements[0].name  # type: ignore[attr-defined]
