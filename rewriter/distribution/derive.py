@@ -174,7 +174,14 @@ def derive_patch_from_text(
         upstream_url=upstream_url,
         fixed_in=fixed_in,
     )
-    round_trip = self_check(patch, base, results)
+    try:
+        round_trip = self_check(patch, base, results)
+    except DeepstackError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
+        described = [unit.description for unit in units]
+        where = "; ".join(described[:3]) + (" and more" if len(described) > 3 else "")
+        raise _unexpected(exc, "checking " + where, diff_name) from exc
     return DeriveResult(
         patch=patch,
         data_file=None,
@@ -240,7 +247,10 @@ def _read_changes(
     results: dict[str, tuple[str, str]] = {}
     for path, (before, after) in texts.items():
         _parses(after, path, "after the diff")
-        changed = units_of_change(path, before, after)
+        try:
+            changed = units_of_change(path, before, after)
+        except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
+            raise _unexpected(exc, f"reading the change of {path}", diff_name) from exc
         if not changed:
             notes.append(f"{path}: only comments, docstrings or formatting change")
             continue
@@ -450,6 +460,17 @@ def _second_pass(patch: DerivedPatch, source: SourceFile) -> str:
         if f.state is PatchState.NEEDED
     ]
     return rewrite_text(patch, source.text, source.relpath) if needed else source.text
+
+
+def _unexpected(exc: Exception, doing: str, diff_name: str) -> DeepstackError:
+    """An error derive did not foresee, said as an error, not a traceback."""
+    return DeepstackError(
+        f"derive failed {doing}: {type(exc).__name__}: {exc}",
+        "nothing was written; this is a bug of deepstack-patch: please report "
+        "it with the diff. Meanwhile the fix can be carried by hand "
+        "(docs/adding-a-patch.md)",
+        path=diff_name,
+    )
 
 
 def _check_failed(reason: str) -> DeepstackError:
