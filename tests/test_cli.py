@@ -330,6 +330,82 @@ def test_drift_is_an_error_like_every_other_refusal(
 @pytest.mark.parametrize(
     "args",
     [
+        ["apply", "--dry-run"],
+        ["apply", "--dry-run", "--check"],
+        ["apply", "--check"],
+    ],
+)
+def test_a_refused_dry_run_gives_no_half_diff(
+    args: list[str], drifted_tree: Path
+) -> None:
+    """One patch drifted, another needed: the run refuses (exit 2, nothing
+    would be written), so no part of its rewrite may reach a pipeline that
+    applies the diff, in the text diff or in the JSON document's ``diff``."""
+    import subprocess
+    import sys
+
+    from deepstack_patch.patches import qwen3_vl_deepstack_resize as resize
+
+    qwen = "vllm/model_executor/models/qwen3_vl.py"
+    (drifted_tree / qwen).write_text(resize.BEFORE)
+    before = support.snapshot(drifted_tree)
+    command = [sys.executable, "-m", "deepstack_patch", *args]
+    command += ["--vllm-src", str(drifted_tree)]
+    # Without the drifted patch the run goes on: the other one has a rewrite.
+    skipped = subprocess.run(
+        [*command, "--skip", "vllm#40917", "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    assert skipped.returncode == (1 if "--check" in args else 0), skipped.stderr
+    if "--dry-run" in args:
+        assert f"+++ b/{qwen}" in json.loads(skipped.stdout)["diff"]
+    text = subprocess.run(command, capture_output=True, text=True)
+    assert text.returncode == 2, text.stderr
+    assert "vllm#40917 drifted" in text.stderr
+    if "--dry-run" in args:
+        assert text.stdout == ""
+    document = subprocess.run(
+        [*command, "--format", "json"], capture_output=True, text=True
+    )
+    assert document.returncode == 2, document.stderr
+    refused = json.loads(document.stdout)
+    assert refused["written"] == [] and "drifted" in refused["error"]["message"]
+    assert refused.get("diff", "") == ""
+    assert ("diff" in refused) == ("--dry-run" in args)
+    assert support.snapshot(drifted_tree) == before
+
+
+@pytest.mark.parametrize("json_format", [False, True])
+def test_a_dry_run_refuses_a_blocked_patch_as_a_write_does(
+    json_format: bool, needing_tree: Path
+) -> None:
+    """vllm#43617 waits for vllm#40932, left out: a write refuses (exit 2),
+    so a dry run gives no diff either, not the other patches' rewrites."""
+    import subprocess
+    import sys
+
+    from deepstack_patch.patches import qwen3_vl_deepstack_bounds_check as bounds
+
+    qwen = "vllm/model_executor/models/qwen3_vl.py"
+    (needing_tree / qwen).write_text(bounds.BEFORE)
+    before = support.snapshot(needing_tree)
+    command = [sys.executable, "-m", "deepstack_patch", "apply"]
+    command += ["--vllm-src", str(needing_tree), "--skip", "vllm#40932"]
+    command += ["--format", "json"] if json_format else []
+    blocked = "vllm#43617 requires vllm#40932, which is not selected"
+    write = subprocess.run(command, capture_output=True, text=True)
+    assert write.returncode == 2 and blocked in write.stderr, write.stderr
+    dry = subprocess.run([*command, "--dry-run"], capture_output=True, text=True)
+    assert dry.returncode == 2 and blocked in dry.stderr, dry.stderr
+    assert dry.stdout == write.stdout  # the same refusal, no diff
+    assert "+++ b/" not in dry.stdout
+    assert support.snapshot(needing_tree) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
         ["status"],
         ["apply"],
         ["apply", "--check"],
@@ -398,3 +474,62 @@ def test_status_installed_names_the_install_once(tmp_path: Path) -> None:
         f"vLLM 0.1.0 installed in {site} (python {python}; version from "
         "vllm-0.1.0.dist-info/METADATA)"
     ]
+
+
+@pytest.fixture(scope="module")
+def venv_with_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import subprocess
+    import sys
+
+    from tests.test_permissions import fake_vllm
+
+    venv = tmp_path_factory.mktemp("relative") / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    (site,) = venv.glob("lib/python3*/site-packages")
+    fake_vllm(site)
+    # A relative link beside it: no `py` on PATH to stand in for it.
+    (venv / "bin" / "py").symlink_to("python")
+    return venv.resolve()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["doctor"],
+        ["verify", "--vllm-src", "{tree}"],
+        ["verify", "--installed"],
+        ["status", "--installed"],
+        ["apply", "--installed", "--check"],
+        ["revert", "--installed"],
+    ],
+)
+@pytest.mark.parametrize("python", ["./python", "./py"])
+def test_a_relative_python_is_the_one_in_the_current_folder(
+    args: list[str], python: str, venv_with_vllm: Path, needing_tree: Path
+) -> None:
+    """``--python ./python`` typed in a venv's bin/ runs that venv's python,
+    not one found on PATH nor one in a folder a proof runs in."""
+    import subprocess
+    import sys
+
+    bin_folder = venv_with_vllm / "bin"
+    args = [a.format(tree=needing_tree) for a in args]
+    result = subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", *args, "--python", python],
+        capture_output=True,
+        text=True,
+        cwd=bin_folder,
+    )
+    output = result.stdout + result.stderr
+    assert "No such file" not in output and "python has no vllm" not in output
+    # The venv's own python (it has neither torch nor pytest) or its vLLM,
+    # by full name.
+    assert f"{venv_with_vllm}/" in output, output
+    if args[0] == "verify":
+        assert result.returncode == 2
+        named = bin_folder / python
+        assert f"--python {named}: cannot import torch, pytest" in result.stderr
+    else:
+        assert result.returncode in (0, 1), output

@@ -767,8 +767,9 @@ def test_adding_a_python_file_is_refused(tmp_path: Path, base: Path) -> None:
 def test_a_diff_whose_site_is_ambiguous_on_the_base_fails_the_self_check(
     tmp_path: Path,
 ) -> None:
-    before = "def f(x):\n    x = 1\n    y = 2\n    x = 1\n    return x\n"
-    after = "def f(x):\n    x = 1\n    y = 2\n    return x\n"
+    # Both `x = 1` sit between the same neighbours: nothing tells them apart.
+    before = "def f(x):\n    a = 0\n    x = 1\n    a = 0\n    x = 1\n    a = 0\n"
+    after = "def f(x):\n    a = 0\n    x = 1\n    a = 0\n    a = 0\n"
     root = _tree(tmp_path / "ambiguous", {PATH: before}).root
     output = _refused(tmp_path, git_diff(PATH, before, after), root)
     assert "self-check" in output and "found 2 times" in output

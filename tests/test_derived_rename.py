@@ -213,3 +213,45 @@ def test_a_renamed_local_in_a_block_header_on_the_way_is_followed() -> None:
     fixed = rewrite_text(unit_patch, target, PATH)
     assert fixed == after.replace("total", "acc")
     assert rewrite_text(unit_patch, fixed, PATH) == fixed
+
+
+def test_an_if_header_the_fix_changes_is_written_under_the_renaming() -> None:
+    before = (
+        "def f(xs):\n    total = sum(xs)\n    log(total)\n    mark()\n"
+        "    if total > 0:\n        emit(total)\n    return total\n"
+    )
+    after = before.replace("if total > 0:", "if total >= 0:")
+    derived = DerivedPatch(
+        id="local#8",
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=[PATH],
+        units=units_of_change(PATH, before, after),
+    )
+    assert [e.kind for e in derived.units[0].edits] == ["header"]
+    vendor = before.replace("total", "acc")
+    [finding] = derived.recognise(ast.parse(vendor), PATH)
+    assert finding.state is PatchState.NEEDED
+    assert finding.details["renaming"] == {"total": "acc"}
+    fixed = rewrite_text(derived, vendor, PATH)
+    assert fixed == vendor.replace("if acc > 0:", "if acc >= 0:")
+    # A local the fixed header reads that the target does not have: drifted.
+    reads_n = DerivedPatch(
+        id="local#9",
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=[PATH],
+        units=units_of_change(
+            PATH,
+            before.replace("    mark()\n", "    n = 1\n"),
+            before.replace("    mark()\n", "    n = 1\n").replace(
+                "if total > 0:", "if total > n:"
+            ),
+        ),
+    )
+    vendor_n = vendor.replace("    mark()\n", "    m = 1\n")
+    [finding] = reads_n.recognise(ast.parse(vendor_n), PATH)
+    assert finding.state is PatchState.DRIFTED
+    assert "the fix uses the local `n`" in finding.reason

@@ -126,7 +126,11 @@ def _apply_fields(result: Any, dry_run: bool, check: bool) -> dict[str, Any]:
         extra["applied"] = result.applied_now
         extra["hard_links"] = result.hard_links
     if dry_run:
-        extra["diff"] = unified_diff(result.plan.edits)
+        # A refused run writes nothing, so its diff is empty: the rewrites of
+        # the patches that did not drift are half a series, which a pipeline
+        # applying the diff would write.
+        refused = bool(result.drifted)
+        extra["diff"] = "" if refused else unified_diff(result.plan.edits)
     return extra
 
 

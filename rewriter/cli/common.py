@@ -249,11 +249,9 @@ def installed_options(
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         if python:
-            command = click.option(
-                "--python",
-                type=click.Path(path_type=Path, dir_okay=False),
-                help="With --installed: the interpreter that runs vLLM (default: "
-                "the one running deepstack-patch).",
+            command = python_option(
+                "With --installed: the interpreter that runs vLLM (default: "
+                "the one running deepstack-patch)."
             )(command)
         return click.option(
             "--installed",
@@ -263,6 +261,26 @@ def installed_options(
         )(command)
 
     return decorate
+
+
+def python_option(help_text: str) -> Callable[..., Any]:
+    """``--python PY``: an interpreter, relative to the folder the command was
+    typed in (its proofs and tests run in other folders)."""
+    return click.option(
+        "--python",
+        "python",
+        type=click.Path(path_type=Path, dir_okay=False),
+        callback=_from_current_folder,
+        help=help_text,
+    )
+
+
+def _from_current_folder(
+    context: click.Context, parameter: click.Parameter, path: Path | None
+) -> Path | None:
+    # Joined, not resolved: a venv's python is a link, and its own path is
+    # what tells it which venv it runs in.
+    return None if path is None else Path.cwd() / path
 
 
 def open_tree(

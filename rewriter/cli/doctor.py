@@ -14,17 +14,14 @@ from deepstack_patch.cli.common import (
     load_series,
     patches_option,
     print_error,
+    python_option,
     stdout_console,
 )
 
 
 @click.command()
 @patches_option
-@click.option(
-    "--python",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="The interpreter that runs vLLM (default: the one running this tool).",
-)
+@python_option("The interpreter that runs vLLM (default: the one running this tool).")
 @click.option(
     "--import",
     "import_check",

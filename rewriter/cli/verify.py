@@ -16,6 +16,7 @@ from deepstack_patch.cli.common import (
     format_option,
     load_series,
     patches_option,
+    python_option,
     select_options,
     stderr_console,
     stdout_console,
@@ -51,11 +52,8 @@ from deepstack_patch.engine.tree import VllmTree
     "GPU they are reported skipped and the exit code is 1. With --installed: "
     "the release's gpu_tests in the installed vLLM's interpreter.",
 )
-@click.option(
-    "--python",
-    "python",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Run proofs and tests with this interpreter (it needs "
+@python_option(
+    "Run proofs and tests with this interpreter (it needs "
     "`pip install 'deepstack-patch[verify]'`) instead of the environment "
     "verify builds and caches. With --installed: the interpreter that runs "
     "vLLM (default: the one running deepstack-patch); its vLLM is verified "

@@ -69,14 +69,18 @@ def apply_tree(
 
     A drifted selected patch writes nothing. ``check`` computes states only
     (no rewrites); ``dry-run`` computes the edits without writing them, and
-    with ``check=True`` also gives ``check``'s exit code.
+    with ``check=True`` also gives ``check``'s exit code. ``write`` and
+    ``dry-run`` refuse a selected patch blocked by one left out.
     """
     writes = mode == WRITE
     with tree_lock(tree.root) if writes else contextlib.nullcontext():
         plan = plan_tree(tree, series, selected, rewrite=mode != CHECK, cache=cache)
         result = ApplyResult(plan, mode, check=check or mode == CHECK)
-        if writes and not result.drifted:
+        # A dry run refuses what a write refuses: its diff is what would be
+        # written, and a write with a blocked patch writes nothing.
+        if mode != CHECK and not result.drifted:
             refuse_blocked(plan)
+        if writes and not result.drifted:
             if plan.edits:
                 # What a write needs (the transaction, RECORD, bytecode) is
                 # imported by a write only: a no-op apply starts faster.

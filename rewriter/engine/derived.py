@@ -46,8 +46,10 @@ from deepstack_patch.engine.derived_data import (
 from deepstack_patch.engine.derived_match import (
     CompiledEdit,
     ShapeCache,
+    body_state,
     bound_name,
     code_uses,
+    find_step,
     import_aliases,
     name_uses,
     occurrences,
@@ -221,7 +223,7 @@ class DerivedPatch(Patch):
     ) -> _UnitState:
         """The unit recognised up to a consistent renaming of its function's
         locals (:mod:`.derived_rename`); ``state`` where there is none."""
-        edits = [self._compile(edit) for edit in unit.edits if edit.kind == "body"]
+        edits = [c for c in map(self._compile, unit.edits) if rename.followed(c)]
         target = rename.function_of(tree, edits[0]) if edits else None
         if target is None or unit.kind not in ("function", "method"):
             return state
@@ -311,22 +313,19 @@ def _locate(
     owner: ast.AST = tree
     unit_node: ast.AST = tree
     unit_first = 1
-    for identity, field_name, code in compiled.steps:
-        found = [node for node in block if shapes_of.identity(node) == identity]
+    for index, (identity, field_name, code) in enumerate(compiled.steps):
+        node = find_step(block, compiled, index, shapes_of)
         is_definition = identity.startswith(("def ", "class "))
-        if not found and is_definition:
+        if node == "not found" and is_definition:
             return None
         where = _where(owner)
-        if len(found) != 1:
-            first_line = code.strip().splitlines()[0]
-            count = "not found" if not found else f"found {len(found)} times"
-            return f"`{first_line}` {count} in {where}"
-        node = found[0]
+        if isinstance(node, str):
+            return f"`{code.strip().splitlines()[0]}` {node} in {where}"
         if is_definition:
             unit_node = node
-            index = block.index(node)
-            if index:
-                unit_first = _lines(block[index - 1])[1] + 1
+            position = block.index(node)
+            if position:
+                unit_first = _lines(block[position - 1])[1] + 1
             else:
                 unit_first = _lines(owner)[0] + (0 if owner is tree else 1)
         if field_name == "header":
@@ -380,40 +379,10 @@ def _recognise_edit(
             f"(`{first}`) nor the fixed one",
             span,
         )
-    before = occurrences(
-        located.block,
-        compiled.before_pattern,
-        compiled.at_start,
-        compiled.at_end,
-        shapes_of,
-    )
-    # Applied asks for the fix's own statements, not its anchors: the code
-    # around them may have changed since the fix went in.
-    fixed = (
-        occurrences(located.block, compiled.inserted, False, False, shapes_of)
-        if compiled.inserted
-        else []
-    )
-    size_before, size_fixed = len(compiled.before_pattern), len(compiled.inserted)
-
-    def apart(
-        starts: list[int], size: int, others: list[int], other_size: int
-    ) -> list[int]:
-        return [
-            s
-            for s in starts
-            if not any(s < o + other_size and o < s + size for o in others)
-        ]
-
-    if len(before) == 1 and not apart(fixed, size_fixed, before, size_before):
-        return PatchState.NEEDED, "", span
-    if compiled.inserted:
-        applied = len(fixed) == 1 and not apart(before, size_before, fixed, size_fixed)
-    else:  # a removal: applied where the removed statements are gone
-        applied = not before
-    if applied or (
-        not before and not fixed and _in_unit_once(compiled, located, shapes_of)
-    ):
+    state, nothing = body_state(compiled, located.block, shapes_of)
+    if state is not None:
+        return state, "", span
+    if nothing and _in_unit_once(compiled, located, shapes_of):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
 

@@ -34,6 +34,11 @@ class Step:
 
     header: str
     field: str = "body"
+    #: The statements right before and after the compound statement in its
+    #: block, recorded where its header is there more than once (None: not
+    #: recorded, or the block's edge); they tell the occurrences apart.
+    before: Anchor | None = None
+    after: Anchor | None = None
 
 
 @dataclass(frozen=True)
@@ -230,7 +235,12 @@ def _edit(edit: dict[str, Any]) -> Edit:
     return Edit(
         kind=edit_kind,
         block=tuple(
-            Step(_field(s, "header"), _field(s, "field", "body"))
+            Step(
+                _field(s, "header"),
+                _field(s, "field", "body"),
+                _anchor(s.get("before")),
+                _anchor(s.get("after")),
+            )
             for s in edit.get("block", [])
         ),
         before_anchor=_anchor(edit.get("before_anchor")),
@@ -340,23 +350,30 @@ def dump_derived(patch: Any) -> str:
         ]
         for edit in unit.edits:
             out += ["", "[[units.edits]]", f"kind = {_string(edit.kind)}"]
-            steps = ", ".join(
-                f"{{header = {_string(s.header)}, field = {_string(s.field)}}}"
-                for s in edit.block
-            )
+            steps = ", ".join(_step(s) for s in edit.block)
             out.append(f"block = [{steps}]")
             for name in ("before_anchor", "after_anchor"):
                 value = getattr(edit, name)
                 if value is not None:
-                    out.append(
-                        f"{name} = {{code = {_string(value.code)}, "
-                        f"match = {_string(value.match)}}}"
-                    )
+                    out.append(f"{name} = {_inline_anchor(value)}")
             for name in ("removed", "inserted", "header_before", "header_after"):
                 value = getattr(edit, name)
                 if value:
                     out.append(f"{name} = {_text(value)}")
     return "\n".join(out) + "\n"
+
+
+def _step(step: Step) -> str:
+    fields = [f"header = {_string(step.header)}", f"field = {_string(step.field)}"]
+    for name in ("before", "after"):
+        value = getattr(step, name)
+        if value is not None:
+            fields.append(f"{name} = {_inline_anchor(value)}")
+    return "{" + ", ".join(fields) + "}"
+
+
+def _inline_anchor(anchor: Anchor) -> str:
+    return f"{{code = {_string(anchor.code)}, match = {_string(anchor.match)}}}"
 
 
 def write_derived(patch: Any, out_dir: Path) -> Path:

@@ -6,12 +6,15 @@ rewrite (:mod:`.derived_rewrite`) match with the same code."""
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deepstack_patch.engine import derived_shapes as shapes
 from deepstack_patch.engine.derived_data import Anchor, Edit
+from deepstack_patch.engine.protocol import PatchState
 
 
 class ShapeCache:
@@ -53,6 +56,11 @@ class CompiledEdit:
     inserted: tuple[_Key, ...]
     header_before: str
     header_after: str
+    #: Each step's recorded neighbours (see ``Step``), as keys.
+    step_neighbours: tuple[tuple[_Key | None, _Key | None], ...] = ()
+    #: A header edit's compound statement, by its identity after the fix
+    #: (an ``if`` is named by its header, which the fix changes).
+    header_identity_after: str = ""
 
     @classmethod
     def of(cls, edit: Edit) -> CompiledEdit:
@@ -87,7 +95,20 @@ class CompiledEdit:
             keys_of(edit.inserted),
             headers[0],
             headers[1],
+            tuple((key_of(s.before), key_of(s.after)) for s in edit.block),
+            shapes.identity(one_statement(with_block(edit.header_after)))
+            if edit.header_after
+            else "",
         )
+
+    def step_identities(self, index: int) -> tuple[str, ...]:
+        """What names the compound statement of step ``index``: a header
+        edit's last one by its header before or after the fix."""
+        identity = self.steps[index][0]
+        last = index == len(self.steps) - 1
+        if last and self.edit.kind == "header" and self.header_identity_after:
+            return identity, self.header_identity_after
+        return (identity,)
 
     @property
     def anchored(self) -> bool:
@@ -128,9 +149,34 @@ class CompiledEdit:
 def with_block(header_code: str) -> str:
     """A header's code made a whole statement (``...`` as its block)."""
     text = header_code.rstrip()
-    if text.endswith(":"):
+    if _ends_with_colon(text):
         return text + "\n    ...\n"
     return text + "\n"
+
+
+def _ends_with_colon(text: str) -> bool:
+    """Whether the code's last token is a colon: a comment may follow it
+    (``def f(x):  # noqa``), or a comment line below it."""
+    last = ""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type not in _NOT_CODE:
+                last = token.string
+    except (tokenize.TokenError, SyntaxError):
+        return text.endswith(":")
+    return last == ":"
+
+
+_NOT_CODE = frozenset(
+    {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENDMARKER,
+    }
+)
 
 
 def one_statement(code: str) -> ast.stmt:
@@ -164,6 +210,131 @@ def occurrences(
             for offset, key in enumerate(pattern)
         )
     ]
+
+
+def neighbours_match(
+    statements: Sequence[ast.stmt],
+    start: int,
+    size: int,
+    neighbours: tuple[_Key | None, _Key | None],
+    shapes_of: ShapeCache,
+    edges: bool = False,
+) -> bool:
+    """Whether ``statements[start:start + size]`` sits between the recorded
+    neighbours; with ``edges`` an absent neighbour means the block's edge,
+    else it is not asked for."""
+    before, after = neighbours
+    before_at, after_at = start - 1, start + size
+    if before is not None:
+        if before_at < 0 or not before.matches(statements[before_at], shapes_of):
+            return False
+    elif edges and before_at >= 0:
+        return False
+    if after is not None:
+        if after_at >= len(statements) or not after.matches(
+            statements[after_at], shapes_of
+        ):
+            return False
+    elif edges and after_at < len(statements):
+        return False
+    return True
+
+
+def single_out(
+    statements: Sequence[ast.stmt],
+    starts: list[int],
+    size: int,
+    neighbours: tuple[_Key | None, _Key | None],
+    shapes_of: ShapeCache,
+    edges: bool = False,
+) -> list[int]:
+    """``starts`` (indices into ``statements``) as they are where there is at
+    most one; else those between the recorded neighbours, where a neighbour
+    was recorded (a statement found more than once is told apart by them)."""
+    if len(starts) < 2 or (neighbours == (None, None) and not edges):
+        return starts
+    return [
+        start
+        for start in starts
+        if neighbours_match(statements, start, size, neighbours, shapes_of, edges)
+    ]
+
+
+def body_state(
+    compiled: CompiledEdit, block: Sequence[ast.stmt], shapes_of: ShapeCache
+) -> tuple[PatchState | None, bool]:
+    """A body edit's state in its block (None: neither needed nor applied),
+    and whether neither the code it changes nor the fixed code is there."""
+    statements = shapes.without_docstring(block)
+    anchors = (compiled.before_anchor, compiled.after_anchor)
+    before = occurrences(
+        block, compiled.before_pattern, compiled.at_start, compiled.at_end, shapes_of
+    )
+    # Applied asks for the fix's own statements, not its anchors: the code
+    # around them may have changed since the fix went in.
+    fixed = (
+        occurrences(block, compiled.inserted, False, False, shapes_of)
+        if compiled.inserted
+        else []
+    )
+    size_before, size_fixed = len(compiled.before_pattern), len(compiled.inserted)
+    # A statement found more than once is told apart by its neighbours.
+    if not compiled.anchored:
+        before = single_out(statements, before, size_before, anchors, shapes_of, True)
+    fixed = single_out(statements, fixed, size_fixed, anchors, shapes_of, True)
+    if len(before) == 1 and not _apart(fixed, size_fixed, before, size_before):
+        return PatchState.NEEDED, False
+    leftover = _apart(before, size_before, fixed, size_fixed)
+    if (
+        leftover
+        and compiled.removed
+        and len(fixed) == 1
+        and neighbours_match(statements, fixed[0], size_fixed, anchors, shapes_of, True)
+    ):
+        # The fixed code between the recorded neighbours: the code it
+        # replaced, there elsewhere too, is other code where it sits
+        # between other neighbours (the base had it more than once).
+        leftover = [
+            start
+            for start in leftover
+            if neighbours_match(statements, start, size_before, anchors, shapes_of)
+        ]
+    # A removal is applied where the removed statements are gone.
+    applied = (len(fixed) == 1 and not leftover) if compiled.inserted else not before
+    return (PatchState.APPLIED if applied else None), not before and not fixed
+
+
+def _apart(
+    starts: list[int], size: int, others: list[int], other_size: int
+) -> list[int]:
+    """The runs of ``starts`` that overlap none of ``others``."""
+    return [
+        s
+        for s in starts
+        if not any(s < o + other_size and o < s + size for o in others)
+    ]
+
+
+def find_step(
+    block: Sequence[ast.stmt],
+    compiled: CompiledEdit,
+    index: int,
+    shapes_of: ShapeCache,
+) -> ast.stmt | str:
+    """The compound statement of step ``index`` in ``block``, found once
+    (by its neighbours where its header is there more than once); else why
+    not (``not found``, ``found 2 times``)."""
+    identities = compiled.step_identities(index)
+    starts = [i for i, n in enumerate(block) if shapes_of.identity(n) in identities]
+    if not starts:
+        return "not found"
+    neighbours = compiled.step_neighbours[index]
+    kept = single_out(block, starts, 1, neighbours, shapes_of)
+    if len(kept) == 1:
+        return block[kept[0]]
+    if len(starts) == len(kept):
+        return f"found {len(starts)} times"
+    return f"found {len(starts)} times, {len(kept)} of them between its neighbours"
 
 
 def import_aliases(

@@ -188,6 +188,8 @@ def _patterns(compiled: CompiledEdit) -> Iterator[list[tuple[ast.stmt, bool]]]:
     removed = [(n, False) for n in shapes.parse_statements(edit.removed)]
     yield [*around[0], *removed, *around[1]] if compiled.anchored else removed
     yield [(n, False) for n in shapes.parse_statements(edit.inserted)]
+    if followed(compiled) and edit.kind == "header":  # an `if`'s, the fix's own
+        yield [(one_statement(with_block(edit.header_after)), True)]
 
 
 def renaming_of(
@@ -283,7 +285,7 @@ def collision(
     recorded_names, target_names = names_in(recorded), names_in(target)
     recorded_locals = local_names(recorded)
     for compiled in edits:
-        for node in shapes.parse_statements(compiled.edit.inserted):
+        for node in _written(compiled):
             for name in sorted(names_in(node)):
                 if name in renaming:
                     continue
@@ -298,6 +300,24 @@ def collision(
                         "function (its locals renamed) does not have"
                     )
     return ""
+
+
+def followed(compiled: CompiledEdit) -> bool:
+    """Whether an edit is matched up to a renaming: a body edit, or the
+    header of an ``if``/``for``/``while``/``with`` (a definition's header
+    names no locals of its own)."""
+    edit = compiled.edit
+    return edit.kind == "body" or (
+        edit.kind == "header"
+        and not compiled.steps[-1][0].startswith(("def ", "class "))
+    )
+
+
+def _written(compiled: CompiledEdit) -> list[ast.stmt]:
+    """The statements the edit writes (a header edit: its header after)."""
+    if compiled.edit.kind == "header":
+        return [one_statement(with_block(compiled.edit.header_after))]
+    return shapes.parse_statements(compiled.edit.inserted)
 
 
 class Rename(ast.NodeTransformer):

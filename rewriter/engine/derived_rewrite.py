@@ -23,6 +23,7 @@ from deepstack_patch.engine.derived_match import (
     bound_name,
     import_aliases,
     occurrences,
+    single_out,
     with_block,
 )
 from deepstack_patch.engine.errors import RewriteRefused
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from deepstack_patch.engine.derived_match import CompiledEdit
 
 Statements = list[cst.BaseStatement]
+#: A step on the way to a block: (identity, field, code, neighbours).
+_Step = tuple[str, str, str, tuple[Any, Any]]
 
 
 def apply_edit(
@@ -47,10 +50,15 @@ def apply_edit(
     edit = compiled.edit
     if edit.kind == "imports":
         return rewriter.imports(compiled, details)
+    steps = [
+        (*step, neighbours)
+        for step, neighbours in zip(
+            compiled.steps, compiled.step_neighbours, strict=True
+        )
+    ]
     if edit.kind == "header":
-        steps = compiled.steps
         action: Callable[[Statements], Statements] = lambda stmts: rewriter.header(  # noqa: E731
-            stmts, steps[-1][0], compiled
+            stmts, steps[-1], compiled
         )
         return module.with_changes(
             body=rewriter.walk(list(module.body), steps[:-1], action)
@@ -58,7 +66,7 @@ def apply_edit(
     return module.with_changes(
         body=rewriter.walk(
             list(module.body),
-            compiled.steps,
+            steps,
             lambda stmts: rewriter.statements(stmts, compiled),
         )
     )
@@ -101,13 +109,13 @@ class _Rewriter:
     def walk(
         self,
         statements: Statements,
-        steps: Sequence[tuple[str, str, str]],
+        steps: Sequence[_Step],
         action: Callable[[Statements], Statements],
     ) -> Statements:
         if not steps:
             return action(statements)
-        identity, field_name, code = steps[0]
-        index = self._one(statements, identity, code)
+        identity, field_name, _, _ = steps[0]
+        index = self._one(statements, steps[0])
         node = statements[index]
         if identity.startswith("def "):
             self.inside_function = True
@@ -116,41 +124,71 @@ class _Rewriter:
         )
         return [*statements[:index], changed, *statements[index + 1 :]]
 
-    def _one(self, statements: Statements, identity: str, code: str) -> int:
-        found = [i for i, s in enumerate(statements) if self.identity(s) == identity]
+    def _one(self, statements: Statements, step: _Step) -> int:
+        """The step's statement, found once (by its neighbours where its
+        header is there more than once), as recognition found it."""
+        identity, _, code, neighbours = step
+        entries, nodes = self.flat(statements)
+        found = [
+            at
+            for at, (index, position) in enumerate(entries)
+            if position == 0 and self.identity(statements[index]) == identity
+        ]
+        found = single_out(nodes, found, 1, neighbours, self.shapes)
         if len(found) != 1:
             raise RewriteRefused(
                 f"`{code.strip().splitlines()[0]}` found {len(found)} times"
             )
-        return found[0]
+        return entries[found[0]][0]
 
-    def header(
-        self, statements: Statements, identity: str, compiled: CompiledEdit
-    ) -> Statements:
-        index = self._one(statements, identity, compiled.edit.header_before)
-        node = statements[index]
-        if shapes.header(self.ast_of(node)[0]) != compiled.header_before:
-            raise RewriteRefused("the header is not the one the fix expects")
-        new = cst.parse_statement(with_block(compiled.edit.header_after))
-        if not isinstance(new, cst.FunctionDef | cst.ClassDef):
-            raise RewriteRefused("the fixed header is not a definition")
-        assert isinstance(node, cst.FunctionDef | cst.ClassDef)
-        replaced = new.with_changes(body=node.body, leading_lines=node.leading_lines)
-        return [*statements[:index], replaced, *statements[index + 1 :]]
-
-    def statements(self, statements: Statements, compiled: CompiledEdit) -> Statements:
-        # One entry per CPython statement: (cst index, position in its line).
+    def flat(
+        self, statements: Statements
+    ) -> tuple[list[tuple[int, int]], list[ast.stmt]]:
+        """One entry per CPython statement: (cst index, position in its
+        line), and the statements."""
         entries: list[tuple[int, int]] = []
         nodes: list[ast.stmt] = []
         for index, statement in enumerate(statements):
             for position, node in enumerate(self.ast_of(statement)):
                 entries.append((index, position))
                 nodes.append(node)
+        return entries, nodes
+
+    def header(
+        self, statements: Statements, step: _Step, compiled: CompiledEdit
+    ) -> Statements:
+        index = self._one(statements, step)
+        node = statements[index]
+        if shapes.header(self.ast_of(node)[0]) != compiled.header_before:
+            raise RewriteRefused("the header is not the one the fix expects")
+        code = with_block(compiled.edit.header_after)
+        if self.inside_function:  # an `if`'s header reads the function's locals
+            code = rename.renamed_code(code, self.renaming)
+        new = cst.parse_statement(code)
+        if type(new) is not type(node):
+            raise RewriteRefused("the fixed header is another kind of statement")
+        # The blocks stay the target's: only the header is the fix's.
+        kept = {
+            name: getattr(node, name)
+            for name in ("body", "orelse", "leading_lines")
+            if hasattr(node, name)
+        }
+        replaced = new.with_changes(**kept)
+        return [*statements[:index], replaced, *statements[index + 1 :]]
+
+    def statements(self, statements: Statements, compiled: CompiledEdit) -> Statements:
+        entries, nodes = self.flat(statements)
         offset = len(nodes) - len(shapes.without_docstring(nodes))
         at_start, at_end = compiled.at_start, compiled.at_end
         found = occurrences(
             nodes, compiled.before_pattern, at_start, at_end, self.shapes
         )
+        if not compiled.anchored:  # told apart by its neighbours, as recognised
+            anchors = (compiled.before_anchor, compiled.after_anchor)
+            size = len(compiled.removed)
+            found = single_out(
+                nodes[offset:], found, size, anchors, self.shapes, edges=True
+            )
         if len(found) != 1:
             raise RewriteRefused(
                 f"the code the fix changes is found {len(found)} times, not once"

@@ -22,6 +22,11 @@ BLOCK_FIELDS = ("body", "orelse", "finalbody")
 
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
+#: The compound statements whose header alone a fix may change (the test of
+#: an ``if``, ``elif`` or ``while``, the target and iterable of a ``for``,
+#: the items of a ``with``), their blocks kept as the target has them.
+HEADED = (ast.If, ast.While, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)
+
 
 def is_docstring(node: ast.stmt) -> bool:
     match node:
@@ -117,12 +122,19 @@ def header_code(node: ast.stmt) -> str:
 
 
 def header_source(source_lines: Sequence[str], node: ast.stmt) -> str:
-    """A definition's header as the file writes it (decorators to the colon),
-    dedented; ``header_code`` where it cannot be cut out on whole lines."""
+    """A compound statement's header as the file writes it (a definition's
+    decorators to the colon; an ``elif`` as an ``if``), dedented;
+    ``header_code`` where it cannot be cut out on whole lines."""
     body = node.body  # type: ignore[attr-defined]
     first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
     last = body[0].lineno - 1
+    # Comment and blank lines between the colon and the first statement are
+    # the body's, not the header's (a header ending in one is no header).
+    while last > first and source_lines[last - 1].lstrip().startswith(("#", "\n")):
+        last -= 1
     text = textwrap.dedent("".join(source_lines[first - 1 : last]))
+    if text.startswith("elif"):  # an `if` in its parent's else block
+        text = text[2:]
     try:
         parsed = ast.parse(text + "    ...\n") if text.endswith("\n") else None
     except SyntaxError:

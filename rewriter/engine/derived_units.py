@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from deepstack_patch.engine import derived_shapes as shapes
 from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
+from deepstack_patch.engine.derived_match import one_statement, with_block
 from deepstack_patch.engine.source import code_lines
 
 
@@ -26,6 +27,8 @@ class _Found:
 
     edit: Edit
     chain: tuple[tuple[ast.stmt, ast.stmt], ...]  # (before, after) definitions
+    #: A header edit's whole statement before and after the fix.
+    statement: tuple[str, str] = ("", "")
 
 
 class _Differ:
@@ -52,7 +55,29 @@ class _Differ:
             b=[shapes.identity(n, self.memo) for n in new],
             autojunk=False,
         )
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        opcodes = matcher.get_opcodes()
+        # The statements the fix leaves where they are (changed inside at
+        # most): only those can tell a repeated header apart, before the fix
+        # and after it.
+        stable = {
+            i1 + offset
+            for tag, i1, i2, j1, _ in opcodes
+            if tag == "equal"
+            for offset in range(i2 - i1)
+            if self.shape(old[i1 + offset]) == self.shape(new[j1 + offset])
+            or _inside_only(old[i1 + offset], new[j1 + offset], self.memo)
+        }
+        for tag, i1, i2, j1, j2 in opcodes:
+            pairs = list(zip(old[i1:i2], new[j1:j2], strict=False))
+            if (
+                tag == "replace"
+                and i2 - i1 == j2 - j1
+                and all(_header_only(was, now, self.memo) for was, now in pairs)
+            ):
+                for offset, (_, now) in enumerate(pairs):
+                    at = i1 + offset
+                    self.header_edit(old, at, now, steps, chain, stable)
+                continue
             if tag != "equal":
                 self.edit(old, new, (i1, i2), (j1, j2), steps, chain)
                 continue
@@ -61,7 +86,8 @@ class _Differ:
                 if self.shape(was) == self.shape(now):
                     continue
                 if _inside_only(was, now, self.memo):
-                    self.inside(was, now, steps, chain)
+                    around = self.neighbours(old, i1 + offset, stable)
+                    self.inside(was, now, steps, chain, around)
                 else:
                     at = i1 + offset
                     self.edit(
@@ -79,6 +105,7 @@ class _Differ:
         now: ast.stmt,
         steps: tuple[Step, ...],
         chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+        neighbours: tuple[Anchor | None, Anchor | None] = (None, None),
     ) -> None:
         """Two aligned compound statements that differ inside."""
         definition = isinstance(was, shapes.DEFINITIONS)
@@ -90,7 +117,7 @@ class _Differ:
                     _Found(
                         Edit(
                             kind="header",
-                            block=(*steps, Step(code, "header")),
+                            block=(*steps, Step(code, "header", *neighbours)),
                             header_before=code,
                             header_after=shapes.header_source(self.after_lines, now),
                         ),
@@ -108,7 +135,53 @@ class _Differ:
                 self.shape(n) for n in new_inner or []
             ]:
                 continue
-            self.block(old_inner, new_inner, (*steps, Step(code, name)), chain)
+            step = Step(code, name, *neighbours)
+            self.block(old_inner, new_inner, (*steps, step), chain)
+
+    def header_edit(
+        self,
+        old: Sequence[ast.stmt],
+        at: int,
+        now: ast.stmt,
+        steps: tuple[Step, ...],
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+        stable: set[int],
+    ) -> None:
+        """A compound statement whose header alone changed (see
+        ``shapes.HEADED``): the header is carried, not its blocks."""
+        code = shapes.header_source(self.before_lines, old[at])
+        step = Step(code, "header", *self.neighbours(old, at, stable, also=now))
+        edit = Edit(
+            kind="header",
+            block=(*steps, step),
+            header_before=code,
+            header_after=shapes.header_source(self.after_lines, now),
+        )
+        whole = (
+            shapes.statements_code(self.before_lines, [old[at]]),
+            shapes.statements_code(self.after_lines, [now]),
+        )
+        self.found.append(_Found(edit, chain, whole))
+
+    def neighbours(
+        self,
+        block: Sequence[ast.stmt],
+        at: int,
+        stable: set[int],
+        also: ast.stmt | None = None,
+    ) -> tuple[Anchor | None, Anchor | None]:
+        """The statements around ``block[at]``, where its identity (or that
+        of ``also``, what a header edit makes of it) is there more than once
+        (they tell the occurrences apart); else none. Only a neighbour the
+        fix keeps (in ``stable``) is recorded: the one it changes is not
+        there after it, nor once an edit before this one is made."""
+        names = {shapes.identity(n, self.memo) for n in (block[at], also) if n}
+        if sum(shapes.identity(n, self.memo) in names for n in block) < 2:
+            return None, None
+        return (
+            self.anchor(block[at - 1]) if at - 1 in stable else None,
+            self.anchor(block[at + 1]) if at + 1 in stable else None,
+        )
 
     def edit(
         self,
@@ -148,6 +221,18 @@ class _Differ:
             return Anchor(shapes.header_code(node), "header")
         code = shapes.statements_code(self.before_lines, [node])
         return Anchor(code.rstrip("\n"), "statement")
+
+
+def _header_only(was: ast.stmt, now: ast.stmt, memo: shapes.Memo) -> bool:
+    """Whether two statements are one ``if``/``while``/``for``/``with`` whose
+    header alone changed: the same kind, every block the same."""
+    if type(was) is not type(now) or not isinstance(was, shapes.HEADED):
+        return False
+    return all(
+        shapes.shape(getattr(was, name, []), memo)  # type: ignore[arg-type]
+        == shapes.shape(getattr(now, name, []), memo)  # type: ignore[arg-type]
+        for name in shapes.BLOCK_FIELDS
+    ) and shapes.header(was, memo) != shapes.header(now, memo)
 
 
 def _inside_only(was: ast.stmt, now: ast.stmt, memo: shapes.Memo) -> bool:
@@ -233,14 +318,17 @@ def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]
     edit = found.edit
     prefix = ".".join(pair[0].name for pair in chain)  # type: ignore[attr-defined]
     texts = (edit.removed, edit.inserted)
-    if edit.kind == "header":  # a class's bases or decorators: its header
-        return "class", prefix, (edit.header_before, edit.header_after)
     if edit.kind == "imports":
         return "import", "imports", texts
     statements = [
         *shapes.parse_statements(edit.removed),
         *shapes.parse_statements(edit.inserted),
     ]
+    if edit.kind == "header":
+        header = one_statement(with_block(edit.header_before))
+        if isinstance(header, ast.ClassDef):  # a class's bases or decorators
+            return "class", prefix, (edit.header_before, edit.header_after)
+        statements, texts = [header], found.statement
     in_class = bool(chain) and isinstance(chain[-1][0], ast.ClassDef)
     if statements and all(isinstance(n, shapes.DEFINITIONS) for n in statements):
         name = statements[0].name  # type: ignore[attr-defined]
