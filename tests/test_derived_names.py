@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from deepstack_patch.distribution.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import apply_tree
-from deepstack_patch.engine.derived import DerivedPatch
+from deepstack_patch.engine.derived import DerivedPatch, load_derived
 from deepstack_patch.engine.derived_data import write_derived
 from deepstack_patch.engine.derived_units import units_of_change
+from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree, rewrite_text
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
@@ -264,6 +265,20 @@ def test_a_partial_tree_lacks_the_modules_it_was_asked_for(tmp_path: Path) -> No
         tmp_path / "unasked", {PATH: USER_BEFORE, ASKED_FOR: PATH}, whole=False
     )
     assert report_of(unasked, patch).state is PatchState.NEEDED
+
+
+def test_a_data_file_whose_code_does_not_parse_is_refused_not_raised(
+    tmp_path: Path,
+) -> None:
+    """The modules a fix reads are read off its code only once load has
+    checked that it parses."""
+    patch = patch_of((PATH, USER_BEFORE, USER_AFTER))
+    written = write_derived(patch, tmp_path)
+    text = written.read_text()
+    assert text.count("x = gather(x)") >= 1
+    written.write_text(text.replace("x = gather(x)", "x = gather(x"))
+    with pytest.raises(DeepstackError, match="recorded code does not parse"):
+        load_derived(written)
 
 
 def test_a_package_a_partial_tree_has_only_some_files_of_is_unknown(

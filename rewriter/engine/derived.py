@@ -18,6 +18,7 @@ The data file is TOML (schema 1), one per patch; docs/derive.md describes it.
 from __future__ import annotations
 
 import ast
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -107,7 +108,6 @@ class DerivedPatch(Patch):
         self.applies_whole = True
         #: It reads the modules its fix imports from (derived_names).
         self.reads_tree = True
-        self.also_reads = module_files(self.units)
         # Paths are exact files: every one is read.
         self.markers = (b"",)
         self.parts = {unit.part: unit.description for unit in self.units}
@@ -117,6 +117,12 @@ class DerivedPatch(Patch):
         )
         self._compiled: dict[Edit, CompiledEdit] = {}
         self._fingerprint = b""
+
+    @functools.cached_property
+    def also_reads(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The files of the modules its fix reads (after load checked that
+        its code parses)."""
+        return module_files(self.units)
 
     # -- recognition ---------------------------------------------------
 
