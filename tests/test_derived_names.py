@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from deepstack_patch.distribution.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import apply_tree
-from deepstack_patch.engine.derived import DerivedPatch
+from deepstack_patch.engine.derived import DerivedPatch, load_derived
+from deepstack_patch.engine.derived_data import write_derived
 from deepstack_patch.engine.derived_units import units_of_change
+from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree, rewrite_text
 from deepstack_patch.engine.protocol import PatchState
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
 
 PATH = "vllm/models/b.py"
 OTHER = "vllm/models/a.py"
@@ -226,6 +231,73 @@ def test_a_relative_import_and_a_missing_module(tmp_path: Path) -> None:
     assert report_of(partial, patch).state is PatchState.NEEDED
 
 
+def test_a_partial_tree_lacks_the_modules_it_was_asked_for(tmp_path: Path) -> None:
+    """A partial extraction lists what it was asked for (status --release,
+    matrix, derive --base): the fix's modules, which the patch names."""
+    patch = patch_of((PATH, USER_BEFORE, USER_AFTER))
+    assert {
+        "vllm/__init__.py",
+        "vllm/models/__init__.py",
+        "vllm/models/a.py",
+        "vllm/models/a/__init__.py",
+        "vllm/models/a/gather.py",  # ``from vllm.models.a import gather``: a
+    } <= set(patch.also_reads)  # submodule, perhaps
+    listed = "\n".join([PATH, *patch.also_reads])
+    for name, text in (("lacking", "class Layer:\n    pass\n"), ("absent", None)):
+        files = {PATH: USER_BEFORE, ASKED_FOR: listed}
+        tree = make_tree(
+            tmp_path / name, {**files, **({OTHER: text} if text else {})}, whole=False
+        )
+        report = report_of(tree, patch)
+        assert report.state is PatchState.DRIFTED, name
+        assert "`gather` from `vllm.models.a`, which this release lacks" in (
+            report.reason
+        )
+    # Asked for by a glob, as a patch's paths are.
+    globbed = make_tree(
+        tmp_path / "globbed",
+        {PATH: USER_BEFORE, ASKED_FOR: "vllm/models/*.py\nvllm/models/**/*.py\n"},
+        whole=False,
+    )
+    assert report_of(globbed, patch).state is PatchState.DRIFTED
+    # Not asked for: a partial extraction cannot tell.
+    unasked = make_tree(
+        tmp_path / "unasked", {PATH: USER_BEFORE, ASKED_FOR: PATH}, whole=False
+    )
+    assert report_of(unasked, patch).state is PatchState.NEEDED
+
+
+def test_a_data_file_whose_code_does_not_parse_is_refused_not_raised(
+    tmp_path: Path,
+) -> None:
+    """The modules a fix reads are read off its code only once load has
+    checked that it parses."""
+    patch = patch_of((PATH, USER_BEFORE, USER_AFTER))
+    written = write_derived(patch, tmp_path)
+    text = written.read_text()
+    assert text.count("x = gather(x)") >= 1
+    written.write_text(text.replace("x = gather(x)", "x = gather(x"))
+    with pytest.raises(DeepstackError, match="recorded code does not parse"):
+        load_derived(written)
+
+
+def test_a_package_a_partial_tree_has_only_some_files_of_is_unknown(
+    tmp_path: Path,
+) -> None:
+    """A folder of a partial extraction without its ``__init__.py`` is no
+    namespace package: the ``__init__.py`` was not extracted."""
+    before = "from vllm.pkg import Layer\n\n\ndef run(x):\n    return Layer(x)\n"
+    after = (
+        "from vllm.pkg import Layer, gather\n\n\ndef run(x):\n    return gather(x)\n"
+    )
+    patch = patch_of((PATH, before, after))
+    files = {"vllm/pkg/other.py": "", PATH: before}
+    partial = make_tree(tmp_path / "partial", files, whole=False)
+    assert report_of(partial, patch).state is PatchState.NEEDED
+    whole = make_tree(tmp_path / "whole", files)  # a namespace package there
+    assert "`gather` from `vllm.pkg`" in report_of(whole, patch).reason
+
+
 def test_a_name_the_patch_adds_to_the_other_module_resolves(tmp_path: Path) -> None:
     other_before = "class Layer:\n    pass\n"
     other_after = other_before + "\n\ndef gather(x):\n    return x\n"
@@ -386,6 +458,63 @@ def test_an_imports_only_file_follows_the_code_of_the_others(tmp_path: Path) -> 
 MTP = "vllm/model_executor/models/qwen3_next_mtp.py"
 NEXT = "vllm/model_executor/models/qwen3_next.py"
 HELPER = "_all_gather_hidden_and_residual"
+NEXT_MODULE = "vllm.model_executor.models.qwen3_next"
+
+
+#: Where qwen3_next_mtp imports from, outside the files the built-in series
+#: reads (a partial extraction held only those before): a module 0.20.2 has,
+#: and one it has not.
+PARALLEL_STATE = "vllm.distributed.parallel_state"
+NEW_MODULE = "vllm.distributed.gather_helpers"
+
+
+def fixed_mtp(mtp: str, module: str) -> str:
+    """0.20.2's qwen3_next_mtp with the fix: ``HELPER``, imported from
+    ``module``, called before the final norm."""
+    if module == NEXT_MODULE:  # into the import list the file has
+        imported = mtp.replace(
+            "    QwenNextMixtureOfExperts,\n)\n",
+            f"    QwenNextMixtureOfExperts,\n    {HELPER},\n)\n",
+            1,
+        )
+    else:  # a line of its own, or into that of parallel_state
+        line = "from vllm.distributed.parallel_state import get_pp_group\n"
+        added = (
+            f"from {module} import {HELPER}, get_pp_group\n"
+            if module == PARALLEL_STATE
+            else f"{line}from {module} import {HELPER}\n"
+        )
+        imported = mtp.replace(line, added, 1)
+    fixed = imported.replace(
+        "        hidden_states, _ = self.norm(hidden_states, residual)\n",
+        f"        hidden_states, residual = {HELPER}(hidden_states, residual)\n"
+        "        hidden_states, _ = self.norm(hidden_states, residual)\n",
+        1,
+    )
+    assert fixed.count(HELPER) == 2
+    return fixed
+
+
+def derived_48429(
+    release: Path, tmp_path: Path, module: str = "", patch_id: str = "local#48429"
+) -> DerivedPatch:
+    """A fix of the vllm#48429 kind, derived on a stand-in parent of
+    ``release``: qwen3_next_mtp imports and calls a helper of ``module``
+    (qwen3_next by default) that the release lacks."""
+    module = module or NEXT_MODULE
+    module_file = module.replace(".", "/") + ".py"
+    mtp = (release / MTP).read_text()
+    # The fix's parent: 0.20.2's files, with the helper upstream added to
+    # the module before the fix (a stand-in, written here).
+    parent = make_tree(tmp_path / f"parent-{module}", {MTP: mtp, module_file: ""})
+    if (release / module_file).is_file():
+        assert HELPER not in (release / module_file).read_text()  # the case
+        shutil.copy(release / module_file, parent.root / module_file)
+    with (parent.root / module_file).open("a") as out:
+        out.write(f"\n\ndef {HELPER}(hidden_states, residual):\n")
+        out.write("    return hidden_states, residual\n")
+    diff = _diff(MTP, mtp, fixed_mtp(mtp, module))
+    return derive_patch_from_text(diff, parent, patch_id).patch
 
 
 @pytest.mark.release
@@ -396,26 +525,7 @@ def test_a_name_the_release_lacks_drifts_on_a_real_release(
 ) -> None:
     release = release_tree("0.20.2")
     mtp = (release / MTP).read_text()
-    assert HELPER not in (release / NEXT).read_text()  # what makes the case
-    # The fix's parent: 0.20.2's two files, with the helper upstream added
-    # to qwen3_next before the fix (a stand-in, written here).
-    parent = make_tree(tmp_path / "parent", {MTP: mtp})
-    shutil.copy(release / NEXT, parent.root / NEXT)
-    with (parent.root / NEXT).open("a") as out:
-        out.write(f"\n\ndef {HELPER}(hidden_states, residual):\n")
-        out.write("    return hidden_states, residual\n")
-    fixed = mtp.replace(
-        "    QwenNextMixtureOfExperts,\n)\n",
-        f"    QwenNextMixtureOfExperts,\n    {HELPER},\n)\n",
-        1,
-    ).replace(
-        "        hidden_states, _ = self.norm(hidden_states, residual)\n",
-        f"        hidden_states, residual = {HELPER}(hidden_states, residual)\n"
-        "        hidden_states, _ = self.norm(hidden_states, residual)\n",
-        1,
-    )
-    assert fixed.count(HELPER) == 2
-    patch = derive_patch_from_text(_diff(MTP, mtp, fixed), parent, "local#48429").patch
+    patch = derived_48429(release, tmp_path)
     report = report_of(VllmTree.open(release), patch)
     assert report.state is PatchState.DRIFTED
     assert (
@@ -426,6 +536,75 @@ def test_a_name_the_release_lacks_drifts_on_a_real_release(
     result = apply_tree(VllmTree.open(copy), [patch], {patch.id})
     assert not result.written
     assert (copy / MTP).read_text() == mtp
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("module", [PARALLEL_STATE, NEW_MODULE])
+def test_a_name_the_release_lacks_drifts_in_a_partial_extraction(
+    module: str, tmp_path: Path, release_tree: Callable[[str], Path]
+) -> None:
+    """``status --release`` (no --out) and ``matrix`` read a partial
+    extraction of the release: it holds the modules the fix imports from
+    (parallel_state, which lacks the name; the built-in series reads no
+    file of vllm/distributed) and knows it was asked for a module the
+    release has not (gather_helpers), so the fix is found lacking there."""
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    write_derived(derived_48429(release_tree("0.20.2"), tmp_path, module), folder)
+    work = tmp_path / "work"  # no ./vllm-0.20.2 here: the cache's partial tree
+    work.mkdir()
+    (work / "releases.txt").write_text("0.20.2\n")
+    reason = f"the fix needs `{HELPER}` from `{module}`, which this release lacks"
+    for command in (
+        ["status", "--release", "0.20.2", "--only", "local#48429"],
+        ["matrix", "--releases", "releases.txt", "--only", "local#48429"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "deepstack_patch", *command]
+            + ["--patches", str(folder), "--format", "json"],
+            capture_output=True,
+            text=True,
+            cwd=work,
+            timeout=600,
+        )
+        # status: 2, a patch drifted; matrix: 0, no expectation for local#48429
+        assert result.returncode == {"status": 2, "matrix": 0}[command[0]], result
+        document = json.loads(result.stdout)
+        if command[0] == "status":
+            (found,) = [p for p in document["patches"] if p["id"] == "local#48429"]
+            assert found["state"] == "drifted", found
+            assert reason in json.dumps(found), found
+        else:
+            (release,) = document["releases"]
+            assert release["states"]["local#48429"] == "drifted", release
+            assert reason in release["reasons"]["local#48429"], release
+
+
+@pytest.mark.release
+def test_derive_on_a_release_refuses_a_fix_whose_name_it_lacks(
+    tmp_path: Path, release_tree: Callable[[str], Path]
+) -> None:
+    """``derive --base 0.20.2`` reads a partial extraction too: the fix is
+    checked where the module it imports from is, and refused on a base that
+    lacks the name (before, the data file was written)."""
+    mtp = (release_tree("0.20.2") / MTP).read_text()
+    diff = tmp_path / "fix.diff"
+    diff.write_text(_diff(MTP, mtp, fixed_mtp(mtp, PARALLEL_STATE)))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", "derive", "--diff", str(diff)]
+        + ["--base", "0.20.2", "--id", "local#48429", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert result.returncode == 2, result
+    assert (
+        f"the fix needs `{HELPER}` from `{PARALLEL_STATE}`, which this release lacks"
+        in result.stderr
+    ), result.stderr
+    assert not list(out.glob("*.toml"))
 
 
 def _diff(path: str, before: str, after: str) -> str:

@@ -318,14 +318,13 @@ def open_tree(
 
 def partial_release(version: str) -> VllmTree:
     """What status reads of a release, extracted once into the cache."""
-    from deepstack_patch.distribution.matrix import status_tree
+    from deepstack_patch.distribution.matrix import status_patterns, status_tree
     from deepstack_patch.fetch.releases import release_archive
     from deepstack_patch.output.progress import note, progress
 
     with progress(f"downloading vllm-{version}.tar.gz") as update:
         archive = release_archive(version, update, note)
-    patterns = [p for patch in load_series() for p in patch.paths]
-    tree = status_tree(archive, version, patterns)
+    tree = status_tree(archive, version, status_patterns(load_series()))
     note(
         f"reading the patches' files of vLLM {version} from {tree.root} (a "
         "partial extraction in the cache; --out DIR extracts the whole tree)"

@@ -138,11 +138,14 @@ def derive_patch_from_text(
     base_label: str = "",
     upstream_url: str = "",
     fixed_in: str = "",
+    checked_on: Callable[[DerivedPatch], VllmTree] | None = None,
 ) -> DeriveResult:
     """Derive and check a patch from a diff on ``base``; nothing is written.
 
     ``upstream_url`` defaults to the pull request's URL for an id
-    ``vllm#N``; ``fixed_in`` (the first release with the fix) to none."""
+    ``vllm#N``; ``fixed_in`` (the first release with the fix) to none.
+    ``checked_on``: the tree to check the patch on, where ``base`` is not
+    (see :func:`release_base`)."""
     started = time.monotonic()
     check_patch_id(patch_id, taken_ids)
     check_upstream(upstream_url, fixed_in)
@@ -175,7 +178,9 @@ def derive_patch_from_text(
         fixed_in=fixed_in,
     )
     try:
-        round_trip = self_check(patch, base, results)
+        round_trip = self_check(
+            patch, base if checked_on is None else checked_on(patch), results
+        )
     except DeepstackError:
         raise
     except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
@@ -398,12 +403,14 @@ def derive(
             "(https://github.com/OWNER/REPO/pull/N.diff)",
         )
     files = parse_diff(diff_text, str(diff))
+    checked_on = None
     if base_src is not None:
         base = source_base(base_src, tree_version)
         label = f"tree {base_src}"
     else:
         assert base_version is not None
-        base = release_base(base_version, [f.path for f in files if f.path], note)
+        paths = [f.path for f in files if f.path]
+        base, checked_on = release_base(base_version, paths, note)
         label = f"vLLM {base_version}"
     result = derive_patch_from_text(
         diff_text,
@@ -416,6 +423,7 @@ def derive(
         base_label=label,
         upstream_url=upstream_url,
         fixed_in=fixed_in,
+        checked_on=checked_on,
     )
     if base_version is not None:
         result.patch.base = base_version

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.tree import VllmTree
+
+if TYPE_CHECKING:
+    from deepstack_patch.engine.derived import DerivedPatch
 
 
 def read_diff(diff: Path) -> str:
@@ -94,13 +98,20 @@ def source_base(base_src: Path, tree_version: str | None) -> VllmTree:
 
 def release_base(
     version: str, paths: list[str], note: Callable[[str], None] | None
-) -> VllmTree:
-    """The diff's files of a release, extracted once into the cache."""
+) -> tuple[VllmTree, Callable[[DerivedPatch], VllmTree]]:
+    """The diff's files of a release, extracted once into the cache; and the
+    tree to check the derived patch on: one that also holds the modules its
+    fix reads, so that a name the release lacks is found lacking."""
     from deepstack_patch.distribution.matrix import status_tree
     from deepstack_patch.fetch.releases import release_archive
 
     archive = release_archive(version, None, note)
-    return status_tree(archive, version, sorted(set(paths)))
+
+    def checked_on(patch: DerivedPatch) -> VllmTree:
+        wanted = sorted({*paths, *patch.also_reads})
+        return status_tree(archive, version, wanted)
+
+    return status_tree(archive, version, sorted(set(paths))), checked_on
 
 
 def check_sources(

@@ -61,7 +61,7 @@ def check_release(
     result = ReleaseResult(version)
     work = Path(tempfile.mkdtemp(prefix=f"deepstack-matrix-{version}-"))
     try:
-        patterns = [pattern for patch in series for pattern in patch.paths]
+        patterns = status_patterns(series)
         tree = None if verify else _extracted_status_tree(version, patterns)
         if tree is None:
             archive = cached_release(version) or download_release(find_release(version))
@@ -116,11 +116,23 @@ def verify_release_tree(
 _ALWAYS_EXTRACTED = ("PKG-INFO", "vllm/__init__.py", "vllm/_version.py")
 
 
+def status_patterns(series: Sequence[Patch]) -> list[str]:
+    """What status reads of a tree for ``series``: the patches' files, and the
+    other files their recognition reads (a derived patch's imported modules)."""
+    return [
+        pattern
+        for patch in series
+        for pattern in (*patch.paths, *getattr(patch, "also_reads", ()))
+    ]
+
+
 def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTree:
     """A cached, read-only extraction of what status reads from ``archive``.
 
     Keyed by the archive and the patterns, so a changed series extracts
     anew; ``status`` never writes, so every later matrix run can share it.
+    The extraction lists the patterns it was asked for: a file that matches
+    one and is not there is not in the release (engine/tree.py).
     """
     from deepstack_patch.fetch.archives import extract_release
 
@@ -134,6 +146,7 @@ def status_tree(archive: Path, version: str, patterns: Sequence[str]) -> VllmTre
         lambda relpath: (
             relpath in _ALWAYS_EXTRACTED or any(w.match(relpath) for w in wanted)
         ),
+        asked_for=sorted({*_ALWAYS_EXTRACTED, *patterns}),
     )
 
 
@@ -145,7 +158,14 @@ def _status_tree_root(archive: Path, version: str, patterns: Sequence[str]) -> P
     stat = archive.stat()
     key = hashlib.sha256(
         "\0".join(
-            [archive.name, str(stat.st_size), str(stat.st_mtime_ns), *patterns]
+            # "asked-for": an older extraction, without its list, is not reused.
+            [
+                "asked-for",
+                archive.name,
+                str(stat.st_size),
+                str(stat.st_mtime_ns),
+                *patterns,
+            ]
         ).encode()
     ).hexdigest()[:16]
     return cache_dir() / "partial-trees" / f"vllm-{version}-{key}"

@@ -470,14 +470,14 @@ def run_watch(
 ) -> WatchResult:
     """``deepstack-patch watch``: the releases from the index, their sources
     from the verified cache (fetched once), every footprint compared."""
-    from deepstack_patch.distribution.matrix import status_tree
+    from deepstack_patch.distribution.matrix import status_patterns, status_tree
     from deepstack_patch.fetch.releases import release_archive, release_versions
     from deepstack_patch.output.progress import note, progress
 
     reviewed_path = reviewed_path or default_reviewed_path()
     reviewed = load_reviewed(reviewed_path)
     releases = releases_between(since, until, release_versions(until, note))
-    patterns = [pattern for patch in series for pattern in patch.paths]
+    patterns = status_patterns(series)  # status's own extraction, shared
 
     def open_release(version: str) -> VllmTree:
         with progress(f"downloading vllm-{version}.tar.gz") as update:

@@ -18,6 +18,7 @@ The data file is TOML (schema 1), one per patch; docs/derive.md describes it.
 from __future__ import annotations
 
 import ast
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from deepstack_patch.engine.derived_match import (
     occurrences,
     one_statement,
 )
+from deepstack_patch.engine.derived_reads import module_files
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
     Finding,
@@ -115,6 +117,12 @@ class DerivedPatch(Patch):
         )
         self._compiled: dict[Edit, CompiledEdit] = {}
         self._fingerprint = b""
+
+    @functools.cached_property
+    def also_reads(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The files of the modules its fix reads (after load checked that
+        its code parses)."""
+        return module_files(self.units)
 
     # -- recognition ---------------------------------------------------
 

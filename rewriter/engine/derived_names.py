@@ -15,10 +15,12 @@ imported or a submodule there, as the tree's file of that module has it.
 
 Nothing undecidable is refused: a file or module with a ``*`` import or a
 module ``__getattr__`` accepts every name; a module the tree does not have
-is judged missing only in a whole tree (one with its ``pyproject.toml`` or
-``setup.py``: a partial extraction lacks most modules); attributes of
-objects (``self.x``, ``cls.x``, a config's fields) and names of modules
-outside ``vllm`` are not checked. docs/derive.md says the same.
+is judged missing only where the tree would have it
+(:meth:`~deepstack_patch.engine.tree.TreeContext.lacks`: a whole tree, or a
+partial extraction asked for it, as it is for the modules a derived patch
+reads, :mod:`.derived_reads`); attributes of objects (``self.x``, ``cls.x``,
+a config's fields) and names of modules outside ``vllm`` are not checked.
+docs/derive.md says the same.
 
 :func:`settle` also makes a file's states whole (item 3): imports alone never
 make a patch ``applied`` or ``needed``; code units all absent leave nothing
@@ -180,13 +182,13 @@ def unresolved(
     file_names = bound_in(tree.body, nested=False)
     patch_names = _patch_bindings(patch, path)
     stars = _has_star_import(tree.body)
-    imported = _imported_modules(tree.body, path)
+    imported = imported_modules(tree.body, path)
     for unit in needed:
         state = states[unit.part]
         renaming: Mapping[str, str] = state.details.get("renaming", {}) if state else {}
         scope = _scope_bindings(unit, tree)
-        new_code = [_code_of(e.inserted, e.header_after) for e in unit.edits]
-        old_code = [_code_of(e.removed, e.header_before) for e in unit.edits]
+        new_code = [code_of(e.inserted, e.header_after) for e in unit.edits]
+        old_code = [code_of(e.removed, e.header_before) for e in unit.edits]
         new_nodes = [n for nodes in new_code for n in nodes]
         old_nodes = [n for nodes in old_code for n in nodes]
         local = scope | bound_in(new_nodes, nested=True)
@@ -202,13 +204,13 @@ def unresolved(
             continue
         aliases = [
             a
-            for a in import_aliases(_imports_in(new_nodes))
-            if a not in import_aliases(_imports_in(old_nodes))
+            for a in import_aliases(imports_in(new_nodes))
+            if a not in import_aliases(imports_in(old_nodes))
         ]
         why = _missing_import(context, patch, aliases, path)
         if why:
             return why
-        modules = {**imported, **_imported_modules(_imports_in(new_nodes), path)}
+        modules = {**imported, **imported_modules(imports_in(new_nodes), path)}
         chains = attribute_chains(new_nodes) - attribute_chains(old_nodes)
         for chain in sorted(chains):
             if chain[0] in modules and chain[0] not in scope:
@@ -220,7 +222,7 @@ def unresolved(
     return _missing_import(context, patch, _added_aliases(states, patch, path), path)
 
 
-def _code_of(code: str, header: str) -> list[ast.stmt]:
+def code_of(code: str, header: str) -> list[ast.stmt]:
     nodes = list(shapes.parse_statements(code))
     if header:
         nodes.append(one_statement(with_block(header)))
@@ -359,7 +361,7 @@ def bound_in(nodes: Iterable[ast.AST], *, nested: bool) -> set[str]:
     return found
 
 
-def _imports_in(nodes: Iterable[ast.AST]) -> list[ast.stmt]:
+def imports_in(nodes: Iterable[ast.AST]) -> list[ast.stmt]:
     return [
         node
         for root in nodes
@@ -386,12 +388,12 @@ def absolute_module(module: str, level: int, path: str) -> str:
     return ".".join([*package, *([module] if module else [])])
 
 
-def _imported_modules(body: Iterable[ast.AST], path: str) -> dict[str, str]:
+def imported_modules(body: Iterable[ast.AST], path: str) -> dict[str, str]:
     """Name -> dotted module, for the names imports bind to a ``vllm`` module
     (``import vllm.envs as envs``, ``import vllm``, ``from vllm import envs``:
     the last one a module only where the tree has it as one)."""
     found: dict[str, str] = {}
-    for kind, module, level, name, asname in import_aliases(_imports_in(body)):
+    for kind, module, level, name, asname in import_aliases(imports_in(body)):
         if kind == "import":
             dotted = name if asname else name.split(".")[0]
         else:
@@ -412,16 +414,19 @@ class _Module:
     package: Path | None  # its folder, where it is a package
     open: bool  # a module __getattr__ or a * import: any name may be there
 
-    def has(self, name: str) -> bool:
+    def has(self, name: str, context: TreeContext) -> bool:
+        """Whether ``name`` is bound here, or may be a submodule: one the
+        tree has, or one a partial extraction cannot tell about."""
         if self.open or name in self.names:
             return True
-        return self.package is not None and (
-            (self.package / f"{name}.py").is_file() or (self.package / name).is_dir()
+        if self.package is None:
+            return False
+        folder = self.package.relative_to(context.root).as_posix()
+        return (self.package / name).is_dir() or not (
+            context.lacks(f"{folder}/{name}.py")
+            and context.lacks(f"{folder}/{name}/__init__.py")
         )
 
-
-#: A tree with one of these files is whole: a module it lacks is not there.
-_WHOLE_TREE = ("pyproject.toml", "setup.py")
 
 #: A module the tree cannot tell about (a partial extraction).
 _UNKNOWN = _Module(frozenset(), None, True)
@@ -435,17 +440,21 @@ def _module(
     if key in context.memo:
         return context.memo[key]
     base = context.root.joinpath(*dotted.split("."))
+    relpath = "/".join(dotted.split("."))
     package: Path | None = None
     if (base / "__init__.py").is_file():
         file, package = base / "__init__.py", base
     elif base.with_name(base.name + ".py").is_file():
         file = base.with_name(base.name + ".py")
+    elif not context.lacks(f"{relpath}/__init__.py"):
+        # A partial extraction not asked for the module: it cannot tell.
+        context.memo[key] = _UNKNOWN
+        return context.memo[key]
     elif base.is_dir():  # a namespace package: its submodules only
         context.memo[key] = _Module(frozenset(), base, False)
         return context.memo[key]
-    else:
-        whole = any((context.root / f).is_file() for f in _WHOLE_TREE)
-        context.memo[key] = None if whole else _UNKNOWN
+    else:  # not in the release (a whole tree, or asked for and not there)
+        context.memo[key] = None if context.lacks(f"{relpath}.py") else _UNKNOWN
         return context.memo[key]
     tree = _parsed(context, file)
     if tree is None:
@@ -466,7 +475,7 @@ def _module_of(
     names = bound_in(tree.body, nested=False) | _all_of(tree.body)
     is_open = "__getattr__" in names
     relpath = "/".join(dotted.split(".")) + ("/__init__.py" if package else ".py")
-    for node in _imports_in(tree.body):
+    for node in imports_in(tree.body):
         if not isinstance(node, ast.ImportFrom) or node.names[0].name != "*":
             continue
         source = absolute_module(node.module or "", node.level or 0, relpath)
@@ -537,7 +546,9 @@ def _missing_import(
         if dotted.split(".")[0] != "vllm" or name == "*":
             continue
         found = _module(context, dotted)
-        if found is None or not (found.has(name) or name in _own_names(patch, dotted)):
+        if found is None or not (
+            found.has(name, context) or name in _own_names(patch, dotted)
+        ):
             return f"the fix needs `{name}` from `{dotted}`, which this release lacks"
     return ""
 
@@ -562,7 +573,7 @@ def _missing_attribute(
             dotted = f"{dotted}.{attribute}"
             found = _module(context, dotted) or _UNKNOWN
             continue
-        if found.has(attribute) or attribute in _own_names(patch, dotted):
+        if found.has(attribute, context) or attribute in _own_names(patch, dotted):
             return ""
         return f"the fix needs `{attribute}` from `{dotted}`, which this release lacks"
     return ""

@@ -209,6 +209,10 @@ class Patch:
     #: given (through :func:`deepstack_patch.engine.tree.tree_context`): the
     #: recognition cache, which keys on the file's bytes, then skips the file.
     reads_tree: ClassVar[bool] = False
+    #: The files besides ``paths`` that recognition reads (exact paths): a
+    #: partial extraction holds them too, and one the release lacks is known
+    #: to be missing there.
+    also_reads: tuple[str, ...] = ()
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
         """Report the state of every target location in one parsed file.

@@ -211,6 +211,15 @@ def dist_info_beside(root: Path) -> Path | None:
 # -- the tree being recognised --------------------------------------------------
 
 
+#: A tree with one of these files is whole: a file it lacks is not in the release.
+_WHOLE_TREE = ("pyproject.toml", "setup.py")
+
+#: The file in which a partial extraction lists the globs it was asked for,
+#: one a line (written by ``fetch.archives.extract_release``): a file that
+#: matches one and is not there is not in the release.
+ASKED_FOR = ".deepstack-asked-for"
+
+
 @dataclass
 class TreeContext:
     """The tree a plan recognises, for a patch whose recognition reads other
@@ -220,6 +229,34 @@ class TreeContext:
 
     root: Path
     memo: dict[object, object] = field(default_factory=dict)
+
+    def lacks(self, relpath: str) -> bool:
+        """Whether the release lacks the file ``relpath``: it is not here, and
+        the tree is whole, or a partial extraction that was asked for it. A
+        file a partial extraction was not asked for is unknown: False."""
+        if (self.root / relpath).exists():
+            return False
+        key = ("asked for", self.root)
+        if key not in self.memo:
+            self.memo[key] = _asked_for(self.root)
+        asked = self.memo[key]
+        return asked is None or asked(relpath)  # type: ignore[operator]
+
+
+def _asked_for(root: Path) -> Callable[[str], bool] | None:
+    """What the tree at ``root`` was asked to hold: None for a whole tree
+    (every file of the release), else a matcher of the paths a partial
+    extraction was asked for (nothing, where it lists none)."""
+    if any((root / name).is_file() for name in _WHOLE_TREE):
+        return None
+    try:
+        listed = (root / ASKED_FOR).read_text().split("\n")
+    except (OSError, UnicodeDecodeError):
+        listed = []
+    # A class glob ([ab]) is left out: its files are then unknown, never lacked.
+    patterns = [line for line in listed if line and "[" not in line]
+    matcher = glob_matcher(patterns) if patterns else None
+    return matcher or (lambda _relpath: False)
 
 
 _RECOGNISING: ContextVar[TreeContext | None] = ContextVar("recognising", default=None)

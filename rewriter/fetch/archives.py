@@ -22,7 +22,7 @@ import shutil
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,7 +31,7 @@ from deepstack_patch.engine.errors import (
     os_error_hint,
     writable_folder_of,
 )
-from deepstack_patch.engine.tree import VllmTree, detect_version
+from deepstack_patch.engine.tree import ASKED_FOR, VllmTree, detect_version
 
 #: Chooses members by their path inside the release's top folder.
 MemberFilter = Callable[[str], bool]
@@ -42,16 +42,23 @@ T = TypeVar("T")
 
 
 def extract_release(
-    archive: Path, version: str, out: Path, wanted: MemberFilter | None = None
+    archive: Path,
+    version: str,
+    out: Path,
+    wanted: MemberFilter | None = None,
+    asked_for: Sequence[str] = (),
 ) -> VllmTree:
     """Extract ``archive`` into ``out`` (without its top folder) and open it.
 
-    ``wanted`` limits the extraction to the regular files it accepts. An
+    ``wanted`` limits the extraction to the regular files it accepts; a
+    partial extraction lists the globs it was asked for, ``asked_for``, in
+    its :data:`~deepstack_patch.engine.tree.ASKED_FOR` file, so that a file
+    asked for and not there is known to be missing from the release. An
     ``out`` that already holds an extraction of the same release is reused as
     it is (it may be patched already: states are read from the code). Any
     other non-empty ``out`` is refused.
     """
-    _extract_once(archive, out, wanted, lambda: _reusable(out, version))
+    _extract_once(archive, out, wanted, lambda: _reusable(out, version), asked_for)
     return VllmTree.open(out)
 
 
@@ -100,9 +107,11 @@ def _extract_once(
     out: Path,
     wanted: MemberFilter | None,
     already_there: Callable[[], bool],
+    asked_for: Sequence[str] = (),
 ) -> None:
     """Under ``out``'s lock: unless ``already_there()``, extract into a staging
-    folder beside ``out`` and move it into place whole."""
+    folder beside ``out`` (with the list of what it was ``asked_for``, if
+    any) and move it into place whole."""
     make_folder(out.parent, "the output folder's parent")
     with extraction_lock(out):
         _remove_stale_staging(out)
@@ -114,6 +123,11 @@ def _extract_once(
         )
         try:
             extracted = _extract_into(archive, staging, wanted, out)
+            if asked_for:
+                listed = "".join(f"{pattern}\n" for pattern in asked_for)
+                _guarded(
+                    lambda: (extracted / ASKED_FOR).write_text(listed), archive, out
+                )
             _guarded(lambda: _move_into_place(extracted, out), archive, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
