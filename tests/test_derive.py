@@ -26,7 +26,7 @@ from deepstack_patch.engine.derived import (
     dump_derived,
     load_derived,
 )
-from deepstack_patch.engine.derived_units import units_of_change
+from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree, rewrite_text
 from deepstack_patch.engine.protocol import PatchState

@@ -22,8 +22,8 @@ import pytest
 from deepstack_patch.distribution.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import apply_tree
 from deepstack_patch.engine.derived import DerivedPatch, load_derived
-from deepstack_patch.engine.derived_data import write_derived
-from deepstack_patch.engine.derived_units import units_of_change
+from deepstack_patch.engine.derived.data import write_derived
+from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree, rewrite_text
 from deepstack_patch.engine.protocol import PatchState

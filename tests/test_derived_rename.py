@@ -1,5 +1,5 @@
 """A derived patch matched up to a renaming of its function's locals
-(``engine.derived_rename``): a vendor's consistent rename is followed, in
+(``engine.derived.rename``): a vendor's consistent rename is followed, in
 what is recognised and in what is written; anything else drifts.
 
 Small synthetic modules written here (no release needed).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 
 from deepstack_patch.engine.derived import DerivedPatch
-from deepstack_patch.engine.derived_units import units_of_change
+from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.plan import rewrite_text
 from deepstack_patch.engine.protocol import PatchState
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from deepstack_patch.engine.derived import load_derived
-from deepstack_patch.engine.derived_data import dump_derived
+from deepstack_patch.engine.derived.data import dump_derived
 from deepstack_patch.engine.plan import rewrite_text
 from deepstack_patch.engine.protocol import PatchState
 
@@ -238,7 +238,8 @@ def test_an_unforeseen_error_is_an_error_and_a_hint_naming_the_file(
 ) -> None:
     """The last guard: an exception inside derive's analysis is said as
     ``error:``/``hint:`` (exit 2, nothing written), never a traceback."""
-    from deepstack_patch.engine import derived, derived_units
+    from deepstack_patch.engine import derived
+    from deepstack_patch.engine.derived import units as derived_units
 
     before, after = IF_BEFORE, IF_AFTER
     root = _tree(tmp_path / "base", {PATH: before}).root

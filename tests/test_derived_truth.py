@@ -277,7 +277,7 @@ def test_a_class_header_is_its_units_before_and_after(tmp_path: Path) -> None:
     """A class whose bases change: the unit shows the header before and
     after, and a header edited in one place alone is refused."""
     from deepstack_patch.engine.derived import DerivedPatch, dump_derived
-    from deepstack_patch.engine.derived_units import units_of_change
+    from deepstack_patch.engine.derived.units import units_of_change
 
     before = "class Buffer(Base):\n    size = 8\n"
     after = "class Buffer(Base, Mixin):\n    size = 8\n"
@@ -346,7 +346,7 @@ def test_an_edit_moved_to_another_class_is_refused(tmp_path: Path) -> None:
     """The way to a method is its name: edits led into another class would
     rewrite a method the unit does not show."""
     from deepstack_patch.engine.derived import DerivedPatch, dump_derived
-    from deepstack_patch.engine.derived_units import units_of_change
+    from deepstack_patch.engine.derived.units import units_of_change
 
     before = "class Buffer:\n    def read(self):\n        return 1\n"
     after = "class Buffer:\n    def read(self):\n        return 2\n"

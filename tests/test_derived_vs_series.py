@@ -44,7 +44,7 @@ change: what the drift corpus asks of the hand-written patches) and on at
 least 80% of that release's cells; and issue 26's measure, over the five
 fixes together: the hand-written code on at least 80% of all the cells
 where the hand-written patch writes (a derived patch follows a vendor's
-renamed locals, ``engine/derived_rename.py``; vllm#49397 alone stays below,
+renamed locals, ``engine/derived/rename.py``; vllm#49397 alone stays below,
 its hand-written patch also fixing releases and a class its upstream diff
 never saw). ``python tests/test_derived_vs_series.py`` prints that share per
 fix, the table, and the refused cases one by one (docs/derived-vs-series.md).

@@ -3,7 +3,7 @@
 The diff (as GitHub serves ``/pull/N.diff``, or ``git format-patch`` /
 ``git diff`` writes it) must apply exactly to the base: the release or tree
 the pull request was made against. Each Python file it changes becomes units
-(:func:`deepstack_patch.engine.derived_units.units_of_change`); its test
+(:func:`deepstack_patch.engine.derived.units.units_of_change`); its test
 files are recorded as the patch's tests. Before anything is written the
 patch is checked on the base: it is needed exactly at the diff's own sites,
 its rewrite gives the diff's result, that result is recognised applied, and a
@@ -40,7 +40,7 @@ from deepstack_patch.engine.derived import (
     data_file_name,
     write_derived,
 )
-from deepstack_patch.engine.derived_data import (
+from deepstack_patch.engine.derived.data import (
     file_holding_id,
     url_problem,
     version_problem,
@@ -211,7 +211,7 @@ def _read_changes(
 ]:
     """The diff's units, its recorded tests, the test files left out of the
     proof, each Python file before and after, and notes on what was left out."""
-    from deepstack_patch.engine.derived_units import units_of_change
+    from deepstack_patch.engine.derived.units import units_of_change
 
     notes: list[str] = []
     recorded: dict[str, str] = {}  # test path -> content after the fix

@@ -98,7 +98,7 @@ def self_check(
 
 def _one_truth(patch: DerivedPatch) -> None:
     """The data file is one truth: the loader would refuse it otherwise."""
-    from deepstack_patch.engine.derived_truth import disagreement
+    from deepstack_patch.engine.derived.truth import disagreement
 
     for unit in patch.units:
         differs = disagreement(unit)

@@ -121,7 +121,7 @@ def plan_tree(
     if selected is None:
         selected = {patch.id for patch in series}
     # Recognition may read other files of the tree (a derived patch checks
-    # the names its fix imports: engine/derived_names.py).
+    # the names its fix imports: engine/derived/names.py).
     with _without_cycle_collection(), recognising_in(tree.root):
         return _plan(tree, series, selected, rewrite, progress, cache)
 

@@ -224,7 +224,7 @@ ASKED_FOR = ".deepstack-asked-for"
 class TreeContext:
     """The tree a plan recognises, for a patch whose recognition reads other
     files of it (a derived patch checks that the names its fix imports exist
-    in the tree: :mod:`.derived_names`). ``memo`` lives as long as the plan:
+    in the tree: :mod:`.names`). ``memo`` lives as long as the plan:
     what was read from the tree, by whoever read it."""
 
     root: Path

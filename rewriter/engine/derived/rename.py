@@ -24,8 +24,8 @@ import ast
 import copy
 from collections.abc import Iterator, Mapping, Sequence
 
-from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived_match import CompiledEdit, one_statement, with_block
+from deepstack_patch.engine.derived import shapes
+from deepstack_patch.engine.derived.match import CompiledEdit, one_statement, with_block
 
 #: Nodes that open a scope of their own inside a function.
 NESTED_SCOPES = (

@@ -5,7 +5,7 @@ A reviewer reads ``before`` and ``after``; the engine writes the edits. The
 loader refuses a file where the two say different things (a hand-edited
 ``inserted`` that writes code ``after`` does not show, or an ``after`` edited
 alone, which would change nothing). A unit records its code one of two ways,
-as :func:`.derived_units.units_of_change` made it:
+as :func:`.units.units_of_change` made it:
 
 - a function or method changed inside: ``before`` and ``after`` are the
   whole definition, and its edits are what the same differ finds between
@@ -25,7 +25,7 @@ import ast
 import textwrap
 from collections.abc import Sequence
 
-from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
+from deepstack_patch.engine.derived.data import Anchor, Edit, Step, Unit
 from deepstack_patch.engine.errors import DeepstackError
 
 
@@ -49,7 +49,7 @@ def disagreement(unit: Unit) -> str:
     where they agree."""
     if not _whole_definition(unit):
         return _concatenation_differs(unit)
-    from deepstack_patch.engine.derived_units import edits_of_change
+    from deepstack_patch.engine.derived.units import edits_of_change
 
     try:
         computed = edits_of_change(unit.before, unit.after)

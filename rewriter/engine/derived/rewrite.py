@@ -16,9 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import libcst as cst
-from deepstack_patch.engine import derived_rename as rename
-from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived_match import (
+from deepstack_patch.engine.derived import rename, shapes
+from deepstack_patch.engine.derived.match import (
     ShapeCache,
     bound_name,
     import_aliases,
@@ -29,7 +28,7 @@ from deepstack_patch.engine.derived_match import (
 from deepstack_patch.engine.errors import RewriteRefused
 
 if TYPE_CHECKING:
-    from deepstack_patch.engine.derived_match import CompiledEdit
+    from deepstack_patch.engine.derived.match import CompiledEdit
 
 Statements = list[cst.BaseStatement]
 #: A step on the way to a block: (identity, field, code, neighbours).
@@ -43,7 +42,7 @@ def apply_edit(
     renaming: Mapping[str, str] | None = None,
 ) -> cst.Module:
     """``module`` with one edit made (see :class:`~.derived.Edit`); with a
-    ``renaming`` (the fix's local -> the target's, see :mod:`.derived_rename`)
+    ``renaming`` (the fix's local -> the target's, see :mod:`.rename`)
     the function's statements are matched under it and the inserted ones
     written under it."""
     rewriter = _Rewriter(module, renaming or {})

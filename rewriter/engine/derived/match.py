@@ -1,7 +1,7 @@
 """How a derived patch's edits are matched: each statement's keys made once
 (:class:`ShapeCache`), each edit's patterns made once (:class:`CompiledEdit`),
 and where a pattern occurs in a block. Recognition (:mod:`.derived`) and the
-rewrite (:mod:`.derived_rewrite`) match with the same code."""
+rewrite (:mod:`.rewrite`) match with the same code."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived_data import Anchor, Edit
+from deepstack_patch.engine.derived import shapes
+from deepstack_patch.engine.derived.data import Anchor, Edit
 from deepstack_patch.engine.protocol import PatchState
 
 

@@ -18,7 +18,7 @@ module ``__getattr__`` accepts every name; a module the tree does not have
 is judged missing only where the tree would have it
 (:meth:`~deepstack_patch.engine.tree.TreeContext.lacks`: a whole tree, or a
 partial extraction asked for it, as it is for the modules a derived patch
-reads, :mod:`.derived_reads`); attributes of objects (``self.x``, ``cls.x``,
+reads, :mod:`.reads`); attributes of objects (``self.x``, ``cls.x``,
 a config's fields) and names of modules outside ``vllm`` are not checked.
 docs/derive.md says the same.
 
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived_data import Edit, Unit
-from deepstack_patch.engine.derived_match import (
+from deepstack_patch.engine.derived import shapes
+from deepstack_patch.engine.derived.data import Edit, Unit
+from deepstack_patch.engine.derived.match import (
     bound_name,
     import_aliases,
     one_statement,

@@ -1,6 +1,6 @@
 """The files of the tree a derived patch reads besides its own: those of the
 ``vllm`` modules its fix imports from or reads attributes of, where
-:mod:`.derived_names` looks the fix's names up.
+:mod:`.names` looks the fix's names up.
 
 Computed from the patch's data alone (the imports and attribute reads of its
 edits' code, import edits included), so that a partial extraction of a
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from deepstack_patch.engine.derived_data import Unit
-from deepstack_patch.engine.derived_match import import_aliases
-from deepstack_patch.engine.derived_names import (
+from deepstack_patch.engine.derived.data import Unit
+from deepstack_patch.engine.derived.match import import_aliases
+from deepstack_patch.engine.derived.names import (
     absolute_module,
     attribute_chains,
     code_of,

@@ -6,7 +6,7 @@ before and after, and the edits between them: which statements a fix
 removes, which it inserts, in which block, between which neighbours (the
 anchors). The engine reads it with the same four states as a hand-written
 patch (see :meth:`DerivedPatch.recognise`): statements are compared by their
-``ast.dump`` without positions and docstrings (:mod:`.derived_shapes`), so
+``ast.dump`` without positions and docstrings (:mod:`.shapes`), so
 formatting and comments never matter, and nothing is guessed: a unit is
 looked up by its qualified name in the file the diff names, each block by
 its header, each edit by its anchors, and every one must be found exactly
@@ -25,10 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepstack_patch.engine import derived_names as names
-from deepstack_patch.engine import derived_rename as rename
-from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived_data import (
+from deepstack_patch.engine.derived import names, rename, shapes
+from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
     EDIT_KINDS,
     SCHEMA,
@@ -44,7 +42,7 @@ from deepstack_patch.engine.derived_data import (
     read_fields,
     write_derived,
 )
-from deepstack_patch.engine.derived_match import (
+from deepstack_patch.engine.derived.match import (
     CompiledEdit,
     ShapeCache,
     body_state,
@@ -56,7 +54,7 @@ from deepstack_patch.engine.derived_match import (
     occurrences,
     one_statement,
 )
-from deepstack_patch.engine.derived_reads import module_files
+from deepstack_patch.engine.derived.reads import module_files
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
     Finding,
@@ -106,7 +104,7 @@ class DerivedPatch(Patch):
         self.origin = origin or "derived"
         #: The engine refuses to apply it in part (see plan_tree).
         self.applies_whole = True
-        #: It reads the modules its fix imports from (derived_names).
+        #: It reads the modules its fix imports from (derived/names.py).
         self.reads_tree = True
         # Paths are exact files: every one is read.
         self.markers = (b"",)
@@ -131,7 +129,7 @@ class DerivedPatch(Patch):
         if not units:
             return []
         # Whole, never by its imports alone, and only code whose names
-        # resolve (engine/derived_names.py).
+        # resolve (engine/derived/names.py).
         states = names.settle(self, units, self.unit_states(tree, path), tree, path)
         return [
             Finding(
@@ -228,7 +226,7 @@ class DerivedPatch(Patch):
         self, unit: Unit, tree: ast.Module, state: _UnitState, uses: Counter[str] | None
     ) -> _UnitState:
         """The unit recognised up to a consistent renaming of its function's
-        locals (:mod:`.derived_rename`); ``state`` where there is none."""
+        locals (:mod:`.rename`); ``state`` where there is none."""
         edits = [c for c in map(self._compile, unit.edits) if rename.followed(c)]
         target = rename.function_of(tree, edits[0]) if edits else None
         if target is None or unit.kind not in ("function", "method"):
@@ -267,13 +265,13 @@ class DerivedPatch(Patch):
     def rewrite(
         self, module: libcst.Module, needed: Sequence[Finding]
     ) -> libcst.Module:
-        from deepstack_patch.engine import derived_rewrite
+        from deepstack_patch.engine.derived import rewrite
 
         by_part = {unit.part: unit for unit in self.units}
         for finding in needed:
             unit = by_part[finding.part]
             for index, edit in enumerate(unit.edits):
-                module = derived_rewrite.apply_edit(
+                module = rewrite.apply_edit(
                     module,
                     self._compile(edit),
                     finding.details.get(str(index), {}),
@@ -536,8 +534,8 @@ def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
 def load_derived(path: Path) -> DerivedPatch:
     """Read one data file; a broken one is a DeepstackError naming it, and
     so is one whose edits do not turn a unit's ``before`` into its ``after``
-    (:mod:`.derived_truth`)."""
-    from deepstack_patch.engine.derived_truth import refuse_disagreement
+    (:mod:`.truth`)."""
+    from deepstack_patch.engine.derived.truth import refuse_disagreement
 
     patch = DerivedPatch(**read_fields(path))
     try:

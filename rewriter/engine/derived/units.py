@@ -3,7 +3,7 @@
 The two versions of the file are compared block by block: statements are
 aligned by their identity (a definition by its name, a compound statement by
 its header, a simple statement by its whole shape; see
-:mod:`.derived_shapes`). Aligned statements that differ inside are compared
+:mod:`.shapes`). Aligned statements that differ inside are compared
 inside (a header that changed is a header edit); everything else is an edit
 of its block between the nearest neighbours, which become its anchors.
 """
@@ -15,9 +15,9 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deepstack_patch.engine import derived_shapes as shapes
-from deepstack_patch.engine.derived_data import Anchor, Edit, Step, Unit
-from deepstack_patch.engine.derived_match import one_statement, with_block
+from deepstack_patch.engine.derived import shapes
+from deepstack_patch.engine.derived.data import Anchor, Edit, Step, Unit
+from deepstack_patch.engine.derived.match import one_statement, with_block
 from deepstack_patch.engine.source import code_lines
 
 

@@ -1,0 +1,50 @@
+"""Derived patches: an upstream fix made into data (docs/derive.md).
+
+The package's modules, in the order a fix travels through them:
+
+- :mod:`.units` reads a diff's two versions of a file into units and edits;
+- :mod:`.data` is the data file (TOML, schema 1) and its tables;
+- :mod:`.truth` is the loader's check that a file's edits and code agree;
+- :mod:`.shapes` and :mod:`.match` compare statements by their shape and
+  find an edit's block, its anchors and its statements (the one locator the
+  recognition and the rewrite share);
+- :mod:`.patch` is :class:`DerivedPatch`, the four states unit by unit;
+- :mod:`.rename` follows a vendor's consistent renaming of locals;
+- :mod:`.names` and :mod:`.reads`: only code whose names resolve in the
+  target, and the other modules that takes reading;
+- :mod:`.rewrite` makes the edits in LibCST.
+"""
+
+from deepstack_patch.engine.derived.patch import (
+    EDIT_KINDS,
+    SCHEMA,
+    UNIT_KINDS,
+    Anchor,
+    DerivedPatch,
+    Edit,
+    RecordedTest,
+    SkippedTest,
+    Step,
+    Unit,
+    data_file_name,
+    dump_derived,
+    load_derived,
+    write_derived,
+)
+
+__all__ = [
+    "EDIT_KINDS",
+    "SCHEMA",
+    "UNIT_KINDS",
+    "Anchor",
+    "DerivedPatch",
+    "Edit",
+    "RecordedTest",
+    "SkippedTest",
+    "Step",
+    "Unit",
+    "data_file_name",
+    "dump_derived",
+    "load_derived",
+    "write_derived",
+]
