@@ -2,10 +2,12 @@
 
 Only whole statements are replaced or inserted; every statement the fix does
 not touch keeps its text (comments, formatting). The block is found again
-here by the same keys recognition used (definitions by name, other compound
-statements by header, the edit by its anchors): the engine may hand over a
-skeleton of the file, whose line numbers and top-level indices differ from
-the ones recognition saw, but whose names and statements do not.
+here by the locator recognition uses (:func:`~.match.find_step` for each
+block on the way, :func:`~.match.occurrences` and
+:func:`~.match.single_out` for the edit's statements), run on each LibCST
+statement's ``ast``: the engine may hand over a skeleton of the file, whose
+line numbers and top-level indices differ from the ones recognition saw, but
+whose names and statements do not.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from deepstack_patch.engine.derived import rename, shapes
 from deepstack_patch.engine.derived.match import (
     ShapeCache,
     bound_name,
+    find_step,
     import_aliases,
     occurrences,
     single_out,
@@ -31,8 +34,6 @@ if TYPE_CHECKING:
     from deepstack_patch.engine.derived.match import CompiledEdit
 
 Statements = list[cst.BaseStatement]
-#: A step on the way to a block: (identity, field, code, neighbours).
-_Step = tuple[str, str, str, tuple[Any, Any]]
 
 
 def apply_edit(
@@ -49,23 +50,20 @@ def apply_edit(
     edit = compiled.edit
     if edit.kind == "imports":
         return rewriter.imports(compiled, details)
-    steps = [
-        (*step, neighbours)
-        for step, neighbours in zip(
-            compiled.steps, compiled.step_neighbours, strict=True
-        )
-    ]
+    last = len(compiled.steps)
     if edit.kind == "header":
         action: Callable[[Statements], Statements] = lambda stmts: rewriter.header(  # noqa: E731
-            stmts, steps[-1], compiled
+            stmts, compiled
         )
         return module.with_changes(
-            body=rewriter.walk(list(module.body), steps[:-1], action)
+            body=rewriter.walk(list(module.body), compiled, 0, last - 1, action)
         )
     return module.with_changes(
         body=rewriter.walk(
             list(module.body),
-            steps,
+            compiled,
+            0,
+            last,
             lambda stmts: rewriter.statements(stmts, compiled),
         )
     )
@@ -94,51 +92,39 @@ class _Rewriter:
                     rename.Rename(back).visit(node)
         return self._parsed[key]
 
-    def identity(self, statement: cst.BaseStatement) -> str | None:
-        match statement:
-            case cst.FunctionDef(name=cst.Name(value=name)):
-                return f"def {name}"
-            case cst.ClassDef(name=cst.Name(value=name)):
-                return f"class {name}"
-            case cst.SimpleStatementLine():
-                return None  # never a step on the way to a block
-        parsed = self.ast_of(statement)
-        return shapes.identity(parsed[0]) if len(parsed) == 1 else None
-
     def walk(
         self,
         statements: Statements,
-        steps: Sequence[_Step],
+        compiled: CompiledEdit,
+        index: int,
+        stop: int,
         action: Callable[[Statements], Statements],
     ) -> Statements:
-        if not steps:
+        """``action`` done on the block that steps ``index`` to ``stop`` of
+        the edit's way lead to, from ``statements``."""
+        if index == stop:
             return action(statements)
-        identity, field_name, _, _ = steps[0]
-        index = self._one(statements, steps[0])
-        node = statements[index]
+        identity, field_name, _ = compiled.steps[index]
+        at = self._one(statements, compiled, index)
         if identity.startswith("def "):
             self.inside_function = True
         changed = _with_inner(
-            node, field_name, lambda inner: self.walk(inner, steps[1:], action)
+            statements[at],
+            field_name,
+            lambda inner: self.walk(inner, compiled, index + 1, stop, action),
         )
-        return [*statements[:index], changed, *statements[index + 1 :]]
+        return [*statements[:at], changed, *statements[at + 1 :]]
 
-    def _one(self, statements: Statements, step: _Step) -> int:
-        """The step's statement, found once (by its neighbours where its
-        header is there more than once), as recognition found it."""
-        identity, _, code, neighbours = step
+    def _one(self, statements: Statements, compiled: CompiledEdit, index: int) -> int:
+        """The statement of step ``index``, found as recognition found it:
+        :func:`~.match.find_step` is the one locator both use (by its
+        neighbours where its header is there more than once)."""
         entries, nodes = self.flat(statements)
-        found = [
-            at
-            for at, (index, position) in enumerate(entries)
-            if position == 0 and self.identity(statements[index]) == identity
-        ]
-        found = single_out(nodes, found, 1, neighbours, self.shapes)
-        if len(found) != 1:
-            raise RewriteRefused(
-                f"`{code.strip().splitlines()[0]}` found {len(found)} times"
-            )
-        return entries[found[0]][0]
+        found = find_step(nodes, compiled, index, self.shapes)
+        if isinstance(found, str):
+            code = compiled.steps[index][2]
+            raise RewriteRefused(f"`{code.strip().splitlines()[0]}` {found}")
+        return entries[next(i for i, node in enumerate(nodes) if node is found)][0]
 
     def flat(
         self, statements: Statements
@@ -153,10 +139,8 @@ class _Rewriter:
                 nodes.append(node)
         return entries, nodes
 
-    def header(
-        self, statements: Statements, step: _Step, compiled: CompiledEdit
-    ) -> Statements:
-        index = self._one(statements, step)
+    def header(self, statements: Statements, compiled: CompiledEdit) -> Statements:
+        index = self._one(statements, compiled, len(compiled.steps) - 1)
         node = statements[index]
         if shapes.header(self.ast_of(node)[0]) != compiled.header_before:
             raise RewriteRefused("the header is not the one the fix expects")
