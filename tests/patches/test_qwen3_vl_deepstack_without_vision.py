@@ -176,7 +176,9 @@ def test_the_fix_without_its_companion_is_refused(
     assert text.returncode == 2, text.stdout + text.stderr
     assert "error: vllm#43617 ships only with its companion vllm#49397" in text.stderr
     assert "vllm#49384" in text.stderr and "nothing was written" in text.stderr
-    assert "hint: select vllm#49397 too" in text.stderr
+    # The hint names the option the user gave (issue 31 item 5).
+    hint = {"--only": "add --only vllm#49397", "--skip": "drop --skip vllm#49397"}
+    assert f"hint: {hint[selection[0]]}" in text.stderr, text.stderr
     as_json = cli("apply", "--vllm-src", str(root), *selection, "--format", "json")
     assert as_json.returncode == 2
     error = json.loads(as_json.stdout)["error"]
