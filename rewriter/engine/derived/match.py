@@ -377,9 +377,15 @@ def name_uses(nodes: Sequence[ast.AST]) -> Counter[str]:
     return found
 
 
-def code_uses(code: str, header: str) -> Counter[str]:
-    """The name uses of an edit's recorded statements and header."""
-    nodes: list[ast.AST] = list(shapes.parse_statements(code))
+def code_nodes(code: str, header: str) -> list[ast.stmt]:
+    """An edit's recorded statements, and its header (a header edit's) as a
+    statement of its own."""
+    nodes = list(shapes.parse_statements(code))
     if header:
         nodes.append(one_statement(with_block(header)))
-    return name_uses(nodes)
+    return nodes
+
+
+def code_uses(code: str, header: str) -> Counter[str]:
+    """The name uses of an edit's recorded statements and header."""
+    return name_uses(code_nodes(code, header))

@@ -41,6 +41,7 @@ from deepstack_patch.engine.derived import shapes
 from deepstack_patch.engine.derived.data import Edit, Unit
 from deepstack_patch.engine.derived.match import (
     bound_name,
+    code_nodes,
     import_aliases,
     one_statement,
     with_block,
@@ -187,8 +188,8 @@ def unresolved(
         state = states[unit.part]
         renaming: Mapping[str, str] = state.details.get("renaming", {}) if state else {}
         scope = _scope_bindings(unit, tree)
-        new_code = [code_of(e.inserted, e.header_after) for e in unit.edits]
-        old_code = [code_of(e.removed, e.header_before) for e in unit.edits]
+        new_code = [code_nodes(e.inserted, e.header_after) for e in unit.edits]
+        old_code = [code_nodes(e.removed, e.header_before) for e in unit.edits]
         new_nodes = [n for nodes in new_code for n in nodes]
         old_nodes = [n for nodes in old_code for n in nodes]
         local = scope | bound_in(new_nodes, nested=True)
@@ -220,13 +221,6 @@ def unresolved(
     if context is None:
         return ""
     return _missing_import(context, patch, _added_aliases(states, patch, path), path)
-
-
-def code_of(code: str, header: str) -> list[ast.stmt]:
-    nodes = list(shapes.parse_statements(code))
-    if header:
-        nodes.append(one_statement(with_block(header)))
-    return nodes
 
 
 def _scope_bindings(unit: Unit, tree: ast.Module) -> set[str]:

@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from deepstack_patch.engine.derived.data import Unit
-from deepstack_patch.engine.derived.match import import_aliases
+from deepstack_patch.engine.derived.match import code_nodes, import_aliases
 from deepstack_patch.engine.derived.names import (
     absolute_module,
     attribute_chains,
-    code_of,
     imported_modules,
     imports_in,
 )
@@ -40,7 +39,7 @@ def module_files(units: Iterable[Unit]) -> tuple[str, ...]:
                 (edit.inserted, edit.header_after),
                 (edit.removed, edit.header_before),
             )
-            for node in code_of(text, header)
+            for node in code_nodes(text, header)
         ]
         for kind, module, level, name, _asname in import_aliases(imports_in(code)):
             if kind == "import":
