@@ -26,6 +26,7 @@ import textwrap
 from collections.abc import Sequence
 
 from deepstack_patch.engine.derived.data import Anchor, Edit, Step, Unit
+from deepstack_patch.engine.derived.match import one_statement, with_block
 from deepstack_patch.engine.errors import DeepstackError
 
 
@@ -73,12 +74,16 @@ def _whole_definition(unit: Unit) -> bool:
 
 def _defined(header: str) -> tuple[str, str] | None:
     """``("def", NAME)`` or ``("class", NAME)`` where a step's header is a
-    definition (its decorators first, where it has them); else None."""
-    for line in header.splitlines():
-        words = line.strip().removeprefix("async ").split(None, 1)
-        if words and words[0] in ("def", "class"):
-            name = words[1] if len(words) > 1 else ""
-            return words[0], name.split("(", 1)[0].split(":", 1)[0].strip()
+    definition (read as the engine reads a step); else None."""
+    try:
+        node = one_statement(with_block(header))
+    except (SyntaxError, ValueError):
+        return None  # not a definition's header: the comparison says the rest
+    match node:
+        case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+            return "def", name
+        case ast.ClassDef(name=name):
+            return "class", name
     return None
 
 
