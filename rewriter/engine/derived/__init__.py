@@ -15,22 +15,21 @@ The package's modules, in the order a fix travels through them:
 - :mod:`.rewrite` makes the edits in LibCST.
 """
 
-from deepstack_patch.engine.derived.patch import (
+from deepstack_patch.engine.derived.data import (
     EDIT_KINDS,
     SCHEMA,
     UNIT_KINDS,
     Anchor,
-    DerivedPatch,
     Edit,
-    RecordedTest,
     SkippedTest,
     Step,
     Unit,
     data_file_name,
     dump_derived,
-    load_derived,
     write_derived,
 )
+from deepstack_patch.engine.derived.patch import DerivedPatch, load_derived
+from deepstack_patch.engine.protocol import RecordedTest
 
 __all__ = [
     "EDIT_KINDS",

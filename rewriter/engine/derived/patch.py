@@ -28,19 +28,12 @@ from typing import TYPE_CHECKING, Any
 from deepstack_patch.engine.derived import names, rename, shapes
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
-    EDIT_KINDS,
-    SCHEMA,
-    UNIT_KINDS,
-    Anchor,
     Edit,
     SkippedTest,
-    Step,
     Unit,
-    data_file_name,
     dump_derived,
     pull_request_url,
     read_fields,
-    write_derived,
 )
 from deepstack_patch.engine.derived.match import (
     CompiledEdit,
@@ -550,21 +543,3 @@ def load_derived(path: Path) -> DerivedPatch:
         ) from None
     refuse_disagreement(patch.units, path)
     return patch
-
-
-__all__ = [
-    "EDIT_KINDS",
-    "SCHEMA",
-    "UNIT_KINDS",
-    "Anchor",
-    "DerivedPatch",
-    "Edit",
-    "RecordedTest",
-    "SkippedTest",
-    "Step",
-    "Unit",
-    "data_file_name",
-    "dump_derived",
-    "load_derived",
-    "write_derived",
-]
