@@ -59,16 +59,15 @@ def mail_subject(diff_text: str) -> str:
 
 
 def check_version(version: str, option: str = "--base-version") -> str:
-    """A version given by hand: it goes into the data file and every table."""
-    from packaging.version import InvalidVersion, Version
+    """A version given by hand: it goes into the data file and every table
+    (checked as the loader checks the file's versions)."""
+    from deepstack_patch.engine.derived.data import version_problem
 
-    try:
-        Version(version)
-    except InvalidVersion:
+    if not version or version_problem(version):
         raise DeepstackError(
             f"{option} {version!r}: not a version",
             f"the vLLM release the base is, e.g. {option} 0.20.2",
-        ) from None
+        )
     return version
 
 
