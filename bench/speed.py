@@ -208,7 +208,7 @@ def derived_folder(work: Path) -> Path:
     """A ``--patches`` folder holding ``local#40917``, derived from the diff of
     vllm#40917's change cut from the cached 0.20.2 and 0.21.0."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from deepstack_patch.distribution.derive import derive
+    from deepstack_patch.authoring.derive import derive
 
     from tests.support.upstream_diff import upstream_diff
 

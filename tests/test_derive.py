@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from deepstack_patch.cli import main
-from deepstack_patch.distribution.derive import (
+from deepstack_patch.authoring.derive import (
     apply_file_diff,
     derive_patch_from_text,
     parse_diff,
 )
+from deepstack_patch.cli import main
 from deepstack_patch.engine.derived import (
     DerivedPatch,
     data_file_name,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from deepstack_patch.distribution.derive import derive_patch_from_text
+from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import apply_tree
 from deepstack_patch.engine.derived import DerivedPatch, load_derived
 from deepstack_patch.engine.derived.data import write_derived

@@ -93,7 +93,7 @@ CORRECT_SHARE = 0.8
 
 def derive(fix_id: str, release_root: Callable[[str], Path]) -> Patch:
     """The patch ``derive`` makes from upstream's diff on the fix's base."""
-    from deepstack_patch.distribution.derive import derive_patch_from_text
+    from deepstack_patch.authoring.derive import derive_patch_from_text
 
     fix = FIXES[fix_id]
     base = VllmTree.open(release_root(fix.before))

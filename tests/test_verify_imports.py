@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from deepstack_patch.distribution.derive import derive_patch_from_text
+from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import WRITE, apply_tree
 from deepstack_patch.engine.derived import write_derived
 from deepstack_patch.engine.series import assemble_series, patches_from_folder

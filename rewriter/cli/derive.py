@@ -114,7 +114,7 @@ def derive(
     \b
     Exit codes: 0 written; 2 an error or a failed self-check (nothing written).
     """
-    from deepstack_patch.distribution.derive_sources import check_sources
+    from deepstack_patch.authoring.sources import check_sources
     from deepstack_patch.output.progress import note
 
     check_sources(
@@ -136,14 +136,14 @@ def derive(
         fixed_in=fixed_in,
     )
     if commit is not None:
-        from deepstack_patch.distribution.derive_git import derive_commit
+        from deepstack_patch.authoring.commit import derive_commit
 
         result = derive_commit(
             commit, repo=repo or Path("."), patch_id=patch_id or "", **common
         )
         source = f"commit {result.commit[:12]}"
     else:
-        from deepstack_patch.distribution.derive import derive as derive_patch
+        from deepstack_patch.authoring.derive import derive as derive_patch
 
         assert diff is not None and patch_id is not None
         result = derive_patch(

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepstack_patch.distribution.derive import (
+from deepstack_patch.authoring.derive import (
     DeriveResult,
     derive_patch_from_text,
     prepare_out,
     write_result,
 )
-from deepstack_patch.distribution.derive_sources import check_version
-from deepstack_patch.distribution.unified_diff import parse_diff
+from deepstack_patch.authoring.sources import check_version
+from deepstack_patch.authoring.unified_diff import parse_diff
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.tree import VllmTree
 

@@ -1,7 +1,7 @@
 """Where ``derive`` reads a fix from: a diff file and the base it applies to.
 
 The base is a release (only the diff's files, extracted once into the
-cache), a tree on disk (``--base-src``), or, in ``derive_git``, a commit's
+cache), a tree on disk (``--base-src``), or, in ``commit``, a commit's
 parent in a git object store. Whatever the base, it has a version: the data
 file records it, and every table shows it.
 """

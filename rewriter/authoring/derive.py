@@ -19,14 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deepstack_patch.distribution.derive_check import self_check
-from deepstack_patch.distribution.derive_sources import (
+from deepstack_patch.authoring.check import self_check
+from deepstack_patch.authoring.sources import (
     mail_subject,
     read_diff,
     release_base,
     source_base,
 )
-from deepstack_patch.distribution.unified_diff import (
+from deepstack_patch.authoring.unified_diff import (
     BASE_HINT,
     FileDiff,
     Hunk,
