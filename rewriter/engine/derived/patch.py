@@ -183,11 +183,17 @@ class DerivedPatch(Patch):
                 located = _locate(compiled, tree, shapes_of)
                 if located is None:
                     return None
-                if isinstance(located, str):
-                    states.append((PatchState.DRIFTED, located))
-                    continue
-                node = located.target or located.unit_node  # shown at its def
+                # Shown at its def, also where a block inside it drifted.
+                node = (
+                    located.unit_node
+                    if isinstance(located, _Drifted)
+                    else located.target or located.unit_node
+                )
                 lines += [] if isinstance(node, ast.Module) else [_lines(node)[0]]
+                if isinstance(located, _Drifted):
+                    states.append((PatchState.DRIFTED, located.reason))
+                    spans.append(_lines(node))
+                    continue
                 state, reason, span = _recognise_edit(
                     compiled, located, shapes_of, unit.name
                 )
@@ -196,13 +202,6 @@ class DerivedPatch(Patch):
         first = min((s for s, _ in spans), default=1)
         last = max((e for _, e in spans), default=first)
         line = min(lines, default=0)
-        if len(spans) < len(states):  # a drifted step: point at the unit
-            return _UnitState(
-                PatchState.DRIFTED,
-                (first, last),
-                "; ".join(r for s, r in states if s is PatchState.DRIFTED),
-                line=line,
-            )
         kinds = {state for state, _ in states}
         if kinds == {PatchState.NEEDED}:
             return _UnitState(PatchState.NEEDED, (first, last), "", details, line)
@@ -303,9 +302,9 @@ class _Located:
 
 def _locate(
     compiled: CompiledEdit, tree: ast.Module, shapes_of: ShapeCache
-) -> _Located | str | None:
+) -> _Located | _Drifted | None:
     """The edit's block in ``tree``; None where a definition on the way is
-    absent (the unit is not in this tree); a reason where it drifted."""
+    absent (the unit is not in this tree); why not, where it drifted."""
     block: list[ast.stmt] = tree.body
     owner: ast.AST = tree
     unit_node: ast.AST = tree
@@ -317,7 +316,7 @@ def _locate(
             return None
         where = _where(owner)
         if isinstance(node, str):
-            return f"`{code.strip().splitlines()[0]}` {node} in {where}"
+            return _Drifted(f"`{shapes.quoted(code)}` {node} in {where}", unit_node)
         if is_definition:
             unit_node = node
             position = block.index(node)
@@ -329,9 +328,20 @@ def _locate(
             return _Located(block, owner, unit_node, node, unit_first)
         inner = getattr(node, field_name, None)
         if not isinstance(inner, list) or not inner:
-            return f"`{code.strip().splitlines()[0]}` in {where} has no {field_name}"
+            return _Drifted(
+                f"`{shapes.quoted(code)}` in {where} has no {field_name}", unit_node
+            )
         block, owner = inner, node
     return _Located(block, owner, unit_node, None, unit_first)
+
+
+@dataclass
+class _Drifted:
+    """Why an edit's block is not found, and the definition it was looked
+    for in (the module where it is a module's statement)."""
+
+    reason: str
+    unit_node: ast.AST
 
 
 def _where(owner: ast.AST) -> str:
@@ -369,7 +379,7 @@ def _recognise_edit(
             return PatchState.NEEDED, "", span
         if now == compiled.header_after:
             return PatchState.APPLIED, "", span
-        first = compiled.edit.header_before.strip().splitlines()[-1]
+        first = shapes.quoted(compiled.edit.header_before)
         return (
             PatchState.DRIFTED,
             f"the header of {unit_name} is neither the one the fix expects "
@@ -418,7 +428,7 @@ def _drift_reason(
         count = sum(key.matches(node, shapes_of) for node in statements)
         if count != 1:
             times = "not found" if count == 0 else f"found {count} times"
-            return f"`{_first_line(key.code)}` {times} in {where}"
+            return f"`{shapes.quoted(key.code)}` {times} in {where}"
     if compiled.inserted and all(
         any(key.matches(node, shapes_of) for node in statements)
         for key in compiled.inserted
@@ -431,18 +441,13 @@ def _drift_reason(
     )
     return (
         f"the statements of the fix in {where} are not where the fix expects "
-        "them (" + ", ".join(f"`{_first_line(k.code)}`" for k in around) + ")"
+        "them (" + ", ".join(f"`{shapes.quoted(k.code)}`" for k in around) + ")"
         if around
         else f"the statements the fix replaces in {where} are not together "
         "or not in its order"
         if not compiled.anchored
         else f"the statements of the fix are not the whole block of {where}"
     )
-
-
-def _first_line(code: str) -> str:
-    line = code.strip().splitlines()[0] if code.strip() else code
-    return line if len(line) <= 70 else line[:67] + "..."
 
 
 def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:

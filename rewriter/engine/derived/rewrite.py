@@ -123,7 +123,7 @@ class _Rewriter:
         found = find_step(nodes, compiled, index, self.shapes)
         if isinstance(found, str):
             code = compiled.steps[index][2]
-            raise RewriteRefused(f"`{code.strip().splitlines()[0]}` {found}")
+            raise RewriteRefused(f"`{shapes.quoted(code)}` {found}")
         return entries[next(i for i, node in enumerate(nodes) if node is found)][0]
 
     def flat(
