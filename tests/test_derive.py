@@ -198,9 +198,7 @@ def test_a_drifted_block_is_shown_at_its_def_and_quoted_whole() -> None:
     (finding,) = patch.recognise(ast.parse(gone), PATH)
     assert finding.state is PatchState.DRIFTED
     assert finding.line == 4  # def make
-    quoted = (
-        "if (n > LIMIT and not self.some_rather_long_flag_name_of_the_vendor):"
-    )
+    quoted = "if (n > LIMIT and not self.some_rather_long_flag_name_of_the_vendor):"
     assert finding.reason == f"`{quoted}` not found in def make"
     longer = patch.units[0].edits[0].header_before.replace("vendor", "vendor_x" * 3)
     from deepstack_patch.engine.derived.shapes import quoted as quote

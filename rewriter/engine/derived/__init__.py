@@ -10,6 +10,7 @@ The package's modules, in the order a fix travels through them:
   recognition and the rewrite share);
 - :mod:`.patch` is :class:`DerivedPatch`, the four states unit by unit;
 - :mod:`.rename` follows a vendor's consistent renaming of locals;
+- :mod:`.moved` finds a function upstream moved (another class of the file);
 - :mod:`.names` and :mod:`.reads`: only code whose names resolve in the
   target, and the other modules that takes reading;
 - :mod:`.rewrite` makes the edits in LibCST.

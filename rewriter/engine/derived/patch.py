@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepstack_patch.engine.derived import names, rename, shapes
+from deepstack_patch.engine.derived import moved, names, rename, shapes
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
     Edit,
@@ -121,9 +121,12 @@ class DerivedPatch(Patch):
         units = [unit for unit in self.units if unit.path == path]
         if not units:
             return []
+        states = self.unit_states(tree, path)
+        # A unit found under another name is read there (its names too).
+        units = [moved.placed(unit, states[unit.part]) for unit in units]
         # Whole, never by its imports alone, and only code whose names
         # resolve (engine/derived/names.py).
-        states = names.settle(self, units, self.unit_states(tree, path), tree, path)
+        states = names.settle(self, units, states, tree, path)
         return [
             Finding(
                 state=state.state,
@@ -150,9 +153,9 @@ class DerivedPatch(Patch):
         uses_after_fix: Counter[str] | None = None
         states: dict[str, _UnitState | None] = {}
         for unit in sorted(units, key=lambda unit: unit.kind == "import"):
-            state = self._recognise_unit(unit, tree, shapes_of, uses_after_fix)
-            if state is not None and state.state is PatchState.DRIFTED:
-                state = self._renamed(unit, tree, state, uses_after_fix)
+            state = self._state_of(unit, tree, shapes_of, uses_after_fix)
+            if state is None:
+                state = self._moved(unit, tree, shapes_of, uses_after_fix, states)
             states[unit.part] = state
             if unit.kind != "import" and state and state.state is PatchState.NEEDED:
                 uses_after_fix = uses_after_fix or Counter()
@@ -160,6 +163,48 @@ class DerivedPatch(Patch):
                     uses_after_fix.subtract(code_uses(edit.removed, edit.header_before))
                     uses_after_fix.update(code_uses(edit.inserted, edit.header_after))
         return states
+
+    def _state_of(
+        self,
+        unit: Unit,
+        tree: ast.Module,
+        shapes_of: ShapeCache,
+        uses_after_fix: Counter[str] | None,
+    ) -> _UnitState | None:
+        """The unit recognised where its data says, up to a renaming of its
+        function's locals (None: its definition is absent)."""
+        state = self._recognise_unit(unit, tree, shapes_of, uses_after_fix)
+        if state is not None and state.state is PatchState.DRIFTED:
+            state = self._renamed(unit, tree, state, uses_after_fix)
+        return state
+
+    def _moved(
+        self,
+        unit: Unit,
+        tree: ast.Module,
+        shapes_of: ShapeCache,
+        uses: Counter[str] | None,
+        earlier: dict[str, _UnitState | None],
+    ) -> _UnitState | None:
+        """An absent unit looked for among the file's other functions of its
+        name (:mod:`.moved`), never where another of its units is or was
+        found; None where the code it removes is nowhere."""
+        others = {u.name for u in self.units if u.path == unit.path} - {unit.name}
+        taken = {s.details.get(moved.FOUND_AS, "") for s in earlier.values() if s}
+        found_as = moved.found_elsewhere(
+            unit,
+            tree,
+            lambda placed: self._state_of(placed, tree, shapes_of, uses),
+            frozenset(others | taken),
+        )
+        if found_as is not None:
+            return found_as
+        edits = [self._compile(edit) for edit in unit.edits]
+        found = moved.removed_at(unit, edits, tree, shapes_of, frozenset(others))
+        if found is None:
+            return None
+        reason, span, line = found
+        return _UnitState(PatchState.DRIFTED, span, reason, line=line)
 
     def _recognise_unit(
         self,
@@ -261,7 +306,7 @@ class DerivedPatch(Patch):
 
         by_part = {unit.part: unit for unit in self.units}
         for finding in needed:
-            unit = by_part[finding.part]
+            unit = moved.placed(by_part[finding.part], finding)
             for index, edit in enumerate(unit.edits):
                 module = rewrite.apply_edit(
                     module,
