@@ -172,9 +172,15 @@ def removed_at(
     for compiled in edits:
         if not compiled.removed:
             continue
+        # A shape starts with its node's type: only a block holding a
+        # statement of the first one's type is compared (the file's shapes
+        # are not all made where a unit is absent).
+        kind = compiled.removed[0].key.partition("(")[0]
         for block, owner, qualified in _blocks(tree, tree, ""):
-            if qualified in others or not occurrences(
-                block, compiled.removed, False, False, shapes_of
+            if (
+                qualified in others
+                or not any(type(node).__name__ == kind for node in block)
+                or not occurrences(block, compiled.removed, False, False, shapes_of)
             ):
                 continue
             where = "the module's statements"

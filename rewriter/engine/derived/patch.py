@@ -194,7 +194,8 @@ class DerivedPatch(Patch):
         found_as = moved.found_elsewhere(
             unit,
             tree,
-            lambda placed: self._state_of(placed, tree, shapes_of, uses),
+            # As recorded: a moved function with renamed locals is too far.
+            lambda placed: self._recognise_unit(placed, tree, shapes_of, uses),
             frozenset(others | taken),
         )
         if found_as is not None:
