@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepstack_patch.engine.derived import moved, names, rename, shapes
+from deepstack_patch.engine.derived import imports, moved, names, rename, shapes
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
     Edit,
@@ -39,11 +39,8 @@ from deepstack_patch.engine.derived.match import (
     CompiledEdit,
     ShapeCache,
     body_state,
-    bound_name,
     code_uses,
     find_step,
-    import_aliases,
-    name_uses,
     occurrences,
     one_statement,
 )
@@ -221,7 +218,7 @@ class DerivedPatch(Patch):
         for index, edit in enumerate(unit.edits):
             compiled = self._compile(edit)
             if edit.kind == "imports":
-                state, reason, span, edit_details = _recognise_imports(
+                state, reason, span, edit_details = imports.recognise_imports(
                     compiled, tree, shapes_of, uses_after_fix
                 )
                 details[str(index)] = edit_details
@@ -512,67 +509,6 @@ def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
     if isinstance(located.owner, ast.stmt):
         first = _lines(located.owner)[0]
     return first, _lines(block[-1])[1]
-
-
-# -- imports ----------------------------------------------------------------
-
-
-def _recognise_imports(
-    compiled: CompiledEdit,
-    tree: ast.Module,
-    shapes_of: ShapeCache,
-    uses_after_fix: Counter[str] | None,
-) -> tuple[PatchState, str, tuple[int, int], dict[str, Any]]:
-    """Imports are added where missing and dropped where the fix dropped them
-    and nothing uses them once the fix is in (``uses_after_fix``: what the
-    needed units' rewrites take away and bring); they never drift."""
-    edit = compiled.edit
-    wanted = names.wanted_imports(edit)  # never a name of a context line
-    dropped = [
-        alias
-        for alias in import_aliases(shapes.parse_statements(edit.removed))
-        if alias not in import_aliases(shapes.parse_statements(edit.inserted))
-    ]
-    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
-    present = set(import_aliases(imports))
-    missing = [alias for alias in wanted if alias not in present]
-    unused = []
-    if dropped and uses_after_fix is not None:
-        used = name_uses([tree])
-        used.update(uses_after_fix)  # update adds negative counts too
-        unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
-    leading = _leading_imports(tree)
-    if leading:
-        span = (_lines(leading[0])[0], _lines(leading[-1])[1])
-    else:
-        span = (1, _lines(tree.body[0])[1] if tree.body else 1)
-    if not missing and not unused:
-        return PatchState.APPLIED, "", span, {}
-    anchor = compiled.before_anchor
-    after_statement = ""
-    if anchor is not None:
-        matches = [n for n in leading if anchor.matches(n, shapes_of)]
-        if len(matches) == 1:
-            after_statement = ast.unparse(matches[0])
-    if not after_statement and leading:
-        after_statement = ast.unparse(leading[-1])
-    details = {
-        "add": [list(a) for a in missing],
-        "drop": [list(a) for a in unused],
-        "after": after_statement,
-    }
-    return PatchState.NEEDED, "", span, details
-
-
-def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
-    """The module's top-level imports before its first definition."""
-    found: list[ast.stmt] = []
-    for node in tree.body:
-        if isinstance(node, shapes.DEFINITIONS):
-            break
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            found.append(node)
-    return found
 
 
 def load_derived(path: Path) -> DerivedPatch:
