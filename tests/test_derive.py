@@ -572,12 +572,26 @@ def test_not_a_diff_is_refused(tmp_path: Path, base: Path) -> None:
     assert not out.exists()
 
 
-def test_a_binary_diff_is_refused(tmp_path: Path, base: Path) -> None:
+def test_a_binary_file_is_left_out_with_a_note(tmp_path: Path, base: Path) -> None:
+    """Inverted (issue 34 item 5): a binary file (a commit's test asset) is
+    left out with a note, as other non-Python files are, not refused."""
     text = (
-        "diff --git a/vllm/x.bin b/vllm/x.bin\nindex 1..2 100644\n"
-        "Binary files a/vllm/x.bin and b/vllm/x.bin differ\n"
+        "diff --git a/tests/assets/x.bin b/tests/assets/x.bin\nindex 1..2 100644\n"
+        "Binary files a/tests/assets/x.bin and b/tests/assets/x.bin differ\n"
     )
-    assert "a binary diff" in _refused(tmp_path, text, base)
+    output = _refused(tmp_path, text, base)
+    assert (
+        "the diff changes no Python code: tests/assets/x.bin: a binary file, "
+        "left out" in " ".join(output.split())
+    )
+    diff = tmp_path / "fix.diff"
+    diff.write_text(text + git_diff(PATH, BEFORE, AFTER))
+    out = tmp_path / "out"
+    code, output = run(*derive_args(diff, base, out), "--format", "json")
+    assert code == 0, output
+    assert json.loads(output)["notes"] == [
+        "tests/assets/x.bin: a binary file, left out"
+    ]
 
 
 def test_a_rename_only_diff_is_refused(tmp_path: Path, base: Path) -> None:

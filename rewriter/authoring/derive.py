@@ -38,6 +38,7 @@ from deepstack_patch.engine.derived import (
     SkippedTest,
     Unit,
     data_file_name,
+    docstrings,
     write_derived,
 )
 from deepstack_patch.engine.derived.data import (
@@ -221,6 +222,9 @@ def _read_changes(
     # applies to the file as the ones before it left it.
     for file_diff in files:
         path = file_diff.path
+        if file_diff.binary:  # a test asset, an image: no code to carry
+            notes.append(f"{path or 'a file'}: a binary file, left out")
+            continue
         _refuse_shape(file_diff, diff_name)
         if is_test_path(path):
             if path not in skipped:
@@ -259,21 +263,22 @@ def _read_changes(
         if not changed:
             notes.append(f"{path}: only comments, docstrings or formatting change")
             continue
+        notes += [
+            f"{path}: {_docstring_of(name)} changes alone; left out "
+            "(docstrings never count for a derived patch)"
+            for name in docstrings.left_out(before, after, changed)
+        ]
         units.extend(changed)
         results[path] = (before, after)
     tests = [RecordedTest(path, content) for path, content in recorded.items()]
     return units, tests, list(skipped.values()), results, notes
 
 
+def _docstring_of(name: str) -> str:
+    return f"the docstring of {name}" if name else "the module's docstring"
+
+
 def _refuse_shape(file_diff: FileDiff, diff_name: str) -> None:
-    if file_diff.binary:
-        raise DeepstackError(
-            f"{file_diff.path or 'a file'}: a binary diff; a derived patch "
-            "carries Python code only",
-            "leave the binary file out of the diff",
-            path=diff_name,
-            line=file_diff.line,
-        )
     if file_diff.rename and not file_diff.hunks:
         raise DeepstackError(
             f"{file_diff.old_path} -> {file_diff.new_path}: a rename without "

@@ -23,7 +23,7 @@ UNIT_KINDS = (
     "module-statement",
     "import",
 )
-EDIT_KINDS = ("body", "header", "imports")
+EDIT_KINDS = ("body", "header", "imports", "docstring")
 
 
 @dataclass(frozen=True)

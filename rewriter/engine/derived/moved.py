@@ -74,7 +74,8 @@ def found_elsewhere(
             holding.append((qualified, state))
     match holding:
         case [(qualified, state)]:
-            state.reason = f"found as `{qualified}`"
+            found_as = f"found as `{qualified}`"
+            state.reason = "; ".join(filter(None, [found_as, state.reason]))
             state.details[FOUND_AS] = qualified
             return state
         case [(_, first), *_]:

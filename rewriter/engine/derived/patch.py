@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepstack_patch.engine.derived import imports, moved, names, rename, shapes
+from deepstack_patch.engine.derived import (
+    docstrings,
+    imports,
+    moved,
+    names,
+    rename,
+    shapes,
+)
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
     Edit,
@@ -215,8 +222,16 @@ class DerivedPatch(Patch):
         spans: list[tuple[int, int]] = []
         lines: list[int] = []
         details: dict[str, Any] = {}
+        notes: list[str] = []
         for index, edit in enumerate(unit.edits):
             compiled = self._compile(edit)
+            if edit.kind == "docstring":  # rides along, never counts
+                located = _locate(compiled, tree, shapes_of)
+                if isinstance(located, _Located):
+                    todo, note = docstrings.action(compiled, located.block)
+                    details[str(index)] = docstrings.details_of(todo)
+                    notes += [note] if note else []
+                continue
             if edit.kind == "imports":
                 state, reason, span, edit_details = imports.recognise_imports(
                     compiled, tree, shapes_of, uses_after_fix
@@ -247,7 +262,8 @@ class DerivedPatch(Patch):
         line = min(lines, default=0)
         kinds = {state for state, _ in states}
         if kinds == {PatchState.NEEDED}:
-            return _UnitState(PatchState.NEEDED, (first, last), "", details, line)
+            note = "; ".join(notes)
+            return _UnitState(PatchState.NEEDED, (first, last), note, details, line)
         if kinds == {PatchState.APPLIED}:
             return _UnitState(PatchState.APPLIED, (first, last), "", line=line)
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
@@ -303,15 +319,22 @@ class DerivedPatch(Patch):
         from deepstack_patch.engine.derived import rewrite
 
         by_part = {unit.part: unit for unit in self.units}
+        riders = []
         for finding in needed:
             unit = moved.placed(by_part[finding.part], finding)
             for index, edit in enumerate(unit.edits):
+                todo = finding.details.get(str(index), {})
+                if edit.kind == "docstring":
+                    riders += [(self._compile(edit), todo)] if todo else []
+                    continue
                 module = rewrite.apply_edit(
                     module,
                     self._compile(edit),
-                    finding.details.get(str(index), {}),
+                    todo,
                     finding.details.get("renaming", {}),
                 )
+        for compiled, todo in riders:  # the docstrings the fix edits
+            module = docstrings.rewrite(module, compiled, todo["docstring"])
         return module
 
     def prove(self, tree: Path) -> None:

@@ -171,7 +171,7 @@ def statements_code(
     ):
         first -= 1
     last = nodes[-1].end_lineno or nodes[-1].lineno
-    text = textwrap.dedent("".join(source_lines[first - 1 : last]))
+    text = dedented(source_lines[first - 1 : last])
     try:
         parsed = ast.parse(text)
     except SyntaxError:
@@ -181,6 +181,40 @@ def statements_code(
     ]:
         return text if text.endswith("\n") else text + "\n"
     return "\n".join(ast.unparse(n) for n in nodes) + "\n"
+
+
+def dedented(lines: Sequence[str]) -> str:
+    """Lines of code with their common indentation cut, as
+    ``textwrap.dedent`` cuts it, except inside multi-line strings: there the
+    indentation is the string's value (a docstring's continuation lines
+    keep it, and so the rewrite writes them where they were)."""
+    text = "".join(lines)
+    inside = _string_lines(text)
+    kept = [
+        line
+        for number, line in enumerate(lines, 1)
+        if line.strip() and number not in inside
+    ]
+    cut = textwrap.dedent("".join(kept)) if kept else ""
+    margin = len(kept[0]) - len(cut.splitlines(keepends=True)[0]) if kept else 0
+    return "".join(
+        line if number in inside else line[margin:] if line.strip() else "\n"
+        for number, line in enumerate(lines, 1)
+    )
+
+
+def _string_lines(text: str) -> set[int]:
+    """The 1-based lines of ``text`` that continue a multi-line string."""
+    found: set[int] = set()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.STRING or token.type == getattr(
+                tokenize, "FSTRING_MIDDLE", -1
+            ):
+                found.update(range(token.start[0] + 1, token.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError):
+        pass  # cut short: the lines read so far
+    return found
 
 
 def parse_statements(code: str) -> list[ast.stmt]:
