@@ -90,8 +90,32 @@ def derive_commit(
         upstream_url=upstream_url,
         fixed_in=fixed_in,
     )
-    result.commit = change.sha
+    result.commit = result.patch.commit = change.sha
+    result.warnings += far_past_tag(version, version_source)
     return write_result(result, out, started)
+
+
+#: How many commits past its tag a described base may be before derive
+#: warns: a vLLM release cycle is a few hundred commits, so a base further
+#: from its tag most likely has a later release the clone has no tag for.
+FAR_PAST_TAG = 1000
+
+
+def far_past_tag(version: str, version_source: str) -> list[str]:
+    """A warning where ``git describe`` read the base far past its tag (a
+    clone whose tags stop long before the commit); else none."""
+    match = re.fullmatch(r"(.+)-(\d+)-g[0-9a-f]+", version)
+    if version_source != "git describe" or match is None:
+        return []
+    tag, commits = match.group(1), int(match.group(2))
+    if commits <= FAR_PAST_TAG:
+        return []
+    return [
+        f"the base is {version}, {commits} commits after the tag of vLLM "
+        f"{tag}: the clone most likely lacks the tags of later releases; pass "
+        "--base-version VERSION (the last vLLM release before the commit), or "
+        "fetch the tags (git fetch --tags)"
+    ]
 
 
 def pull_request_url(number: int) -> str:

@@ -77,6 +77,8 @@ class DeriveResult:
     tests: list[RecordedTest]
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: What the user should know of the result (a base far past its tag).
+    warnings: list[str] = field(default_factory=list)
     #: With ``--commit``: the commit the diff is (its full sha); else "".
     commit: str = ""
     #: The base tree the patch was checked on (a release's files, extracted

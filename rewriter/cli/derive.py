@@ -155,6 +155,11 @@ def derive(
             **common,
         )
         source = str(diff)
+    if output_format != "json":
+        from deepstack_patch.cli.common import warn
+
+        for text in result.warnings:
+            warn(text)
     if output_format == "json":
         from deepstack_patch.output.derived import derive_json
         from deepstack_patch.output.documents import dump_json

@@ -34,7 +34,7 @@ from typing import Any
 from deepstack_patch import __version__
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.fetch.cache import sha256_of
-from deepstack_patch.output.upstream import origin_words
+from deepstack_patch.output.upstream import origin_words, upstream_commit
 
 SBOM_NAME = "sbom.cdx.json"
 PROVENANCE_NAME = "provenance.intoto.json"
@@ -125,7 +125,12 @@ def sbom_document(
     """
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom, BomMetaData
-    from cyclonedx.model.component import Component, ComponentType, Pedigree
+    from cyclonedx.model.component import (
+        Commit,
+        Component,
+        ComponentType,
+        Pedigree,
+    )
     from cyclonedx.output.json import JsonV1Dot6
     from deepstack_patch.distribution.quilt import build_date
     from packageurl import PackageURL
@@ -159,6 +164,13 @@ def sbom_document(
         "backported by deepstack-patch",
         pedigree=Pedigree(
             ancestors=[ancestor],
+            # The upstream commits derived patches were made from.
+            commits=[
+                Commit(uid=upstream_commit(item.patch), message=item.patch.id)
+                for item in applied
+                if upstream_commit(item.patch)
+            ]
+            or None,
             patches=[_cyclonedx_patch(item) for item in applied],
             notes=_pedigree_notes(applied),
         ),

@@ -200,6 +200,16 @@ def url_problem(url: str) -> str:
     return ""
 
 
+def commit_problem(commit: str) -> str:
+    """Why ``commit`` cannot be the upstream commit a fix was derived from
+    (commits, DEP-3 headers and the SBOM carry it); ``""`` where it can."""
+    import re
+
+    if commit and not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
+        return "not a full commit sha (40 or 64 hex digits)"
+    return ""
+
+
 def version_problem(version: str) -> str:
     """Why ``version`` cannot be a first fixed release; ``""`` where it can."""
     from packaging.version import InvalidVersion, Version
@@ -287,9 +297,11 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
     fixed_in = _field(data, "fixed_in", "")
     # As derive checks --upstream-url and --fixed-in: a hand edit is no way
     # around what commits, DEP-3 headers and the SBOM can carry.
+    commit = _field(data, "commit", "")
     for name, value, problem in (
         ("upstream_url", upstream_url, url_problem(upstream_url)),
         ("fixed_in", fixed_in, version_problem(fixed_in)),
+        ("commit", commit, commit_problem(commit)),
     ):
         if problem:
             raise ValueError(f"{name} {value!r}: {problem}")
@@ -299,6 +311,7 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
         "symptom": _field(data, "symptom", ""),
         "base": _field(data, "base", ""),
         "base_tree": _field(data, "base_tree", ""),
+        "commit": _field(data, "commit", ""),
         "paths": paths,
         "units": units,
         "tests": [
@@ -329,6 +342,7 @@ def dump_derived(patch: Any) -> str:
         f"fixed_in = {_string(patch.fixed_in)}",
         f"base = {_string(patch.base)}",
         f"base_tree = {_string(patch.base_tree)}",
+        *([f"commit = {_string(patch.commit)}"] if patch.commit else []),
         "paths = [" + ", ".join(_string(p) for p in patch.paths) + "]",
         "requires = [" + ", ".join(_string(r) for r in patch.requires) + "]",
     ]
