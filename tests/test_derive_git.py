@@ -271,8 +271,12 @@ def test_the_source_options_are_checked(tmp_path: Path) -> None:
         "derive", "--repo", ".", "--diff", "x", "--id", "a#1", "--out", out
     )
     assert code == 2 and "--repo goes with --commit" in output
-    code, output = run("derive", "--diff", "x", "--base-src", ".", "--out", out)
-    assert code == 2 and "--diff needs --id ID" in output
+    plain = tmp_path / "plain.diff"  # no mail: no subject names an id
+    plain.write_text(f"--- a/{PATH}\n+++ b/{PATH}\n@@ -1 +1 @@\n-a\n+b\n")
+    code, output = run(
+        "derive", "--diff", str(plain), "--base-src", ".", "--out", out
+    )  # fmt: skip
+    assert code == 2 and f"--diff {plain} needs --id ID" in output
     code, output = run(
         "derive", "--diff", "x", "--base", "0.20.2", "--base-version", "0.20.2",
         "--id", "a#1", "--out", out,
@@ -541,3 +545,65 @@ def test_a_commit_with_a_binary_file_derives_leaving_it_out(
     assert json.loads(made.stdout)["notes"] == [
         "tests/asset.bin: a binary file, left out"
     ]
+
+
+# -- issue 36 item 6: derive's options -------------------------------------------
+
+
+def test_a_mail_names_the_id_and_derived_again_needs_force(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    """``derive --diff mail.patch`` takes the id and URL from the mail's
+    subject, as ``--commit`` does; derived again into the same ``--out``
+    it says where the id came from, and ``--force`` replaces that one file
+    (also one of another name that holds the id)."""
+    repo, fix = clone
+    mail = tmp_path / "fix.patch"
+    mail.write_text(git(repo, "format-patch", "-1", "--stdout", fix) + "\n")
+    base = tmp_path / "base"
+    (base / "vllm").mkdir(parents=True)
+    (base / "vllm" / "__init__.py").write_text("")
+    (base / PATH).write_text(BEFORE)
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "notes.txt").write_text("a vendor's notes\n")
+    words = ["derive", "--diff", str(mail), "--base-src", str(base),
+             "--base-version", "0.1.0", "--out", str(out)]  # fmt: skip
+    made = cli(*words, "--format", "json")
+    assert made.returncode == 0, made.stderr
+    document = json.loads(made.stdout)
+    assert (document["id"], document["upstream_url"]) == (
+        "vllm#123",
+        "https://github.com/vllm-project/vllm/pull/123",
+    )
+    again = cli(*words, "--title", "Mine")
+    assert again.returncode == 2
+    assert again.stderr.startswith(
+        f"error: vllm#123 (the id the mail's subject names): {out / 'vllm-123.toml'} "
+        "already exists\nhint: give --force to replace that file"
+    )
+    assert load_derived(out / "vllm-123.toml").title == SUBJECT
+    forced = cli(*words, "--title", "Mine", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert load_derived(out / "vllm-123.toml").title == "Mine"
+    # A file of another name that holds the id is the one replaced.
+    (out / "vllm-123.toml").rename(out / "mine.toml")
+    held = cli(*words)
+    assert held.returncode == 2
+    assert f"vllm#123 (the id the mail's subject names): already held by {out}" in (
+        held.stderr
+    )
+    assert cli(*words, "--force").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "vllm-123.toml"]
+    assert load_derived(out / "vllm-123.toml").title == SUBJECT
+    # --commit names the commit's subject; --patches of the same folder
+    # does not stop --force.
+    words = ["derive", "--commit", fix, "--repo", str(repo), "--out", str(out)]
+    again = cli(*words, "--patches", str(out))
+    assert again.returncode == 2
+    assert "vllm#123 (the id the commit's subject names): already taken" in (
+        again.stderr
+    )
+    forced = cli(*words, "--patches", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert load_derived(out / "vllm-123.toml").commit == fix
