@@ -139,12 +139,7 @@ def derive(
         tree_version=tree_version,
         title=title,
         symptom=symptom,
-        # With --force, the file it replaces takes no id from it.
-        taken_ids=[
-            patch.id
-            for patch in load_series()
-            if not (force and Path(patch.origin).parent.absolute() == out.absolute())
-        ],
+        taken_ids=_taken_ids(out, force),
         upstream_url=upstream_url,
         fixed_in=fixed_in,
         force=force,
@@ -169,17 +164,25 @@ def derive(
             **common,
         )
         source = str(diff)
-    if output_format != "json":
-        from deepstack_patch.cli.common import warn
-
-        for text in result.warnings:
-            warn(text)
     if output_format == "json":
         from deepstack_patch.output.derived import derive_json
         from deepstack_patch.output.documents import dump_json
 
         click.echo(dump_json(derive_json(result)))
         return
+    from deepstack_patch.cli.common import warn
     from deepstack_patch.output.derived import print_derived
 
+    for text in result.warnings:
+        warn(text)
     print_derived(stdout_console(), result, source)
+
+
+def _taken_ids(out: Path, force: bool) -> list[str]:
+    """The ids of the series the derived patch joins; with --force, not the
+    one of a data file in --out (it is the file replaced)."""
+    return [
+        patch.id
+        for patch in load_series()
+        if not (force and Path(patch.origin).parent.absolute() == out.absolute())
+    ]

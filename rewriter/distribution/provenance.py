@@ -125,12 +125,7 @@ def sbom_document(
     """
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom, BomMetaData
-    from cyclonedx.model.component import (
-        Commit,
-        Component,
-        ComponentType,
-        Pedigree,
-    )
+    from cyclonedx.model.component import Component, ComponentType, Pedigree
     from cyclonedx.output.json import JsonV1Dot6
     from deepstack_patch.distribution.quilt import build_date
     from packageurl import PackageURL
@@ -164,13 +159,7 @@ def sbom_document(
         "backported by deepstack-patch",
         pedigree=Pedigree(
             ancestors=[ancestor],
-            # The upstream commits derived patches were made from.
-            commits=[
-                Commit(uid=upstream_commit(item.patch), message=item.patch.id)
-                for item in applied
-                if upstream_commit(item.patch)
-            ]
-            or None,
+            commits=_pedigree_commits(applied),
             patches=[_cyclonedx_patch(item) for item in applied],
             notes=_pedigree_notes(applied),
         ),
@@ -245,6 +234,19 @@ def _cyclonedx_patch(item: AppliedPatch) -> Any:
         diff=Diff(text=text, url=XsUri(item.path)),
         resolves=[pull_request],
     )
+
+
+def _pedigree_commits(applied: Sequence[AppliedPatch]) -> list[Any] | None:
+    """The upstream commits derived patches were made from (``derive
+    --commit``): ``uid`` the sha, ``message`` the patch's id."""
+    from cyclonedx.model.component import Commit
+
+    commits = [
+        Commit(uid=upstream_commit(item.patch), message=item.patch.id)
+        for item in applied
+        if upstream_commit(item.patch)
+    ]
+    return commits or None
 
 
 def _pedigree_notes(applied: Sequence[AppliedPatch]) -> str | None:
