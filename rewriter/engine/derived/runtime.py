@@ -79,6 +79,10 @@ CANNOT_RUN = frozenset(
     }
 )
 
+#: The key of a drifted finding's details that says the drift is this
+#: module's (what the fix reads at run time is not there).
+RUNTIME = "runtime_names"
+
 #: The files the checks read: the release's whole ``vllm`` package (what a
 #: partial extraction holds for a derived patch, ``also_reads``).
 PACKAGE_FILES = ("vllm/**/*.py", "vllm/**/*.pyi")
@@ -116,9 +120,9 @@ def settle_runtime(
     ) or undefined_attribute(patch, needed, modules, package)
     if not why:
         return states
-    return {
+    return {  # the detail tells verify's runtime stage (proof/runtime_stage.py)
         part: dataclasses.replace(
-            state, state=PatchState.DRIFTED, reason=why, details={}
+            state, state=PatchState.DRIFTED, reason=why, details={RUNTIME: why}
         )
         if state is not None and state.state is PatchState.NEEDED
         else state
@@ -183,9 +187,22 @@ def undefined_attribute(
         old = [n for e in unit.edits for n in code_nodes(e.removed, e.header_before)]
         modules = file_modules | _imported_names(new)
         read_before = {node.attr for node in _attributes(old)}
+        # A name the fix spells as a string, ``hasattr(layer, "name")`` above
+        # ``layer.name``, is one it tests for before it reads it.
+        tested = {
+            node.value
+            for root in new
+            for node in ast.walk(root)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        }
         for node in _attributes(new):
             name = node.attr
-            if name in read_before or name in own or _root(node) in modules:
+            if (
+                name in read_before
+                or name in own
+                or name in tested
+                or _root(node) in modules
+            ):
                 continue
             if not _known(name, package):
                 shown = ast.unparse(node)
