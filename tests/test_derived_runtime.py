@@ -163,6 +163,36 @@ def test_a_typed_attribute_the_release_lacks_drifts_in_ty_s_words_once(
     assert len(runs) == 2
 
 
+NORM = "class Norm:\n    def __init__(self, size):\n        self.size = size\n"
+USER = "from vllm.norm import Norm\n\n\ndef build():\n    return Norm(4)\n"
+
+
+def test_an_argument_the_patch_gives_its_callee_in_another_file_is_there(
+    tmp_path: Path,
+) -> None:
+    """ty sees the callee as the tree has it; the parameter the patch adds
+    there (vllm#38191 on 0.20.2) is no unknown argument, and one it does
+    not add is."""
+    fixed_norm = NORM.replace("size):", "size, shards=1):")
+    fixed_user = USER.replace("Norm(4)", "Norm(4, shards=2)")
+    root = whole_tree(tmp_path / "tree", {"vllm/norm.py": NORM, "vllm/user.py": USER})
+    both = [
+        *units_of_change("vllm/norm.py", NORM, fixed_norm),
+        *units_of_change("vllm/user.py", USER, fixed_user),
+    ]
+    patch = DerivedPatch(
+        id="local#n",
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=["vllm/norm.py", "vllm/user.py"],
+        units=both,
+    )
+    assert report_of(root, patch).state is PatchState.NEEDED
+    alone = patch_of("local#u", "vllm/user.py", USER, fixed_user)
+    assert "[unknown-argument]" in report_of(root, alone).reason
+
+
 # -- verify: a test that stubs what the fix reads proves nothing ----------------
 
 

@@ -252,7 +252,8 @@ def _imported_names(nodes: Iterable[ast.AST]) -> set[str]:
 
 def _defined_by_patch(patch: DerivedPatch) -> set[str]:
     """What the patch's own code defines (not what it imports): attributes
-    it assigns, definitions and names it binds (a new method, a field)."""
+    it assigns, definitions, names and parameters it binds (a new method, a
+    field, a parameter its callers in another file pass)."""
     found: set[str] = set()
     for unit in patch.units:
         for edit in unit.edits:
@@ -265,6 +266,7 @@ def _defined_by_patch(patch: DerivedPatch) -> set[str]:
                             | ast.ClassDef(name=name)
                             | ast.Name(id=name, ctx=ast.Store())
                             | ast.Attribute(attr=name, ctx=ast.Store())
+                            | ast.arg(arg=name)  # a parameter it gives a callee
                         ):
                             found.add(name)
     return found
