@@ -52,6 +52,7 @@ from deepstack_patch.engine.derived.match import (
     one_statement,
 )
 from deepstack_patch.engine.derived.reads import module_files
+from deepstack_patch.engine.derived.runtime import PACKAGE_FILES, settle_runtime
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
     Finding,
@@ -119,8 +120,9 @@ class DerivedPatch(Patch):
     @functools.cached_property
     def also_reads(self) -> tuple[str, ...]:  # type: ignore[override]
         """The files of the modules its fix reads (after load checked that
-        its code parses)."""
-        return module_files(self.units)
+        its code parses), and the release's whole ``vllm`` package, where
+        its runtime names are looked up (engine/derived/runtime.py)."""
+        return (*module_files(self.units), *PACKAGE_FILES)
 
     # -- recognition ---------------------------------------------------
 
@@ -134,6 +136,8 @@ class DerivedPatch(Patch):
         # Whole, never by its imports alone, and only code whose names
         # resolve (engine/derived/names.py).
         states = names.settle(self, units, states, tree, path)
+        # ... and what it reads at run time is there (engine/derived/runtime.py).
+        states = settle_runtime(self, units, states, path)
         return [
             Finding(
                 state=state.state,
