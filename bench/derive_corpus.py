@@ -66,6 +66,7 @@ else:  # pragma: no cover
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus_judge  # noqa: E402
+import runtime_checks  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "derive_corpus.toml"
@@ -471,7 +472,7 @@ def chosen_windows(data: dict, names: list[str], releases: str) -> list[dict]:
 def main() -> None:
     args = options()
     started = time.monotonic()
-    if not corpus_judge.ty_available():
+    if not runtime_checks.ty_available():
         sys.exit("error: ty is not installed; the judge's type check needs it")
     repo = args.repo or default_repo()
     data = tomllib.loads(DATA.read_text())
@@ -538,7 +539,13 @@ def tool_commit() -> str:
         capture_output=True,
         text=True,
     )
-    return result.stdout.strip() or "an unknown commit"
+    dirty = subprocess.run(
+        ["git", "-C", str(HERE), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    commit = result.stdout.strip() or "an unknown commit"
+    return f"{commit} with uncommitted changes" if dirty else commit
 
 
 def ty_version() -> str:
