@@ -35,7 +35,9 @@ The checks of a write, each with its own verdict in ``Cell.checks``
   (its diagnostics on the release's file and on the written one, in the
   release tree with every written file in place, compared without their
   lines; an unresolved import of a module outside ``vllm`` is not counted:
-  torch and the other third-party packages are absent on purpose);
+  torch and the other third-party packages are absent on purpose; nor an
+  error on a line its author marked ``# type: ignore[...]``, which vLLM
+  writes with mypy's codes and ty honours only with its own);
 - ``envs``: every ``envs.X`` the write newly reads (``vllm.envs`` answers
   every name through its module ``__getattr__``) is declared by the
   release's ``vllm/envs.py``: bound at its top level, under ``if
@@ -44,7 +46,8 @@ The checks of a write, each with its own verdict in ``Cell.checks``
   a module or class imported from outside ``vllm``) is defined somewhere in
   the release's ``vllm/`` or the written files (an assignment to it, a
   ``def``, a ``class``, a field or class attribute, a module-level name, a
-  ``setattr`` with its name) or is an attribute of a builtin type. A name
+  ``setattr`` with its name) or is an attribute of a builtin or standard
+  library class (a stream's ``isatty``, a logger's ``warning``). A name
   defined nowhere that the release reads elsewhere (a tensor's method, a
   Hugging Face config field) is only noted (``Cell.external``): it comes
   from outside ``vllm``; one that the release neither defines nor reads is

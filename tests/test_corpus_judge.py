@@ -212,7 +212,8 @@ def _write(tmp_path: Path, tree: Path, after: str) -> tuple[Path, Path]:
 def test_the_type_check_says_wrong_on_a_new_error_only(runtime_tree, tmp_path) -> None:
     """vllm#45468's shape: the fix reads a field the release's class lacks.
     ty's new error makes the write wrong; an error the release's file has
-    already, and an unresolved third-party import, do not."""
+    already, an unresolved third-party import, and an error on a line its
+    author marked ``# type: ignore[...]`` (mypy's codes), do not."""
     broken = USER_BEFORE.replace("config.is_pooling", "config.is_diffusion")
     pristine, ours = _write(tmp_path, runtime_tree, broken)
     wrongs = runtime_checks.type_wrongs(runtime_tree, ours, [USER])
@@ -221,7 +222,8 @@ def test_the_type_check_says_wrong_on_a_new_error_only(runtime_tree, tmp_path) -
         "attribute `is_diffusion`"
     ], wrongs
     right = USER_BEFORE.replace(
-        "return config.is_pooling", "return not config.is_pooling"
+        "return config.is_pooling",
+        "return not config.is_pooling or config.is_diffusion  # type: ignore[attr]",
     )
     (ours / USER).write_text("import numpy\n" + right)
     assert runtime_checks.type_wrongs(runtime_tree, ours, [USER]) == []
@@ -256,7 +258,8 @@ def test_the_attribute_check_says_wrong_on_a_name_defined_nowhere(
     """vllm#43482's shape: ``self.model.fc_norm`` on an object nothing types.
     A name the release defines nowhere and reads nowhere is wrong; one it
     reads elsewhere (a tensor's method) is only noted; one it defines (a
-    field), or a builtin type's method, is fine."""
+    field), or a method of a builtin or standard library class (a stream's
+    ``isatty``), is fine."""
     broken = USER_BEFORE.replace("config.is_pooling", "config.fc_norm")
     pristine, ours = _write(tmp_path, runtime_tree, broken)
     wrongs, external = runtime_checks.attribute_wrongs(
@@ -268,7 +271,8 @@ def test_the_attribute_check_says_wrong_on_a_name_defined_nowhere(
     ]
     assert external == []
     fine = USER_BEFORE.replace(
-        "return torch.any(x)", "return x.narrow(0, 0, 1) or str(x).strip()"
+        "return torch.any(x)",
+        "return x.narrow(0, 0, 1) or str(x).strip() or sys.stdout.isatty()",
     ).replace("return config.is_pooling", "return config.is_pooling or config.scale")
     (ours / USER).write_text(fine + "\n\ndef g(c):\n    c.scale = 1\n")
     wrongs, external = runtime_checks.attribute_wrongs(
