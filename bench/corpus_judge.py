@@ -47,7 +47,8 @@ The checks of a write, each with its own verdict in ``Cell.checks``
   the release's ``vllm/`` or the written files (an assignment to it, a
   ``def``, a ``class``, a field or class attribute, a module-level name, a
   ``setattr`` with its name) or is an attribute of a builtin or standard
-  library class (a stream's ``isatty``, a logger's ``warning``). A name
+  library class (a stream's ``isatty``, a logger's ``warning``); a name
+  the write asks ``hasattr(x, "NAME")`` of is not counted either. A name
   defined nowhere that the release reads elsewhere (a tensor's method, a
   Hugging Face config field) is only noted (``Cell.external``): it comes
   from outside ``vllm``; one that the release neither defines nor reads is

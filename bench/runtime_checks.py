@@ -291,9 +291,11 @@ def attribute_wrongs(
         defined = defined | _defined_in(_text(ours / path))
     wrongs, external = [], []
     for path in written:
-        new = _attribute_reads(_text(ours / path), path) - _attribute_reads(
+        after = _text(ours / path)
+        new = _attribute_reads(after, path) - _attribute_reads(
             _text(pristine / path), path
         )
+        new -= _asked_for(after)  # the write itself allows for its absence
         for name in sorted(new - defined - _STDLIB_ATTRIBUTES):
             if name in read:
                 external.append(f"{path}: .{name} (read elsewhere, defined nowhere)")
@@ -355,6 +357,25 @@ def _defined_in(text: str) -> set[str]:
             ):
                 defined.add(n)
     return defined
+
+
+def _asked_for(text: str) -> set[str]:
+    """The names a file asks ``hasattr(x, "NAME")`` of: it reads them only
+    where they are there (vllm#47690's ``elif hasattr(layer, "ark_linear")``)."""
+    try:
+        module = ast.parse(text)
+    except SyntaxError:
+        return set()
+    return {
+        node.args[1].value
+        for node in ast.walk(module)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "hasattr"
+        and len(node.args) == 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    }
 
 
 def _attribute_reads(text: str, path: str) -> set[str]:

@@ -258,8 +258,8 @@ def test_the_attribute_check_says_wrong_on_a_name_defined_nowhere(
     """vllm#43482's shape: ``self.model.fc_norm`` on an object nothing types.
     A name the release defines nowhere and reads nowhere is wrong; one it
     reads elsewhere (a tensor's method) is only noted; one it defines (a
-    field), or a method of a builtin or standard library class (a stream's
-    ``isatty``), is fine."""
+    field), a method of a builtin or standard library class (a stream's
+    ``isatty``), or one the write asks ``hasattr`` of first, is fine."""
     broken = USER_BEFORE.replace("config.is_pooling", "config.fc_norm")
     pristine, ours = _write(tmp_path, runtime_tree, broken)
     wrongs, external = runtime_checks.attribute_wrongs(
@@ -273,7 +273,11 @@ def test_the_attribute_check_says_wrong_on_a_name_defined_nowhere(
     fine = USER_BEFORE.replace(
         "return torch.any(x)",
         "return x.narrow(0, 0, 1) or str(x).strip() or sys.stdout.isatty()",
-    ).replace("return config.is_pooling", "return config.is_pooling or config.scale")
+    ).replace(
+        "return config.is_pooling",
+        "return config.is_pooling or config.scale or "
+        '(hasattr(config, "fc_gate") and config.fc_gate)',
+    )
     (ours / USER).write_text(fine + "\n\ndef g(c):\n    c.scale = 1\n")
     wrongs, external = runtime_checks.attribute_wrongs(
         runtime_tree, pristine, ours, [USER]
