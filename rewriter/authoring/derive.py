@@ -29,7 +29,6 @@ from deepstack_patch.authoring.sources import (
 from deepstack_patch.authoring.unified_diff import (
     BASE_HINT,
     FileDiff,
-    Hunk,
     apply_file_diff,
     parse_diff,
 )
@@ -53,7 +52,6 @@ from deepstack_patch.engine.tree import VllmTree
 __all__ = [
     "DeriveResult",
     "FileDiff",
-    "Hunk",
     "apply_file_diff",
     "derive",
     "derive_patch_from_text",
