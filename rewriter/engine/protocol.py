@@ -151,6 +151,14 @@ class RecordedTest:
 
     path: str
     content: str
+    #: The tests of the file the pull request added or changed, as node ids
+    #: below the file (``test_x``, ``TestY::test_z``); empty: the whole file.
+    names: tuple[str, ...] = ()
+
+    @property
+    def nodeids(self) -> list[str]:
+        """What pytest is given: each named test, else the file."""
+        return [f"{self.path}::{name}" for name in self.names] or [self.path]
 
 
 class Patch:

@@ -79,12 +79,15 @@ class DerivedPatch(Patch):
         upstream_url: str = "",
         fixed_in: str = "",
         skipped_tests: Sequence[SkippedTest] = (),
+        commit: str = "",
     ) -> None:
         self.id = id
         self.title = title
         self.symptom = symptom
         self.base = base
         self.base_tree = base_tree
+        #: The upstream commit it was derived from (``derive --commit``), else "".
+        self.commit = commit
         self.upstream_url = upstream_url or pull_request_url(id)
         #: The first vLLM release with the fix, when its author named one.
         self.fixed_in = fixed_in
