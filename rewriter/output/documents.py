@@ -165,7 +165,13 @@ def footprint_json(tree: VllmTree, found: Sequence[Any]) -> dict[str, Any]:
             {
                 "id": item.patch_id,
                 "functions": [
-                    {"path": f.path, "line": f.line, "symbol": f.symbol, "why": f.why}
+                    {
+                        "path": f.path,
+                        "line": f.line,
+                        "symbol": f.symbol,
+                        "why": f.why,
+                        "kind": f.kind,
+                    }
                     for f in item.functions
                 ],
             }
