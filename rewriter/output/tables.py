@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.protocol import PatchState
-from deepstack_patch.output.plain import escape, new_table
+from deepstack_patch.output.plain import escape, new_table, one_field
 from deepstack_patch.output.upstream import fixed_in_label, upstream_words
 
 if TYPE_CHECKING:
@@ -45,18 +45,20 @@ def print_tree_header(console: Console, tree: VllmTree) -> None:
 
 
 def print_plan_table(console: Console, plan: Plan) -> None:
+    """A row per selected patch, with its parts and locations; the patches
+    ``--only``/``--skip`` left out, in one line under it."""
     table = new_table(console)
     table.add_column("patch", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("title / where", overflow="fold")
     for report in plan.reports:
+        if not report.selected:
+            continue
         patch = report.patch
         state = report.state
         label = f"[{STATE_STYLE[state]}]{state.value}[/]"
         note = fixed_in_label(patch)
-        if not report.selected:
-            label += " [dim](skipped)[/]"
-        elif report.applied_now:
+        if report.applied_now:
             label += " [green](applied now)[/]"
         table.add_row(
             patch.id,
@@ -79,7 +81,8 @@ def print_plan_table(console: Console, plan: Plan) -> None:
                 loc for loc in report.locations if loc.finding.part == part
             ]
             for loc in part_locations:
-                text = f"  {loc.path}:{loc.finding.line} {escape(loc.finding.symbol)}"
+                symbol = escape(one_field(loc.finding.symbol))
+                text = f"  {loc.path}:{loc.finding.line} {symbol}"
                 if loc.state is not part_state:
                     text += f" [{STATE_STYLE[loc.state]}]{loc.state.value}[/]"
                 if loc.finding.reason:
@@ -90,6 +93,11 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         if report.blocked_reason and not report.applied_now:
             table.add_row("", "", f"  [yellow]{escape(report.blocked_reason)}[/]")
     console.print(table)
+    skipped = [r.patch.id for r in plan.reports if not r.selected]
+    if skipped:
+        console.print(
+            f"[dim]skipped (not selected): {', '.join(skipped)}[/]", highlight=False
+        )
 
 
 def part_words(part: str) -> str:
@@ -309,6 +317,39 @@ def _style(status: str, failed_ok: bool = False) -> str:
     return status if status == "-" else f"[red]{status}[/]"
 
 
+def _matrix_verdict(
+    console: Console,
+    results: list[Any],
+    diffs: list[Any],
+    patch_ids: list[str],
+    targets: Any,
+    uncompared: Sequence[str],
+    errors: bool,
+) -> str:
+    """What was not compared, each in a line; then the verdict's words, which
+    claim no more than was compared."""
+    unlisted = [r.version for r in results if r.version not in targets.releases]
+    if unlisted:
+        console.print(
+            f"no expectations for {', '.join(unlisted)}: targets.toml does not list "
+            "it, so only the states are shown"
+        )
+    if uncompared:
+        it, its = ("it", "its") if len(uncompared) == 1 else ("them", "their")
+        console.print(
+            f"no expectation for {', '.join(uncompared)}: the targets file has "
+            f"no row for {it}, so {its} states are shown, not compared",
+            highlight=False,
+        )
+    compared = len([i for i in patch_ids if i not in uncompared])
+    verdict = "NOT as expected" if diffs or errors else "all as expected"
+    if (len(unlisted) == len(results) or not compared) and not errors:
+        return "nothing to compare"
+    if uncompared:
+        verdict += f" ({compared} compared; no expectation for {len(uncompared)})"
+    return verdict
+
+
 def print_matrix(
     console: Console,
     results: list[Any],
@@ -318,8 +359,12 @@ def print_matrix(
     wall: float,
     jobs: int,
     targets: Any,
+    uncompared: Sequence[str] = (),
 ) -> None:
-    """``matrix``: a release x patch table; cells that differ show both states."""
+    """``matrix``: a release x patch table; cells that differ show both states.
+
+    ``uncompared``: patches with no expectation in ``targets`` (shown, never
+    compared); the verdict says so rather than "all as expected"."""
     wrong = {(d.version, d.patch_id): d.expected for d in diffs}
     table = new_table(console)
     table.add_column("release", no_wrap=True)
@@ -364,15 +409,9 @@ def print_matrix(
             f"[bold red]{len(diffs)} state(s) differ from the targets[/] "
             "(shown as found ≠ expected)"
         )
-    unlisted = [r.version for r in results if r.version not in targets.releases]
-    if unlisted:
-        console.print(
-            f"no expectations for {', '.join(unlisted)}: targets.toml does not list "
-            "it, so only the states are shown"
-        )
-    verdict = "NOT as expected" if diffs or errors else "all as expected"
-    if len(unlisted) == len(results) and not errors:
-        verdict = "nothing to compare"
+    verdict = _matrix_verdict(
+        console, results, diffs, patch_ids, targets, uncompared, bool(errors)
+    )
     console.print(
         f"{len(results)} release(s) x {len(patch_ids)} patch(es) in {wall:.1f} s "
         f"with {jobs} process(es); {verdict}"

@@ -118,6 +118,10 @@ class DerivedPatch(Patch):
         its code parses)."""
         return module_files(self.units)
 
+    def part_file(self, part: str) -> str:
+        """A unit's part is ``path::name``: the file is the unit's own."""
+        return next((unit.path for unit in self.units if unit.part == part), "")
+
     # -- recognition ---------------------------------------------------
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
