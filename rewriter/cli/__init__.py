@@ -40,6 +40,7 @@ COMMANDS = {
     "revert": "revert:revert",
     "watch": "watch:watch",
     "derive": "derive:derive",
+    "cache": "cache:cache",
 }
 
 

@@ -180,6 +180,20 @@ def footprint_json(tree: VllmTree, found: Sequence[Any]) -> dict[str, Any]:
     }
 
 
+def cache_json(report: Any) -> dict[str, Any]:
+    """``cache --format json``: a ``fetch.cache_kinds.CacheReport``."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "command": "cache",
+        "path": str(report.path),
+        "older_than_days": report.older_than_days,
+        "cleared_kinds": report.clearing,
+        "bytes": report.bytes,
+        "freed_bytes": report.freed_bytes,
+        "kinds": [kind.json() for kind in report.kinds],
+    }
+
+
 def revert_json(tree: VllmTree, result: Any) -> dict[str, Any]:
     """``revert --format json`` of an ``engine.inplace`` revert result.
 

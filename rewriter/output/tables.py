@@ -416,3 +416,49 @@ def print_matrix(
         f"{len(results)} release(s) x {len(patch_ids)} patch(es) in {wall:.1f} s "
         f"with {jobs} process(es); {verdict}"
     )
+
+
+def human_bytes(count: int) -> str:
+    """``188.4 MB``: decimal units, as ``du --si`` gives them."""
+    size = float(count)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} TB"  # pragma: no cover - the loop returns at GB
+
+
+def print_cache(console: Console, report: Any) -> None:
+    """``cache``: each kind's size and entries, what clearing it costs, then
+    what this run cleared (``report`` is a ``fetch.cache_kinds.CacheReport``)."""
+    console.print(f"cache: {report.path} ({human_bytes(report.bytes)})")
+    old = report.older_than_days
+    table = new_table(console)
+    for header in ("kind", "size", "entries"):
+        table.add_column(header, no_wrap=True)
+    if old is not None:
+        table.add_column(f"older than {old:g} d", no_wrap=True)
+    table.add_column("holds; if cleared")
+    for kind in report.kinds:
+        cells = [kind.name, human_bytes(kind.bytes), str(kind.entries)]
+        if old is not None:
+            cells.append(f"{human_bytes(kind.old_bytes)} ({kind.old_entries})")
+        cells.append(escape(f"{kind.holds}; {kind.cost}"))
+        table.add_row(*cells)
+    console.print(table)
+    for kind in report.kinds:
+        if kind.name in report.clearing:
+            console.print(
+                f"cleared {kind.name}: {len(kind.cleared)} entries, "
+                f"{human_bytes(kind.freed_bytes)} freed"
+            )
+        if kind.in_use:
+            console.print(
+                f"[yellow]left {len(kind.in_use)} {kind.name} entries another run "
+                f"holds:[/] {escape(', '.join(kind.in_use))}"
+            )
+    if not report.clearing:
+        console.print(
+            "[dim]everything here is made again when needed: "
+            "`deepstack-patch cache --clear KIND [--older-than DAYS]`[/]"
+        )
