@@ -258,7 +258,6 @@ def _mkdir_hint(exc: OSError, parent: Path) -> str:
     return os_error_hint(exc, parent)
 
 
-@contextlib.contextmanager
 def extraction_lock_file(out: Path) -> Path:
     """The lock file of ``out``'s extraction (in the cache, not beside it)."""
     from deepstack_patch.fetch.cache import cache_dir
@@ -269,6 +268,7 @@ def extraction_lock_file(out: Path) -> Path:
     return locks / f"extract-{key}.lock"
 
 
+@contextlib.contextmanager
 def extraction_lock(
     out: Path, on_wait: Callable[[str], None] | None = None
 ) -> Iterator[None]:
