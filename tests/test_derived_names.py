@@ -197,7 +197,6 @@ def test_a_name_imported_from_a_module_that_lacks_it_drifts(tmp_path: Path) -> N
         "from .c import gather\nclass Layer:\n    pass\n",  # imported there
         "class Layer:\n    pass\n\n\ndef __getattr__(name):\n    return name\n",
         "from .c import *\nclass Layer:\n    pass\n",  # c defines it
-        "class Layer:\n    pass\n\n\n__all__ = ['Layer', 'gather']\n",
     ],
 )
 def test_a_name_the_module_has_another_way_resolves(
@@ -213,6 +212,27 @@ def test_a_name_the_module_has_another_way_resolves(
         },
     )
     assert report_of(tree, patch).state is PatchState.NEEDED
+
+
+def test_a_name_only_listed_in_all_drifts_in_the_type_checkers_words(
+    tmp_path: Path,
+) -> None:
+    """Issue 34 item 1 inverts a case of issue 30's: a name a module lists
+    in ``__all__`` and does not define is not there (``from a import
+    gather`` raises ImportError); ty says so on the fixed file."""
+    patch = patch_of((PATH, USER_BEFORE, USER_AFTER))
+    tree = make_tree(
+        tmp_path,
+        {OTHER: "class Layer:\n    pass\n\n\n__all__ = ['Layer', 'gather']\n"}
+        | {PATH: USER_BEFORE},
+    )
+    report = report_of(tree, patch)
+    assert report.state is PatchState.DRIFTED
+    assert (
+        "the fix needs `gather` from `vllm.models.a`, which this release lacks "
+        "(ty: Module `vllm.models.a` has no member `gather` [missing-module-member])"
+        in report.reason
+    )
 
 
 def test_a_relative_import_and_a_missing_module(tmp_path: Path) -> None:
@@ -324,7 +344,8 @@ def test_an_attribute_of_an_imported_vllm_module(tmp_path: Path) -> None:
         tmp_path / "new", {OTHER: "def gather(x):\n    return x\n", PATH: before}
     )
     assert report_of(having, patch).state is PatchState.NEEDED
-    # An attribute of a local, or of a module outside vllm, is not judged.
+    # An attribute of a module outside vllm is not judged; one of a local is
+    # there where the release defines or reads its name (issue 34 item 1).
     after = before.replace("return x\n", "return x.gather(torch.nothing)\n")
     patch = patch_of(
         (
@@ -333,9 +354,15 @@ def test_an_attribute_of_an_imported_vllm_module(tmp_path: Path) -> None:
             after.replace("import", "import torch\nimport", 1),
         )
     )
+    user = before.replace("import", "import torch\nimport", 1)
+    target = make_tree(tmp_path / "obj", {OTHER: "X = 1\n", PATH: user})
+    assert report_of(target, patch).reason == (
+        "the fix reads `x.gather`, which nothing in this release defines or "
+        "reads (no `gather` in its vllm package)"
+    )
     target = make_tree(
-        tmp_path / "obj",
-        {OTHER: "X = 1\n", PATH: before.replace("import", "import torch\nimport", 1)},
+        tmp_path / "obj-defined",
+        {OTHER: "class G:\n    def gather(self):\n        pass\n", PATH: user},
     )
     assert report_of(target, patch).state is PatchState.NEEDED
 

@@ -27,7 +27,7 @@ from deepstack_patch.engine.protocol import (
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.requirements import Selection, block_unmet_requirements
 from deepstack_patch.engine.source import SourceFile, code_lines
-from deepstack_patch.engine.tree import VllmTree, recognising_in
+from deepstack_patch.engine.tree import VllmTree, note_source, recognising_in
 from deepstack_patch.engine.whole import refuse_partial_patches
 
 
@@ -239,6 +239,8 @@ def _plan_file(
     found: list[list[Finding]] = []
     rewritten = False
     for patch in touching:
+        if getattr(patch, "reads_tree", False):
+            note_source(relpath, current.raw)  # what its runtime check rewrites
         findings = patch.recognise(current.ast, relpath)
         needed = [f for f in findings if f.state is PatchState.NEEDED]
         # Without writing nothing is rewritten: a patch that requires
@@ -365,6 +367,15 @@ def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceF
     module = patch.rewrite(source.cst, needed)
     result = SourceFile.from_cst(source.relpath, module)
     return _checked(patch, source, needed, result, _changed_lines(source, result))
+
+
+def rewritten_bytes(
+    patch: Patch, relpath: str, raw: bytes, needed: list[Finding]
+) -> bytes:
+    """The bytes ``apply`` would write for ``patch`` in ``relpath``: for a
+    check that reads the fixed file before anything is written (a derived
+    patch's runtime names). :class:`RewriteRefused` where it refuses."""
+    return _rewrite(patch, SourceFile(relpath, raw), needed).raw
 
 
 def _checked(

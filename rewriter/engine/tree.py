@@ -229,6 +229,10 @@ class TreeContext:
 
     root: Path
     memo: dict[object, object] = field(default_factory=dict)
+    #: The bytes of each file as the plan hands it to a patch that reads the
+    #: tree (after the rewrites of earlier patches in the series): what the
+    #: runtime-name check of a derived patch rewrites (:mod:`.derived.runtime`).
+    sources: dict[str, bytes] = field(default_factory=dict)
 
     def lacks(self, relpath: str) -> bool:
         """Whether the release lacks the file ``relpath``: it is not here, and
@@ -271,6 +275,13 @@ def recognising_in(root: Path) -> Iterator[TreeContext]:
         yield context
     finally:
         _RECOGNISING.reset(token)
+
+
+def note_source(relpath: str, raw: bytes) -> None:
+    """Record the bytes ``relpath`` is recognised from (see ``sources``)."""
+    context = _RECOGNISING.get()
+    if context is not None:
+        context.sources[relpath] = raw
 
 
 def tree_context() -> TreeContext | None:

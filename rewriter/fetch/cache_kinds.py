@@ -75,6 +75,11 @@ KINDS = (
     Kind("code", "compiled modules of the trees verify ran", "compiled again"),
     Kind("preload", "what verify's fork server preloads", "learned again"),
     Kind("recognised", "recognition results by file content", "recognised again"),
+    Kind(
+        "runtime-names",
+        "a derived patch's runtime names, checked with ty",
+        "checked again (seconds per file)",
+    ),
     Kind("live", "the live check's results per install", "checked again"),
     Kind("index", "the list of vLLM releases (watch)", "asked of the index again"),
     Kind("locks", "lock files of running commands", "never cleared"),

@@ -9,6 +9,7 @@ from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.proof.imports import ImportStage
 from deepstack_patch.proof.proofs import COULD_NOT_RUN, ProofResult
 from deepstack_patch.proof.results import TestCase
+from deepstack_patch.proof.runtime_stage import RuntimeStage
 
 
 def status_words(status: str) -> str:
@@ -34,6 +35,8 @@ class PatchVerdict:
     changed_files: list[str] = field(default_factory=list)
     #: The import stage of a patch without a proof of its own (imports.py).
     imports: ImportStage | None = None
+    #: A derived patch's runtime names, judged before the fix (runtime_stage.py).
+    runtime: RuntimeStage | None = None
 
     @property
     def fail_to_pass(self) -> str:
@@ -42,6 +45,8 @@ class PatchVerdict:
         the other: nothing was shown either way) or ``""`` (not asked)."""
         if self.pristine_state is None or self.state is PatchState.NOT_APPLICABLE:
             return ""
+        if self.runtime is not None and self.runtime.status == "failed":
+            return "not-proven"  # its tests pass on a stub of what it reads
         after = self.proof.status if self.proof else ""
         before = self.pristine_proof.status if self.pristine_proof else ""
         if self.pristine_state is PatchState.APPLIED and (before, after) == (
@@ -70,6 +75,8 @@ class PatchVerdict:
             found.append(f"not applied to this tree: run `{self.apply_command}` first")
         if self.imports is not None and self.imports.problem:
             found.append(self.imports.problem)
+        if self.runtime is not None and self.runtime.problem:
+            found.append(self.runtime.problem)
         if self.proof is None or self.proof.status != "passed":
             status = self.proof.status if self.proof else "not run"
             found.append(f"proof {status_words(status)}")
@@ -98,6 +105,7 @@ class PatchVerdict:
             else None,
             "pristine_baseline": list(self.pristine_baseline),
             "imports": self.imports.json() if self.imports else None,
+            "runtime_names": self.runtime.json() if self.runtime else None,
             "fail_to_pass": self.fail_to_pass or None,
             "tree_tests": [t.nodeid for t in self.tests],
             "ok": not self.problems,

@@ -55,6 +55,7 @@ from deepstack_patch.proof.recorded_tests import (
     proven_by_recorded_tests,
     run_recorded_tests,
 )
+from deepstack_patch.proof.runtime_stage import runtime_stages
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
 from deepstack_patch.proof.verdicts import PatchVerdict
 
@@ -217,6 +218,32 @@ def _verdicts(
     return verdicts
 
 
+def _set_runtime_stages(
+    tree: VllmTree,
+    series: Sequence[Patch],
+    verdicts: list[PatchVerdict],
+    pristine: VllmTree | None,
+    progress: Progress,
+) -> None:
+    """The runtime-names stage of each derived patch needed or applied here,
+    judged on the release before the fix (``runtime_stage.py``)."""
+    derived = [
+        v
+        for v in verdicts
+        if getattr(v.patch, "reads_tree", False) and _provable(v.state)
+    ]
+    if not derived:
+        return
+    base: VllmTree | str
+    try:
+        base = pristine or pristine_tree(tree, None, progress)
+    except DeepstackError as exc:  # not a release: nothing to judge on
+        base = "; ".join(filter(None, [exc.located, exc.hint]))
+    stages = runtime_stages(base, series, [v.patch for v in derived])
+    for verdict in derived:
+        verdict.runtime = stages[verdict.patch.id]
+
+
 def _changed_files(report: Any) -> list[str]:
     """The files where the patch is needed or applied: the ones it changes."""
     return sorted({loc.path for loc in report.locations if _provable(loc.state)})
@@ -245,6 +272,7 @@ def verify_tree(
             ForkServer(env.python, subprocess_env(tree.root), learned)
         )
         verdicts = _verdicts(tree, series, selected, pristine)
+        _set_runtime_stages(tree, series, verdicts, pristine, progress)
         to_prove, before_ids = _proofs_to_run(verdicts)
         sources = patch_sources(series)  # patches from elsewhere: their files
         prove = functools.partial(run_proofs, spawn=forks.run, sources=sources)

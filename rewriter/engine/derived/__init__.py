@@ -11,7 +11,10 @@ The package's modules, in the order a fix travels through them:
 - :mod:`.patch` is :class:`DerivedPatch`, the four states unit by unit;
 - :mod:`.rename` follows a vendor's consistent renaming of locals;
 - :mod:`.names` and :mod:`.reads`: only code whose names resolve in the
-  target, and the other modules that takes reading;
+  target, and the other modules that takes reading; :mod:`.declared`, the
+  names a module ``__getattr__`` declares (``vllm.envs``);
+- :mod:`.runtime`: only code whose attributes are there at run time (ty on
+  the fixed file, attribute names the release defines or reads somewhere);
 - :mod:`.rewrite` makes the edits in LibCST.
 """
 

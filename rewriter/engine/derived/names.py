@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from deepstack_patch.engine.derived import shapes
 from deepstack_patch.engine.derived.data import Edit, Unit
+from deepstack_patch.engine.derived.declared import declared_names
 from deepstack_patch.engine.derived.match import (
     bound_name,
     code_nodes,
@@ -183,7 +184,8 @@ def unresolved(
     file_names = bound_in(tree.body, nested=False)
     patch_names = _patch_bindings(patch, path)
     stars = _has_star_import(tree.body)
-    imported = imported_modules(tree.body, path)
+    # The modules the file imports, and those the patch's imports add to it.
+    imported = imported_modules([*tree.body, *added_imports(patch, path)], path)
     for unit in needed:
         state = states[unit.part]
         renaming: Mapping[str, str] = state.details.get("renaming", {}) if state else {}
@@ -274,6 +276,18 @@ def _added_aliases(
             if isinstance(details, Mapping):
                 added += [tuple(a) for a in details.get("add", ())]  # type: ignore[misc]
     return added
+
+
+def added_imports(patch: DerivedPatch, path: str) -> list[ast.stmt]:
+    """The import statements of the patch's import edits in ``path``."""
+    return [
+        node
+        for unit in patch.units
+        if unit.path == path
+        for edit in unit.edits
+        if edit.kind == "imports"
+        for node in shapes.parse_statements(edit.inserted)
+    ]
 
 
 def wanted_imports(edit: Edit) -> list[tuple[str, str, int, str, str]]:
@@ -467,7 +481,10 @@ def _module_of(
     seen: frozenset[str],
 ) -> _Module:
     names = bound_in(tree.body, nested=False) | _all_of(tree.body)
-    is_open = "__getattr__" in names
+    # A __getattr__ answers any name, unless it declares them (vllm.envs).
+    declared = declared_names(tree.body, names) if "__getattr__" in names else None
+    is_open = "__getattr__" in names and declared is None
+    names |= declared or set()
     relpath = "/".join(dotted.split(".")) + ("/__init__.py" if package else ".py")
     for node in imports_in(tree.body):
         if not isinstance(node, ast.ImportFrom) or node.names[0].name != "*":

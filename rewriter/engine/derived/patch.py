@@ -48,6 +48,7 @@ from deepstack_patch.engine.derived.match import (
     one_statement,
 )
 from deepstack_patch.engine.derived.reads import module_files
+from deepstack_patch.engine.derived.runtime import PACKAGE_FILES, settle_runtime
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
     Finding,
@@ -115,8 +116,9 @@ class DerivedPatch(Patch):
     @functools.cached_property
     def also_reads(self) -> tuple[str, ...]:  # type: ignore[override]
         """The files of the modules its fix reads (after load checked that
-        its code parses)."""
-        return module_files(self.units)
+        its code parses), and the release's whole ``vllm`` package, where
+        its runtime names are looked up (engine/derived/runtime.py)."""
+        return (*module_files(self.units), *PACKAGE_FILES)
 
     def part_file(self, part: str) -> str:
         """A unit's part is ``path::name``: the file is the unit's own."""
@@ -131,6 +133,8 @@ class DerivedPatch(Patch):
         # Whole, never by its imports alone, and only code whose names
         # resolve (engine/derived/names.py).
         states = names.settle(self, units, self.unit_states(tree, path), tree, path)
+        # ... and what it reads at run time is there (engine/derived/runtime.py).
+        states = settle_runtime(self, units, states, path)
         return [
             Finding(
                 state=state.state,

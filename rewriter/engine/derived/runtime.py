@@ -1,0 +1,590 @@
+"""Whether the code a derived patch writes can run in its target: the
+attributes its new code reads exist there (issue 34, item 1).
+
+:mod:`.names` checks the names a fix reads from its file and from ``vllm``
+modules (and, for a module whose ``__getattr__`` answers declared names
+only, as ``vllm.envs`` does, that the name is declared). What it cannot see
+is an attribute of an object: ``model_config.is_diffusion`` on a release
+whose ``ModelConfig`` has no such field fails only at run time. Two checks
+here, for a unit that is otherwise ``needed``:
+
+- **defined nowhere**: an attribute the fix newly reads (its removed code
+  did not) whose name the release's ``vllm`` package neither defines (an
+  assignment to it, a ``def``, a class, a field, a keyword, a string of
+  that name) nor reads as an attribute anywhere. This covers what nothing
+  types: ``self.model.fc_norm`` on a ``torch.nn.Module``, whose
+  ``__getattr__`` answers any name to a type checker.
+- **typed**: the type checker ``ty`` (vLLM configures it, ``[tool.ty]``) on
+  the file as the fix leaves it and as it is, in the tree (the fixed file
+  in a folder of links to the tree's others). A diagnostic of a kind that
+  means "cannot run" (:data:`CANNOT_RUN`) on a line the fix wrote, that the
+  file as it is does not have, makes the unit drift with ty's words. The
+  third-party packages (torch above all) are absent, so their types are
+  unknown, and unknown is never an error.
+
+Both need the release's whole ``vllm`` package; where the tree cannot tell
+(a partial extraction not asked for it: a derived patch asks, ``also_reads``)
+they are not run, never guessed. The typed check's verdict is cached
+(``runtime-names/`` in the cache folder) under a digest of everything it
+depends on: every file of the tree's ``vllm`` package, the file, the
+patch's data, this package's code and ty's version.
+
+Nothing here runs for a hand-written patch, or without a tree (a patch's
+examples, ``rewrite_text``).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepstack_patch.engine.derived.data import Unit
+from deepstack_patch.engine.derived.match import code_nodes, import_aliases
+from deepstack_patch.engine.derived.names import (
+    DerivedPatch,
+    added_imports,
+    imports_in,
+)
+from deepstack_patch.engine.protocol import Finding, PatchState
+from deepstack_patch.engine.tree import TreeContext, tree_context
+
+#: ty's rules that mean the code cannot run: an attribute, a module member,
+#: a name or a ``vllm`` import that is not there, an argument the callee
+#: does not take or a required one not given. ``possibly-*`` rules (a union
+#: one member of which lacks it) and type mismatches are not among them.
+CANNOT_RUN = frozenset(
+    {
+        "missing-attribute",
+        "missing-module-member",
+        "unresolved-reference",
+        "unresolved-global",
+        "import-not-found",
+        "unknown-argument",
+        "missing-argument",
+        "too-many-positional-arguments",
+        "parameter-already-assigned",
+    }
+)
+
+#: The key of a drifted finding's details that says the drift is this
+#: module's (what the fix reads at run time is not there).
+RUNTIME = "runtime_names"
+
+#: The files the checks read: the release's whole ``vllm`` package (what a
+#: partial extraction holds for a derived patch, ``also_reads``).
+PACKAGE_FILES = ("vllm/**/*.py", "vllm/**/*.pyi")
+
+#: The Python version the target is checked for (vLLM's oldest supported).
+PYTHON_VERSION = "3.10"
+
+#: How long ty may take on one file before the check gives up (refusing).
+TIMEOUT_S = 120
+
+
+def settle_runtime(
+    patch: DerivedPatch,
+    units: Sequence[Unit],
+    states: dict[str, Any],
+    path: str,
+) -> dict[str, Any]:
+    """``states`` with every needed part drifted where the fix's code reads
+    what the target lacks at run time (see the module's docstring)."""
+    context = tree_context()
+    needed = [
+        unit
+        for unit in units
+        if unit.kind != "import"
+        and (state := states.get(unit.part)) is not None
+        and state.state is PatchState.NEEDED
+    ]
+    if context is None or not needed or not package_is_whole(context):
+        return states
+    package = _package(context)
+    modules = _module_names(context, path) | _imported_names(added_imports(patch, path))
+    # ty's words first: they name the type (``ModelConfig.is_diffusion``).
+    why = typed_problem(
+        patch, units, states, path, context, package
+    ) or undefined_attribute(patch, needed, modules, package)
+    if not why:
+        return states
+    return {  # the detail tells verify's runtime stage (proof/runtime_stage.py)
+        part: dataclasses.replace(
+            state, state=PatchState.DRIFTED, reason=why, details={RUNTIME: why}
+        )
+        if state is not None and state.state is PatchState.NEEDED
+        else state
+        for part, state in states.items()
+    }
+
+
+def package_is_whole(context: TreeContext) -> bool:
+    """Whether the tree holds every file of its ``vllm`` package: a whole
+    tree, or a partial extraction asked for all of it."""
+    return context.lacks("vllm/deepstack-patch-probe/absent.py")
+
+
+# -- the release's vllm package ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Package:
+    """The bytes of every Python file of the tree's ``vllm`` package."""
+
+    files: tuple[tuple[str, bytes], ...]
+    digest: str
+
+
+def _package(context: TreeContext) -> Package:
+    key = ("runtime package", context.root)
+    if key not in context.memo:
+        files = []
+        base = context.root / "vllm"
+        for folder, dirs, names in os.walk(base):
+            dirs.sort()
+            for name in sorted(names):
+                if name.endswith((".py", ".pyi")):
+                    full = os.path.join(folder, name)
+                    with open(full, "rb") as handle:
+                        files.append(
+                            (os.path.relpath(full, context.root), handle.read())
+                        )
+        digest = hashlib.sha256()
+        for relpath, raw in files:
+            digest.update(f"{relpath}\0{len(raw)}\0".encode())
+            digest.update(raw)
+        context.memo[key] = Package(tuple(files), digest.hexdigest())
+    return context.memo[key]  # type: ignore[return-value]
+
+
+# -- attributes the release defines nowhere ----------------------------------------
+
+
+def undefined_attribute(
+    patch: DerivedPatch,
+    needed: Sequence[Unit],
+    file_modules: set[str],
+    package: Package,
+) -> str:
+    """The first attribute the needed units' fix newly reads that the
+    release neither defines nor reads anywhere; empty where there is none.
+    ``file_modules``: what the file's imports bind (:func:`_module_names`)."""
+    own = _defined_by_patch(patch)
+    for unit in needed:
+        new = [n for e in unit.edits for n in code_nodes(e.inserted, e.header_after)]
+        old = [n for e in unit.edits for n in code_nodes(e.removed, e.header_before)]
+        modules = file_modules | _imported_names(new)
+        read_before = {node.attr for node in _attributes(old)}
+        # A name the fix spells as a string, ``hasattr(layer, "name")`` above
+        # ``layer.name``, is one it tests for before it reads it.
+        tested = {
+            node.value
+            for root in new
+            for node in ast.walk(root)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        }
+        for node in _attributes(new):
+            name = node.attr
+            if (
+                name in read_before
+                or name in own
+                or name in tested
+                or _root(node) in modules
+            ):
+                continue
+            if not _known(name, package):
+                shown = ast.unparse(node)
+                shown = shown if len(shown) <= 60 else "…" + shown[-59:]
+                return (
+                    f"the fix reads `{shown}`, which nothing in this release "
+                    f"defines or reads (no `{name}` in its vllm package)"
+                )
+    return ""
+
+
+def _attributes(nodes: Iterable[ast.AST]) -> list[ast.Attribute]:
+    """The attributes ``nodes`` read, in order."""
+    found = [
+        node
+        for root in nodes
+        for node in ast.walk(root)
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+    ]
+    return sorted(found, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _root(node: ast.AST) -> str:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _module_names(context: TreeContext, path: str) -> set[str]:
+    """The names the file's imports bind: an attribute of one may be a
+    module member (:mod:`.names` checks those of ``vllm``; those of other
+    packages are not checked), or a class's, which the typed check sees."""
+    raw = context.sources.get(path)
+    try:
+        body = ast.parse(raw if raw is not None else (context.root / path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    return _imported_names(body.body)
+
+
+def _imported_names(nodes: Iterable[ast.AST]) -> set[str]:
+    return {
+        (asname or name).split(".")[0] if kind == "import" else (asname or name)
+        for kind, _module, _level, name, asname in import_aliases(imports_in(nodes))
+    }
+
+
+def _defined_by_patch(patch: DerivedPatch) -> set[str]:
+    """What the patch's own code defines (not what it imports): attributes
+    it assigns, definitions, names and parameters it binds (a new method, a
+    field, a parameter its callers in another file pass)."""
+    found: set[str] = set()
+    for unit in patch.units:
+        for edit in unit.edits:
+            for root in code_nodes(edit.inserted, edit.header_after):
+                for node in ast.walk(root):
+                    match node:
+                        case (
+                            ast.FunctionDef(name=name)
+                            | ast.AsyncFunctionDef(name=name)
+                            | ast.ClassDef(name=name)
+                            | ast.Name(id=name, ctx=ast.Store())
+                            | ast.Attribute(attr=name, ctx=ast.Store())
+                            | ast.arg(arg=name)  # a parameter it gives a callee
+                        ):
+                            found.add(name)
+    return found
+
+
+def _known(name: str, package: Package) -> bool:
+    """Whether the package defines ``name`` or reads it as an attribute: read
+    off its text (a definition or a read anywhere, a comment's aside)."""
+    word = name.encode()
+    evidence = re.compile(
+        rb"(?:\.\s*|\bdef\s+|\bclass\s+|['\"])"
+        + re.escape(word)
+        + rb"\b|\b"
+        + re.escape(word)
+        + rb"\s*(?::|=(?!=))"
+    )
+    return any(word in raw and evidence.search(raw) for _path, raw in package.files)
+
+
+# -- the type checker ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    line: int
+    rule: str
+    message: str
+
+
+def typed_problem(
+    patch: DerivedPatch,
+    units: Sequence[Unit],
+    states: Mapping[str, Any],
+    path: str,
+    context: TreeContext,
+    package: Package,
+) -> str:
+    """ty's first new "cannot run" diagnostic on the fix's lines, worded;
+    empty where there is none (cached, see the module's docstring)."""
+    raw = context.sources.get(path)
+    if raw is None:
+        try:
+            raw = (context.root / path).read_bytes()
+        except OSError:
+            return ""
+    key = _cache_key(patch, path, raw, package)
+    cached = _cached(key)
+    if cached is not None:
+        return cached
+    fixed = _fixed_bytes(patch, units, states, path, raw)
+    if fixed is None:  # the rewrite refused: apply says so, with its reason
+        return ""
+    try:
+        before, after = _diagnostics(context.root, path, raw, fixed)
+    except _CheckerFailed as failed:
+        return f"the type checker could not check the fixed {path}: {failed}"
+    lines = _written_lines(raw, fixed)
+    own = _defined_by_patch(patch)
+    old = Counter((d.rule, d.message) for d in before)
+    found = ""
+    for diagnostic in after:
+        identity = (diagnostic.rule, diagnostic.message)
+        if old[identity] > 0:
+            old[identity] -= 1
+            continue
+        if (
+            diagnostic.line in lines
+            and _cannot_run(diagnostic)
+            and not _about_its_own(diagnostic, own)
+        ):
+            found = worded(diagnostic, path)
+            break
+    _store(key, found)
+    return found
+
+
+def _cannot_run(diagnostic: Diagnostic) -> bool:
+    if diagnostic.rule not in CANNOT_RUN:
+        return False
+    if diagnostic.rule == "import-not-found":  # third-party packages are absent
+        return re.search(r"`vllm[.`]", diagnostic.message) is not None
+    return True
+
+
+def _about_its_own(diagnostic: Diagnostic, own: set[str]) -> bool:
+    """Whether the diagnostic names what the patch defines itself in one of
+    its other files (the type checker sees them as the tree has them)."""
+    return any(word in own for word in re.findall(r"`(\w+)`", diagnostic.message))
+
+
+_MISSING = re.compile(
+    r"(?:Object of type|Class|Module) `(?P<owner>[^`]+)` has no "
+    r"(?:attribute|member) `(?P<name>[^`]+)`"
+)
+
+
+def worded(diagnostic: Diagnostic, path: str) -> str:
+    """A drift reason in ty's words (``the fix reads `A.b`, which this
+    release lacks``, where the diagnostic names an attribute)."""
+    said = f"ty: {diagnostic.message} [{diagnostic.rule}]"
+    missing = _MISSING.search(diagnostic.message)
+    if missing and diagnostic.message.startswith("Module"):
+        return (
+            f"the fix needs `{missing['name']}` from `{missing['owner']}`, which "
+            f"this release lacks ({said})"
+        )
+    if missing:
+        return (
+            f"the fix reads `{missing['owner']}.{missing['name']}`, which this "
+            f"release lacks ({said})"
+        )
+    return (
+        f"the fix's code cannot run in this release ({said}, at line "
+        f"{diagnostic.line} of the fixed {path})"
+    )
+
+
+def _fixed_bytes(
+    patch: DerivedPatch,
+    units: Sequence[Unit],
+    states: Mapping[str, Any],
+    path: str,
+    raw: bytes,
+) -> bytes | None:
+    """The file as the patch's rewrite leaves it, or None where it refuses."""
+    from deepstack_patch.engine.errors import DeepstackError, RewriteRefused
+    from deepstack_patch.engine.plan import rewritten_bytes
+
+    needed = [
+        Finding(
+            state=state.state,
+            symbol=unit.name,
+            line=state.span[0],
+            span=state.span,
+            part=unit.part,
+            details=state.details,
+        )
+        for unit in units
+        if (state := states.get(unit.part)) is not None
+        and state.state is PatchState.NEEDED
+    ]
+    try:
+        return rewritten_bytes(patch, path, raw, needed)  # type: ignore[arg-type]
+    except (RewriteRefused, DeepstackError):
+        return None
+
+
+def _written_lines(before: bytes, after: bytes) -> set[int]:
+    """The 1-based lines of ``after`` that a line diff from ``before`` wrote."""
+    matcher = difflib.SequenceMatcher(
+        None, before.splitlines(), after.splitlines(), autojunk=False
+    )
+    return {
+        line + 1
+        for tag, _i1, _i2, j1, j2 in matcher.get_opcodes()
+        if tag != "equal"
+        for line in range(j1, j2)
+    }
+
+
+class _CheckerFailed(Exception):
+    pass
+
+
+def _diagnostics(
+    root: Path, path: str, raw: bytes, fixed: bytes
+) -> tuple[list[Diagnostic], list[Diagnostic]]:
+    """ty on ``path`` as it is and as fixed, each in a folder of links to
+    the tree's ``vllm`` package (the fixed file in place of its own), run
+    side by side."""
+    binary = _ty_binary()
+    with tempfile.TemporaryDirectory(prefix="deepstack-runtime-") as scratch:
+        work = Path(scratch)
+        # No third-party package: their types are unknown, never errors.
+        (work / "env" / "lib" / f"python{PYTHON_VERSION}" / "site-packages").mkdir(
+            parents=True
+        )
+        (work / "ty.toml").write_text("")  # not the tree's [tool.ty]
+        runs = []
+        for name, text in (("before", raw), ("after", fixed)):
+            _overlay(root, work / name, path, text)
+            command = [
+                binary, "check", "--config-file", str(work / "ty.toml"),
+                "--python", str(work / "env"), "--python-version", PYTHON_VERSION,
+                "--output-format", "concise", "--no-progress", "--color", "never",
+                path,
+            ]  # fmt: skip
+            runs.append(
+                subprocess.Popen(
+                    command,
+                    cwd=work / name,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+        return _read(runs[0], path), _read(runs[1], path)
+
+
+def _read(run: subprocess.Popen[bytes], path: str) -> list[Diagnostic]:
+    try:
+        out, err = run.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        run.communicate()
+        raise _CheckerFailed(f"ty took more than {TIMEOUT_S} s") from None
+    if run.returncode not in (0, 1):  # 1: diagnostics found
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+        raise _CheckerFailed(f"ty exited {run.returncode}: {tail[0]}")
+    pattern = re.compile(re.escape(path) + r":(\d+):\d+: \w+\[([\w-]+)\] (.*)")
+    return [
+        Diagnostic(int(m[1]), m[2], m[3])
+        for line in out.decode(errors="replace").splitlines()
+        if (m := pattern.fullmatch(line))
+    ]
+
+
+def _overlay(root: Path, out: Path, path: str, text: bytes) -> None:
+    """``out`` as the tree with ``path`` holding ``text``: links to every
+    other entry of the folders on the way (a few hundred links at most)."""
+    parts = path.split("/")
+    source, target = root, out
+    target.mkdir(parents=True)
+    for depth, part in enumerate(parts):
+        # At the tree's root, its package alone.
+        entries = [part] if depth == 0 else sorted(os.listdir(source))
+        for entry in entries:
+            if entry != part:
+                (target / entry).symlink_to(source / entry)
+        source, target = source / part, target / part
+        if depth < len(parts) - 1:
+            target.mkdir()
+    target.write_bytes(text)
+
+
+def _ty_binary() -> str:
+    try:
+        from ty import find_ty_bin
+    except ImportError:
+        raise _CheckerFailed(
+            "ty is not installed (pip install deepstack-patch brings it)"
+        ) from None
+    try:
+        return os.fsdecode(find_ty_bin())
+    except FileNotFoundError as exc:
+        raise _CheckerFailed(f"ty's binary is missing: {exc}") from None
+
+
+# -- the cache ---------------------------------------------------------------------
+
+
+#: Bump when what is stored changes meaning.
+_CACHE_SCHEMA = "1"
+
+
+def _cache_key(patch: DerivedPatch, path: str, raw: bytes, package: Package) -> str:
+    digest = hashlib.sha256()
+    for piece in (
+        _CACHE_SCHEMA,
+        _ty_version(),
+        _engine_digest(),
+        package.digest,
+        path,
+        getattr(patch, "data_fingerprint", b"").hex(),
+    ):
+        digest.update(piece.encode() + b"\0")
+    digest.update(raw)
+    return digest.hexdigest()
+
+
+@functools.cache
+def _ty_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ty")
+    except PackageNotFoundError:
+        return "absent"
+
+
+@functools.cache
+def _engine_digest() -> str:
+    """The engine's code: a rewrite or a check that changed makes new keys."""
+    digest = hashlib.sha256()
+    engine = Path(__file__).resolve().parents[1]
+    for file in sorted(engine.rglob("*.py")):
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def _cache_file(key: str) -> Path | None:
+    from deepstack_patch.engine.cache import cache_dir
+    from deepstack_patch.engine.errors import DeepstackError
+
+    try:
+        return cache_dir() / "runtime-names" / key[:2] / f"{key}.json"
+    except DeepstackError:
+        return None  # no cache folder: check every time
+
+
+def _cached(key: str) -> str | None:
+    file = _cache_file(key)
+    try:
+        stored: Any = json.loads(file.read_text()) if file else None
+    except (OSError, ValueError):
+        return None
+    problem = stored.get("problem") if isinstance(stored, dict) else None
+    return problem if isinstance(problem, str) else None
+
+
+def _store(key: str, problem: str) -> None:
+    file = _cache_file(key)
+    if file is None:
+        return
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        partial = file.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"problem": problem}))
+        partial.replace(file)
+    except OSError:
+        pass  # a cache that cannot be written only costs time

@@ -1,0 +1,333 @@
+"""Issue 34 items 1-2: a derived patch writes only code whose runtime names
+are there (typed attributes, a module ``__getattr__``'s declared names,
+attribute names the release defines or reads somewhere), and ``verify``
+never calls a fix proven on a test that stubs what it reads.
+
+The fast tier runs on small whole trees (with their ``pyproject.toml``);
+the release tier cuts one fix of each kind from 0.20.2's own files.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from deepstack_patch.authoring.derive import derive_patch_from_text
+from deepstack_patch.engine.apply import apply_tree
+from deepstack_patch.engine.derived import DerivedPatch, write_derived
+from deepstack_patch.engine.derived import runtime as runtime_module
+from deepstack_patch.engine.derived.units import units_of_change
+from deepstack_patch.engine.plan import plan_tree
+from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.series import assemble_series, patches_from_folder
+from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.patches import SERIES
+
+from tests.support import TARGETS
+from tests.test_json_schemas import errors as schema_errors
+from tests.test_verify_imports import git_diff
+
+
+def patch_of(patch_id: str, path: str, before: str, after: str) -> DerivedPatch:
+    return DerivedPatch(
+        id=patch_id,
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=[path],
+        units=units_of_change(path, before, after),
+    )
+
+
+def whole_tree(root: Path, files: dict[str, str], version: str = "0.0.1") -> Path:
+    """A whole vLLM tree (its pyproject.toml: every file of the release)."""
+    for path, text in {
+        "pyproject.toml": "[project]\nname = 'vllm'\n",
+        "PKG-INFO": f"Metadata-Version: 2.4\nName: vllm\nVersion: {version}\n",
+        "vllm/__init__.py": "",
+        **files,
+    }.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def report_of(root: Path, patch: DerivedPatch):
+    return plan_tree(VllmTree.open(root), [patch], rewrite=False).report(patch.id)
+
+
+# -- a module __getattr__ that declares its names --------------------------------
+
+ENVS = """from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    VLLM_TOY_TYPED: int = 0
+
+environment_variables = {"VLLM_TOY_LIMIT": lambda: 4}
+
+
+def __getattr__(name: str):
+    if name in environment_variables:
+        return environment_variables[name]()
+    raise AttributeError(name)
+"""
+
+READER = "import vllm.envs as envs\n\n\ndef limit():\n    return 1\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "state"),
+    [
+        ("VLLM_TOY_LIMIT", PatchState.NEEDED),  # a key of the dict it answers
+        ("VLLM_TOY_TYPED", PatchState.NEEDED),  # declared for type checkers
+        ("VLLM_TOY_OTHER", PatchState.DRIFTED),  # neither
+    ],
+)
+def test_a_setting_the_module_does_not_declare_drifts(
+    tmp_path: Path, name: str, state: PatchState
+) -> None:
+    after = READER.replace("return 1", f"return envs.{name}")
+    root = whole_tree(tmp_path, {"vllm/envs.py": ENVS, "vllm/reader.py": READER})
+    report = report_of(root, patch_of("local#e", "vllm/reader.py", READER, after))
+    assert report.state is state, report.reason
+    if state is PatchState.DRIFTED:
+        assert report.reason == (
+            f"the fix needs `{name}` from `vllm.envs`, which this release lacks"
+        )
+
+
+# -- typed objects, and the cache ----------------------------------------------
+
+CONFIG = "class ToyConfig:\n    def __init__(self):\n        self.limit = 4\n"
+#: An attribute of that name exists elsewhere in the release: only the type
+#: checker can tell that ToyConfig lacks it.
+ELSEWHERE = "class Scheduler:\n    strict: bool = False\n"
+TOY = """from vllm.config import ToyConfig
+
+
+def check(config: ToyConfig):
+    return config.limit
+"""
+FIXED = TOY.replace(
+    "    return config.limit",
+    "    if config.strict:\n        return 0\n    return config.limit",
+)
+TEST = """from types import SimpleNamespace
+
+from vllm.toy import check
+
+
+def test_a_strict_config_checks_nothing():
+    assert check(SimpleNamespace(strict=True, limit=4)) == 0
+"""
+
+
+def test_a_typed_attribute_the_release_lacks_drifts_in_ty_s_words_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ty runs once per release, file and patch: the second plan reads its
+    verdict from the cache; a changed file of the package is a new key."""
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
+    runs: list[Path] = []
+    real = runtime_module._diagnostics
+
+    def counted(root: Path, *args: object):
+        runs.append(root)
+        return real(root, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runtime_module, "_diagnostics", counted)
+    files = {
+        "vllm/config.py": CONFIG,
+        "vllm/sched.py": ELSEWHERE,
+        "vllm/toy.py": TOY,
+    }
+    root = whole_tree(tmp_path / "tree", files)
+    patch = patch_of("local#t", "vllm/toy.py", TOY, FIXED)
+    for _ in range(2):
+        report = report_of(root, patch)
+        assert report.state is PatchState.DRIFTED
+        assert report.reason == (
+            "the fix reads `ToyConfig.strict`, which this release lacks (ty: "
+            "Object of type `ToyConfig` has no attribute `strict` [missing-attribute])"
+        )
+    assert len(runs) == 1
+    assert not apply_tree(VllmTree.open(root), [patch], {patch.id}).written
+    assert (root / "vllm/toy.py").read_text() == TOY
+    # The release that has the field: a new key, and the fix is needed.
+    (root / "vllm/config.py").write_text(CONFIG + "        self.strict = False\n")
+    assert report_of(root, patch).state is PatchState.NEEDED
+    assert len(runs) == 2
+
+
+NORM = "class Norm:\n    def __init__(self, size):\n        self.size = size\n"
+USER = "from vllm.norm import Norm\n\n\ndef build():\n    return Norm(4)\n"
+
+
+def test_an_argument_the_patch_gives_its_callee_in_another_file_is_there(
+    tmp_path: Path,
+) -> None:
+    """ty sees the callee as the tree has it; the parameter the patch adds
+    there (vllm#38191 on 0.20.2) is no unknown argument, and one it does
+    not add is."""
+    fixed_norm = NORM.replace("size):", "size, shards=1):")
+    fixed_user = USER.replace("Norm(4)", "Norm(4, shards=2)")
+    root = whole_tree(tmp_path / "tree", {"vllm/norm.py": NORM, "vllm/user.py": USER})
+    both = [
+        *units_of_change("vllm/norm.py", NORM, fixed_norm),
+        *units_of_change("vllm/user.py", USER, fixed_user),
+    ]
+    patch = DerivedPatch(
+        id="local#n",
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=["vllm/norm.py", "vllm/user.py"],
+        units=both,
+    )
+    assert report_of(root, patch).state is PatchState.NEEDED
+    alone = patch_of("local#u", "vllm/user.py", USER, fixed_user)
+    assert "[unknown-argument]" in report_of(root, alone).reason
+
+
+# -- verify: a test that stubs what the fix reads proves nothing ----------------
+
+
+def test_verify_never_proves_a_fix_whose_runtime_names_fail(tmp_path: Path) -> None:
+    """The fix's own test passes a stub config that has ``strict``; the
+    release's ToyConfig has not. Its runtime-names stage fails on the
+    pristine release: not proven, not ok, whatever the test says."""
+    from deepstack_patch.output.documents import verify_json
+    from deepstack_patch.proof import envs, verify
+
+    files = {"vllm/config.py": CONFIG, "vllm/toy.py": TOY}
+    # Upstream's parent had the field; the release carried here has not.
+    parent = whole_tree(
+        tmp_path / "parent",
+        {**files, "vllm/config.py": CONFIG + "        self.strict = False\n"},
+    )
+    pristine = whole_tree(tmp_path / "pristine", files, "0.20.2")
+    fixed = whole_tree(tmp_path / "fixed", {**files, "vllm/toy.py": FIXED}, "0.20.2")
+    diff = git_diff("vllm/toy.py", TOY, FIXED) + git_diff("tests/test_toy.py", "", TEST)
+    result = derive_patch_from_text(diff, VllmTree.open(parent), "acme#7")
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    write_derived(result.patch, folder)
+    series = assemble_series(SERIES, patches_from_folder(folder))
+    report = verify.verify_tree(
+        VllmTree.open(fixed),
+        series,
+        {"acme#7"},
+        envs.ProofEnv(Path(sys.executable)),
+        TARGETS,
+        pristine=VllmTree.open(pristine),
+    )
+    (verdict,) = report.verdicts
+    assert verdict.proof is not None and verdict.proof.status == "passed"  # the stub
+    assert verdict.runtime is not None and verdict.runtime.status == "failed"
+    assert verdict.fail_to_pass == "not-proven"
+    assert not report.ok and report.exit_code == 1
+    assert verdict.problems[0].startswith(
+        "runtime names: the fix reads `ToyConfig.strict`, which this release lacks"
+    )
+    document = json.loads(json.dumps(verify_json(report)))
+    assert schema_errors("verify", document) == []
+    (patch,) = document["patches"]
+    assert patch["runtime_names"]["status"] == "failed"
+    assert patch["ok"] is False and patch["fail_to_pass"] == "not-proven"
+
+
+# -- the release tier: one fix of each kind on 0.20.2 -------------------------
+
+SAMPLING = "vllm/sampling_params.py"
+CONNECTIONS = "vllm/connections.py"
+EAGLE3 = "vllm/model_executor/models/deepseek_eagle3.py"
+FIRST_CHECK = "        self._validate_logprobs(model_config)\n"
+
+
+def _guarded(field: str) -> str:
+    return (
+        f"        if model_config.{field} is None:\n"
+        '            raise ValueError("unset")\n' + FIRST_CHECK
+    )
+
+
+#: id -> (file, the text the fix replaces, its replacement, the reason).
+CASES = {
+    "local#typed": (
+        SAMPLING,
+        FIRST_CHECK,
+        _guarded("max_num_seqs"),  # a field of SchedulerConfig, not ModelConfig
+        "the fix reads `ModelConfig.max_num_seqs`, which this release lacks (ty: "
+        "Object of type `ModelConfig` has no attribute `max_num_seqs` "
+        "[missing-attribute])",
+    ),
+    "local#envs": (
+        CONNECTIONS,
+        "envs.VLLM_MEDIA_FETCH_MAX_RETRIES, 1)",
+        "envs.VLLM_MEDIA_FETCH_RETRY_LIMIT, 1)",
+        "the fix needs `VLLM_MEDIA_FETCH_RETRY_LIMIT` from `vllm.envs`, which "
+        "this release lacks",
+    ),
+    "local#nowhere": (
+        EAGLE3,
+        "return self.model.fc(hidden_states)",
+        "return self.model.fc_norm_after(self.model.fc(hidden_states))",
+        "the fix reads `self.model.fc_norm_after`, which nothing in this release "
+        "defines or reads (no `fc_norm_after` in its vllm package)",
+    ),
+    "local#right": (SAMPLING, FIRST_CHECK, _guarded("max_model_len"), ""),
+}
+
+
+@pytest.mark.release
+def test_each_kind_drifts_named_alike_on_the_whole_and_the_partial_release(
+    tmp_path: Path,
+    release_tree: Callable[[str], Path],
+    patched_copy: Callable[[str], Path],
+) -> None:
+    """Adds: a typed attribute, an undeclared vllm.envs setting and an
+    attribute the release defines nowhere, cut from 0.20.2's own files, drift
+    with the same reason under ``status --release`` (a partial extraction,
+    whole vllm package) as on the whole tree, ``apply`` writes nothing, and a
+    right fix of the same shape stays needed."""
+    release = release_tree("0.20.2")
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    patches = []
+    for patch_id, (path, old, new, _reason) in CASES.items():
+        before = (release / path).read_text()
+        assert before.count(old) >= 1, patch_id
+        patches.append(patch_of(patch_id, path, before, before.replace(old, new, 1)))
+        write_derived(patches[-1], folder)
+    work = tmp_path / "work"  # no ./vllm-0.20.2 here: the cache's partial tree
+    work.mkdir()
+    status = subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", "status", "--release", "0.20.2"]
+        + ["--patches", str(folder), "--format", "json"]
+        + [f"--only={patch_id}" for patch_id in CASES],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        timeout=600,
+    )
+    assert status.returncode == 2, status.stderr
+    partial = {p["id"]: p for p in json.loads(status.stdout)["patches"]}
+    whole = plan_tree(VllmTree.open(release), patches, rewrite=False)
+    for patch_id, (_path, _old, _new, reason) in CASES.items():
+        report = whole.report(patch_id)
+        expected = PatchState.DRIFTED if reason else PatchState.NEEDED
+        assert report.state is expected, (patch_id, report.reason)
+        assert partial[patch_id]["state"] == expected.value, partial[patch_id]
+        if reason:
+            assert reason in report.reason, (patch_id, report.reason)
+            assert reason in json.dumps(partial[patch_id]), partial[patch_id]
+    copy = patched_copy("0.20.2")
+    drifted = [p for p in patches if p.id != "local#right"]
+    result = apply_tree(VllmTree.open(copy), drifted, {p.id for p in drifted})
+    assert not result.written
+    for path in {SAMPLING, CONNECTIONS, EAGLE3}:
+        assert (copy / path).read_text() == (release / path).read_text()
