@@ -150,12 +150,8 @@ def verdict(run: TestRun, patch_id: str, pristine: bool = False) -> ProofResult:
     """The proof result of one run of a patch's recorded tests."""
     sorted_cases = _sort_cases(run.cases, pristine)
     summary = ", ".join(
-        f"{len(cases)} {label}"
-        for label, cases in sorted_cases.items()
-        if cases and label != "skipped"
+        f"{len(cases)} {label}" for label, cases in sorted_cases.items() if cases
     )
-    if sorted_cases["skipped"]:
-        summary += (", " if summary else "") + f"{len(sorted_cases['skipped'])} skipped"
     details = "\n".join(
         f"{case.nodeid}: {label}: {failure_summary(case.message)}"
         for label, cases in sorted_cases.items()
