@@ -90,7 +90,7 @@ def derive_commit(
         upstream_url=upstream_url,
         fixed_in=fixed_in,
     )
-    result.commit = change.sha
+    result.commit = result.patch.commit = change.sha
     return write_result(result, out, started)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deepstack_patch.authoring.changed_tests import changed_tests
 from deepstack_patch.authoring.check import self_check
 from deepstack_patch.authoring.sources import (
     mail_subject,
@@ -213,6 +214,7 @@ def _read_changes(
 
     notes: list[str] = []
     recorded: dict[str, str] = {}  # test path -> content after the fix
+    tested: dict[str, str] = {}  # test path -> content before the fix
     skipped: dict[str, SkippedTest] = {}
     texts: dict[str, tuple[str, str]] = {}  # path -> (before, after)
     # A format-patch series may change a file in several patches: each
@@ -221,6 +223,8 @@ def _read_changes(
         path = file_diff.path
         _refuse_shape(file_diff, diff_name)
         if is_test_path(path):
+            if path not in tested:
+                tested[path] = _base_test(base, path)
             if path not in skipped:
                 _record_test(file_diff, base, notes, recorded, skipped)
             continue
@@ -259,8 +263,17 @@ def _read_changes(
             continue
         units.extend(changed)
         results[path] = (before, after)
-    tests = [RecordedTest(path, content) for path, content in recorded.items()]
+    tests = [
+        RecordedTest(path, content, changed_tests(tested[path], content))
+        for path, content in recorded.items()
+    ]
     return units, tests, list(skipped.values()), results, notes
+
+
+def _base_test(base: VllmTree, path: str) -> str:
+    """A test file as the base has it ("" where it has none: a new test)."""
+    file = base.root / path
+    return file.read_text("utf-8") if file.is_file() else ""
 
 
 def _refuse_shape(file_diff: FileDiff, diff_name: str) -> None:

@@ -80,12 +80,15 @@ class DerivedPatch(Patch):
         upstream_url: str = "",
         fixed_in: str = "",
         skipped_tests: Sequence[SkippedTest] = (),
+        commit: str = "",
     ) -> None:
         self.id = id
         self.title = title
         self.symptom = symptom
         self.base = base
         self.base_tree = base_tree
+        #: The upstream commit it was derived from (``derive --commit``), else "".
+        self.commit = commit
         self.upstream_url = upstream_url or pull_request_url(id)
         #: The first vLLM release with the fix, when its author named one.
         self.fixed_in = fixed_in
@@ -116,6 +119,10 @@ class DerivedPatch(Patch):
         its code parses), and the release's whole ``vllm`` package, where
         its runtime names are looked up (engine/derived/runtime.py)."""
         return (*module_files(self.units), *PACKAGE_FILES)
+
+    def part_file(self, part: str) -> str:
+        """A unit's part is ``path::name``: the file is the unit's own."""
+        return next((unit.path for unit in self.units if unit.part == part), "")
 
     # -- recognition ---------------------------------------------------
 
