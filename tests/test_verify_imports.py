@@ -266,8 +266,14 @@ def test_stage_status_from_its_modules() -> None:
 BATCH_INVARIANT = "vllm/model_executor/layers/batch_invariant.py"
 LOGGER = "logger = init_logger(__name__)\n"
 #: A module-level read of a variable 0.20.2's envs.py does not define (one
-#: an upstream fix may read, added to envs.py by an earlier upstream change).
-STRICT_READ = "_BATCH_INVARIANT_STRICT = envs.VLLM_BATCH_INVARIANT_STRICT\n"
+#: an upstream fix may read, added to envs.py by an earlier upstream change),
+#: through envs' own table by key: no static check sees a missing key (the
+#: attribute `envs.VLLM_BATCH_INVARIANT_STRICT` is refused by derive's
+#: declared-names check, engine/derived/declared.py).
+STRICT_READ = (
+    "_BATCH_INVARIANT_STRICT = "
+    'envs.environment_variables["VLLM_BATCH_INVARIANT_STRICT"]()\n'
+)
 RELEASE_TEST = "tests/model_executor/test_batch_invariant_strict.py"
 RELEASE_TEST_TEXT = """from vllm.model_executor.layers import batch_invariant
 
@@ -331,8 +337,7 @@ def test_verify_catches_a_derived_fix_that_breaks_an_import_on_0_20_2(
     assert module["module"] == "vllm.model_executor.layers.batch_invariant"
     assert module["pristine_error"] == ""
     assert module["error"].startswith(
-        "AttributeError: module 'vllm.envs' has no attribute "
-        "'VLLM_BATCH_INVARIANT_STRICT' (at "
+        "KeyError: 'VLLM_BATCH_INVARIANT_STRICT' (at "
         "vllm/model_executor/layers/batch_invariant.py:"
     )
     assert patch["problems"][0].startswith("import stage failed: ")
