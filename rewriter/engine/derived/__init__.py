@@ -12,7 +12,8 @@ The package's modules, in the order a fix travels through them:
 - :mod:`.rename` follows a vendor's consistent renaming of locals;
 - :mod:`.names` and :mod:`.reads`: only code whose names resolve in the
   target, and the other modules that takes reading;
-- :mod:`.rewrite` makes the edits in LibCST.
+- :mod:`.regions` and :mod:`.rewrite`: the lines an edit changes, and the
+  rewrite that changes only those (as text; imports by name where it must).
 """
 
 from deepstack_patch.engine.derived.data import (
