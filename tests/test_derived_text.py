@@ -18,13 +18,17 @@ import difflib
 from pathlib import Path
 
 import pytest
-from deepstack_patch.authoring.derive import apply_file_diff, parse_diff
+from deepstack_patch.authoring.derive import (
+    apply_file_diff,
+    derive_patch_from_text,
+    parse_diff,
+)
 from deepstack_patch.engine import plan as plan_module
 from deepstack_patch.engine.derived import load_derived
 from deepstack_patch.engine.plan import rewrite_text
 from deepstack_patch.engine.protocol import PatchState
 
-from tests.test_derive import PATH, derived, states
+from tests.test_derive import PATH, _tree, derived, git_diff, states
 
 
 def git_applied(before: str, after: str, target: str) -> str:
@@ -429,6 +433,31 @@ def test_a_replaced_statement_laid_out_otherwise_is_replaced_by_upstreams(
     )
     fixed = written(BUFFERS, BUFFERS_FIXED, target, monkeypatch)
     assert fixed == BUFFERS_FIXED
+
+
+# -- derive's self-check compares the text ----------------------------------------
+
+
+def test_derive_says_text_where_its_rewrite_is_the_diffs_result(
+    tmp_path: Path,
+) -> None:
+    """The round trip is ``text`` for the chain (it was ``ast``: quotes and
+    comments were lost); where a comment changes in a function whose code
+    the fix does not change, ``ast``, and a note names the line."""
+    base = _tree(tmp_path / "base", {PATH: CHAIN})
+    result = derive_patch_from_text(git_diff(PATH, CHAIN, CHAIN_FIXED), base, "l#1")
+    assert result.round_trip == "text" and result.notes == []
+    elsewhere = CHAIN + "\n\ndef other():\n    # old words\n    return 1\n"
+    fixed = CHAIN_FIXED + "\n\ndef other():\n    # new words\n    return 1\n"
+    base = _tree(tmp_path / "other", {PATH: elsewhere})
+    result = derive_patch_from_text(git_diff(PATH, elsewhere, fixed), base, "l#2")
+    assert result.round_trip == "ast"
+    line = fixed.splitlines().index("    # new words") + 1
+    assert result.notes == [
+        f"{PATH}: the rewrite's text differs from the diff's result at line(s) "
+        f"{line} of the result (the same code: a comment, docstring or blank line "
+        "the fix changes away from the statements it changes is not carried)"
+    ]
 
 
 # -- a data file derive wrote before ---------------------------------------------
