@@ -134,7 +134,7 @@ def test_a_fix_that_breaks_an_import_fails_the_import_stage(tmp_path: Path) -> N
     (module,) = stage.modules
     error = (
         "AttributeError: module 'vllm.envs' has no attribute 'VLLM_TOY_STRICT' "
-        "(at vllm/toy.py:2)"
+        "(at vllm/toy.py:3)"
     )
     assert (module.module, module.error, module.pristine_error) == (
         "vllm.toy",
@@ -178,7 +178,7 @@ def test_the_text_report_names_the_stage_and_the_error(tmp_path: Path) -> None:
     assert (
         "acme#5 imports: failed: vllm.toy imports on the pristine tree and fails "
         "after the fix: AttributeError: module 'vllm.envs' has no attribute "
-        "'VLLM_TOY_STRICT' (at vllm/toy.py:2)"
+        "'VLLM_TOY_STRICT' (at vllm/toy.py:3)"
     ) in text
 
 

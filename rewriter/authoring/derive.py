@@ -178,7 +178,7 @@ def derive_patch_from_text(
     )
     try:
         round_trip = self_check(
-            patch, base if checked_on is None else checked_on(patch), results
+            patch, base if checked_on is None else checked_on(patch), results, notes
         )
     except DeepstackError:
         raise

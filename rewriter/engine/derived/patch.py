@@ -272,16 +272,21 @@ class DerivedPatch(Patch):
         from deepstack_patch.engine.derived import rewrite
 
         by_part = {unit.part: unit for unit in self.units}
-        for finding in needed:
-            unit = by_part[finding.part]
-            for index, edit in enumerate(unit.edits):
-                module = rewrite.apply_edit(
-                    module,
-                    self._compile(edit),
-                    finding.details.get(str(index), {}),
+        return rewrite.apply_edits(
+            module,
+            [
+                (
+                    unit,
+                    [
+                        (self._compile(edit), finding.details.get(str(index), {}))
+                        for index, edit in enumerate(unit.edits)
+                    ],
                     finding.details.get("renaming", {}),
                 )
-        return module
+                for finding in needed
+                if (unit := by_part[finding.part])
+            ],
+        )
 
     def prove(self, tree: Path) -> None:
         raise NotImplementedError(
@@ -462,7 +467,11 @@ def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
     if not isinstance(located.unit_node, ast.Module | ast.ClassDef) or (
         located.target is not None
     ):
-        node = located.target or located.unit_node
+        # In a function, the whole definition, whatever the edit changes
+        # there: the rewrite may write the fixed definition whole (rewrite.py).
+        node = located.unit_node
+        if isinstance(node, ast.Module | ast.ClassDef):
+            node = located.target
         return min(located.unit_first, _lines(node)[0]), _lines(node)[1]
     # In a class's or the module's block: from the owner's header (or the
     # first statement) to the block's end. Wide, but only whole statements
@@ -503,7 +512,11 @@ def _recognise_imports(
         unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
     leading = _leading_imports(tree)
     if leading:
-        span = (_lines(leading[0])[0], _lines(leading[-1])[1])
+        # With the blank and comment lines after them, up to the next
+        # statement: a new group of imports goes there (rewrite.py).
+        last = _lines(leading[-1])[1]
+        following = [_lines(n)[0] for n in tree.body if _lines(n)[0] > last]
+        span = (_lines(leading[0])[0], max(last, min(following, default=1) - 1))
     else:
         span = (1, _lines(tree.body[0])[1] if tree.body else 1)
     if not missing and not unused:
