@@ -4,15 +4,13 @@ derived patch wrote on a release, against ``git apply`` of the commit.
 A cell is one derived patch on one release. Its verdict:
 
 - ``same``: it writes, ``git apply`` applies the commit's diff (restricted
-  to the patch's files), and every file has the same AST;
+  to the patch's files), and every file has the same text as ``git
+  apply``'s result;
+- ``same-ast``: the same, but a file's text differs where its AST does not
+  (comments, quotes, blank lines: the ``text`` check);
 - ``beyond``: it writes where ``git apply`` fails, and none of the checks
   below finds it wrong;
-- ``wrong``: it writes something that differs from ``git apply``'s clean
-  result; or, where ``git apply`` fails, a written file does not compile,
-  gains an undefined name (ruff F821/F822/F823, before vs after), imports
-  from a ``vllm`` module a name (or module) the release lacks, or differs
-  from a clean 3-way merge (``git merge-file``: the release's file, the
-  parent's, the commit's);
+- ``wrong``: a check below finds the write wrong;
 - ``refused-where-git-applies``: nothing written (drifted, not-applicable,
   an error) where ``git apply`` applies and does not say applied;
 - ``applied-wrongly``: it says ``applied`` where ``git apply`` applies and
@@ -20,6 +18,47 @@ A cell is one derived patch on one release. Its verdict:
 - ``applied``, ``not-applicable``, ``drifted``, ``error``: nothing written,
   and ``git apply`` does not apply either;
 - ``traceback``: the command ended in an exception.
+
+The checks of a write, each with its own verdict in ``Cell.checks``
+(``ok`` or ``wrong``; absent where it does not apply):
+
+- ``ast``: where ``git apply`` applies, every file has its result's AST;
+- ``text``: where ``git apply`` applies, every file has its result's text
+  (a ``wrong`` here makes the cell ``same-ast``, not ``wrong``: the code is
+  right, the bytes around it are not kept);
+- ``beyond``: where ``git apply`` fails, a written file compiles, gains no
+  undefined name (ruff F821/F822/F823, before vs after), imports from a
+  ``vllm`` module only names (and modules) the release has, and equals a
+  clean 3-way merge where there is one (``git merge-file``: the release's
+  file, the parent's, the commit's);
+- ``types``: a real type checker, ty, finds no new error on a written file
+  (its diagnostics on the release's file and on the written one, in the
+  release tree with every written file in place, compared without their
+  lines; an unresolved import of a module outside ``vllm`` is not counted:
+  torch and the other third-party packages are absent on purpose; nor an
+  error on a line its author marked ``# type: ignore[...]``, which vLLM
+  writes with mypy's codes and ty honours only with its own);
+- ``envs``: every ``envs.X`` the write newly reads (``vllm.envs`` answers
+  every name through its module ``__getattr__``) is declared by the
+  release's ``vllm/envs.py``: bound at its top level, under ``if
+  TYPE_CHECKING:``, or a key of its ``environment_variables`` dict;
+- ``attributes``: every attribute name the write newly reads (not read off
+  a module or class imported from outside ``vllm``) is defined somewhere in
+  the release's ``vllm/`` or the written files (an assignment to it, a
+  ``def``, a ``class``, a field or class attribute, a module-level name, a
+  ``setattr`` with its name) or is an attribute of a builtin or standard
+  library class (a stream's ``isatty``, a logger's ``warning``); a name
+  the write asks ``hasattr(x, "NAME")`` of is not counted either. A name
+  defined nowhere that the release reads elsewhere (a tensor's method, a
+  Hugging Face config field) is only noted (``Cell.external``): it comes
+  from outside ``vllm``; one that the release neither defines nor reads is
+  wrong.
+
+The judge shares no code with the engine: it runs the command line
+(``apply --dry-run``) and reads files, git and ruff's and ty's output.
+ty is a bench requirement, not a dependency of the tool: ``pip install ty``
+(measured with ty 0.0.108); without it the bench refuses to start and the
+``types`` check is not run (``Cell.checks`` says ``not-run``).
 """
 
 from __future__ import annotations
@@ -34,6 +73,13 @@ import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runtime_checks import (  # noqa: E402
+    attribute_wrongs,
+    envs_wrongs,
+    type_wrongs,
+)
 
 #: Compiled extension modules of vLLM: not in a source tree, never judged.
 _COMPILED = ("vllm._C", "vllm._moe_C", "vllm._rocm_C", "vllm.vllm_flash_attn")
@@ -67,6 +113,14 @@ class Cell:
     wrong: list[str] = field(default_factory=list)
     #: A write that changes only import statements (no code unit).
     imports_only: bool = False
+    #: Each check's verdict on the write (module docstring): ok, wrong,
+    #: not-run; absent where it does not apply.
+    checks: dict[str, str] = field(default_factory=dict)
+    #: Where the text differs from git apply's result (the ``text`` check).
+    text_differs: list[str] = field(default_factory=list)
+    #: Attribute names the write newly reads that the release defines
+    #: nowhere but reads elsewhere: from outside vllm (not wrong).
+    external: list[str] = field(default_factory=list)
     exit_code: int = 0
     seconds: float = 0.0
 
@@ -148,19 +202,74 @@ def _verdict(
             for p in cell.written
         )
         if cell.git_forward:
-            for path in commit.paths:
-                if _code(ours / path) != _code(git / path):
-                    cell.wrong.append(f"{path}: not the AST of git apply's result")
+            _check(cell, "ast", _ast_wrongs(commit.paths, ours, git))
+            cell.text_differs = _text_wrongs(commit.paths, ours, git)
+            cell.checks["text"] = "wrong" if cell.text_differs else "ok"
         else:
-            for path in cell.written:
-                cell.wrong.extend(_beyond_wrongs(commit, tree, pristine, ours, path))
-        return "wrong" if cell.wrong else ("same" if cell.git_forward else "beyond")
+            beyond = [
+                wrong
+                for path in cell.written
+                for wrong in _beyond_wrongs(commit, tree, pristine, ours, path)
+            ]
+            _check(cell, "beyond", beyond)
+        _check(cell, "types", type_wrongs(tree, ours, cell.written))
+        _check(cell, "envs", envs_wrongs(tree, pristine, ours, cell.written))
+        attributes, cell.external = attribute_wrongs(tree, pristine, ours, cell.written)
+        _check(cell, "attributes", attributes)
+        if cell.wrong:
+            return "wrong"
+        if not cell.git_forward:
+            return "beyond"
+        return "same-ast" if cell.text_differs else "same"
     if cell.state == "applied":
         wrongly = cell.git_forward and not cell.git_reverse
         return "applied-wrongly" if wrongly else "applied"
     if cell.git_forward and not cell.git_reverse:
         return "refused-where-git-applies"
     return cell.state or "error"
+
+
+def _check(cell: Cell, name: str, wrongs: list[str] | None) -> None:
+    """One check's verdict; None: it could not run."""
+    if wrongs is None:
+        cell.checks[name] = "not-run"
+        return
+    cell.checks[name] = "wrong" if wrongs else "ok"
+    cell.wrong.extend(wrongs)
+
+
+def _ast_wrongs(paths: list[str], ours: Path, git: Path) -> list[str]:
+    return [
+        f"{path}: not the AST of git apply's result"
+        for path in paths
+        if _code(ours / path) != _code(git / path)
+    ]
+
+
+def _text_wrongs(paths: list[str], ours: Path, git: Path) -> list[str]:
+    """Each file whose text is not git apply's result, with the first line
+    that differs."""
+    differs = []
+    for path in paths:
+        mine, theirs = _text(ours / path), _text(git / path)
+        if mine == theirs:
+            continue
+        mine_lines, their_lines = mine.splitlines(), theirs.splitlines()
+        at = next(
+            (
+                n
+                for n, (a, b) in enumerate(zip(mine_lines, their_lines, strict=False))
+                if a != b
+            ),
+            min(len(mine_lines), len(their_lines)),
+        )
+        line = mine_lines[at] if at < len(mine_lines) else "(end of file)"
+        differs.append(f"{path}:{at + 1}: {line.strip()[:70]!r}, not git apply's line")
+    return differs
+
+
+def _text(file: Path) -> str:
+    return file.read_text(encoding="utf-8") if file.is_file() else ""
 
 
 def _beyond_wrongs(

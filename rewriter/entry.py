@@ -86,8 +86,9 @@ def _survive_closed_pipe(stream: io.TextIOWrapper) -> io.TextIOWrapper:
 
 
 def main() -> NoReturn:
-    """Load the command line and run it; Ctrl-C at any point ends in 130, and
-    a reader that closes the pipe changes nothing but what is printed."""
+    """Load the command line and run it; Ctrl-C at any point ends in 130
+    (but after ``apply``'s write, which says so and ends in 0: cli/apply.py),
+    and a reader that closes the pipe changes nothing but what is printed."""
     sys.stdout = _survive_closed_pipe(sys.stdout)
     sys.stderr = _survive_closed_pipe(sys.stderr)
     try:

@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import corpus_judge  # noqa: E402
+import runtime_checks  # noqa: E402
 
 PATH = "vllm/layers.py"
 PARENT = (
@@ -154,3 +155,182 @@ def test_a_write_unlike_git_apply_is_wrong_and_a_refusal_is_counted(
     applied.state, applied.git_forward = "applied", True
     verdict = corpus_judge._verdict(applied, commit, tree, pristine, ours, git)
     assert verdict == "applied-wrongly"
+
+
+# -- the checks of what a write reads at run time (issue 34 item 7) ----------
+
+CONFIG = (
+    "class ModelConfig:\n    def __init__(self):\n        self.is_pooling = False\n"
+)
+ENVS = (
+    "import os\nfrom typing import TYPE_CHECKING, Any, Callable\n\n"
+    "if TYPE_CHECKING:\n    VLLM_TYPED: bool = False\n\n"
+    "environment_variables: dict[str, Callable[[], Any]] = {\n"
+    '    "VLLM_TYPED": lambda: False,\n'
+    '    "VLLM_LISTED": lambda: os.getenv("VLLM_LISTED"),\n}\n\n\n'
+    "def __getattr__(name: str):\n"
+    "    if name in environment_variables:\n"
+    "        return environment_variables[name]()\n"
+    '    raise AttributeError(f"no {name}")\n'
+)
+USER = "vllm/sampling.py"
+USER_BEFORE = (
+    "import torch\n\nimport vllm.envs as envs\n"
+    "from vllm.config import ModelConfig\n\n\n"
+    "def check(config: ModelConfig, x) -> bool:\n"
+    "    if envs.VLLM_TYPED:\n        return torch.any(x)\n"
+    "    return config.is_pooling\n"
+)
+
+
+@pytest.fixture
+def runtime_tree(tmp_path: Path) -> Path:
+    tree = tmp_path / "release"
+    for path, text in {
+        "vllm/__init__.py": "",
+        "vllm/config.py": CONFIG,
+        "vllm/envs.py": ENVS,
+        USER: USER_BEFORE,
+        "vllm/other.py": "def f(t):\n    return t.narrow(0, 0, 2)\n",
+    }.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text(text)
+    return tree
+
+
+def _write(tmp_path: Path, tree: Path, after: str) -> tuple[Path, Path]:
+    pristine = corpus_judge._copy_files(tree, [USER], tmp_path / "pristine")
+    ours = tmp_path / "ours"
+    (ours / USER).parent.mkdir(parents=True, exist_ok=True)
+    (ours / USER).write_text(after)
+    return pristine, ours
+
+
+@pytest.mark.skipif(
+    not runtime_checks.ty_available(), reason="ty is not installed (pip install ty)"
+)
+def test_the_type_check_says_wrong_on_a_new_error_only(runtime_tree, tmp_path) -> None:
+    """vllm#45468's shape: the fix reads a field the release's class lacks.
+    ty's new error makes the write wrong; an error the release's file has
+    already, an unresolved third-party import, and an error on a line its
+    author marked ``# type: ignore[...]`` (mypy's codes), do not."""
+    broken = USER_BEFORE.replace("config.is_pooling", "config.is_diffusion")
+    pristine, ours = _write(tmp_path, runtime_tree, broken)
+    wrongs = runtime_checks.type_wrongs(runtime_tree, ours, [USER])
+    assert wrongs == [
+        f"{USER}: ty missing-attribute: Object of type `ModelConfig` has no "
+        "attribute `is_diffusion`"
+    ], wrongs
+    right = USER_BEFORE.replace(
+        "return config.is_pooling",
+        "return not config.is_pooling or config.is_diffusion  # type: ignore[attr]",
+    )
+    (ours / USER).write_text("import numpy\n" + right)
+    assert runtime_checks.type_wrongs(runtime_tree, ours, [USER]) == []
+
+
+def test_the_envs_check_says_wrong_on_an_undeclared_name(
+    runtime_tree, tmp_path
+) -> None:
+    """vllm#51997's shape: ``envs.X`` that the release's vllm/envs.py does not
+    declare (its module ``__getattr__`` hides it from a type checker); a
+    name in the dict only, or in the TYPE_CHECKING block, is declared."""
+    broken = USER_BEFORE.replace("envs.VLLM_TYPED", "envs.VLLM_MAX_STOP_STRINGS")
+    pristine, ours = _write(tmp_path, runtime_tree, broken)
+    assert runtime_checks.envs_wrongs(runtime_tree, pristine, ours, [USER]) == [
+        f"{USER}: reads envs.VLLM_MAX_STOP_STRINGS, which this release's "
+        "vllm/envs.py does not declare"
+    ]
+    listed = USER_BEFORE.replace("envs.VLLM_TYPED", "envs.VLLM_LISTED")
+    (ours / USER).write_text(listed)
+    assert runtime_checks.envs_wrongs(runtime_tree, pristine, ours, [USER]) == []
+    from_import = "from vllm.envs import VLLM_GONE\n" + USER_BEFORE
+    (ours / USER).write_text(from_import)
+    assert runtime_checks.envs_wrongs(runtime_tree, pristine, ours, [USER]) == [
+        f"{USER}: reads envs.VLLM_GONE, which this release's vllm/envs.py does "
+        "not declare"
+    ]
+
+
+def test_the_attribute_check_says_wrong_on_a_name_defined_nowhere(
+    runtime_tree, tmp_path
+) -> None:
+    """vllm#43482's shape: ``self.model.fc_norm`` on an object nothing types.
+    A name the release defines nowhere and reads nowhere is wrong; one it
+    reads elsewhere (a tensor's method) is only noted; one it defines (a
+    field), a method of a builtin or standard library class (a stream's
+    ``isatty``), or one the write asks ``hasattr`` of first, is fine."""
+    broken = USER_BEFORE.replace("config.is_pooling", "config.fc_norm")
+    pristine, ours = _write(tmp_path, runtime_tree, broken)
+    wrongs, external = runtime_checks.attribute_wrongs(
+        runtime_tree, pristine, ours, [USER]
+    )
+    assert wrongs == [
+        f"{USER}: reads the attribute `fc_norm`, which this release defines "
+        "nowhere (and reads nowhere) under vllm/"
+    ]
+    assert external == []
+    fine = USER_BEFORE.replace(
+        "return torch.any(x)",
+        "return x.narrow(0, 0, 1) or str(x).strip() or sys.stdout.isatty()",
+    ).replace(
+        "return config.is_pooling",
+        "return config.is_pooling or config.scale or "
+        '(hasattr(config, "fc_gate") and config.fc_gate)',
+    )
+    (ours / USER).write_text(fine + "\n\ndef g(c):\n    c.scale = 1\n")
+    wrongs, external = runtime_checks.attribute_wrongs(
+        runtime_tree, pristine, ours, [USER]
+    )
+    assert (wrongs, external) == (
+        [],
+        [f"{USER}: .narrow (read elsewhere, defined nowhere)"],
+    )
+
+
+def test_text_not_kept_is_its_own_verdict(setup, tmp_path) -> None:
+    """Where git apply applies: the same text is ``same``; the same AST with
+    other text (quotes, a comment dropped) is ``same-ast``, the ``text``
+    check saying wrong and where."""
+    commit, tree, pristine = setup
+    git = corpus_judge._copy_files(tree, [PATH], tmp_path / "git")
+    corpus_judge._git_apply(git, commit.diff)
+    commented = (git / PATH).read_text().replace("import os", "import os  # a comment")
+    ours = _written(tmp_path, commented)
+    cell = corpus_judge.Cell(commit.sha, commit.patch_id, "0.0.1")
+    cell.written, cell.git_forward = [PATH], True
+    assert corpus_judge._verdict(cell, commit, tree, pristine, ours, git) == "same-ast"
+    assert cell.checks["ast"] == "ok" and cell.checks["text"] == "wrong"
+    assert cell.text_differs == [
+        f"{PATH}:1: 'import os  # a comment', not git apply's line"
+    ]
+    assert cell.wrong == []
+
+
+def test_a_write_git_apply_makes_too_is_wrong_if_it_cannot_run(
+    runtime_tree, tmp_path
+) -> None:
+    """vllm#45468: git apply writes the same code, which reads a name the
+    release lacks. The judge holds the write to the release, not to git
+    apply: the cell is wrong, whatever git apply does."""
+    broken = USER_BEFORE.replace("config.is_pooling", "config.fc_norm")
+    pristine, ours = _write(tmp_path, runtime_tree, broken)
+    diff_root = tmp_path / "diff"
+    for name, text in (("a", USER_BEFORE), ("b", broken)):
+        (diff_root / name / USER).parent.mkdir(parents=True)
+        (diff_root / name / USER).write_text(text)
+    diff = subprocess.run(
+        ["git", "diff", "--no-index", f"a/{USER}", f"b/{USER}"],
+        cwd=diff_root, capture_output=True, text=True,
+    ).stdout.replace("a/a/", "a/").replace("b/b/", "b/")  # fmt: skip
+    commit = corpus_judge.Commit(
+        "1" * 40, "local#2", [USER], diff, {USER: USER_BEFORE}, {USER: broken}
+    )
+    git = corpus_judge._copy_files(runtime_tree, [USER], tmp_path / "git")
+    assert corpus_judge._git_apply(git, diff)
+    cell = corpus_judge.Cell(commit.sha, commit.patch_id, "0.0.1")
+    cell.written, cell.git_forward = [USER], True
+    verdict = corpus_judge._verdict(cell, commit, runtime_tree, pristine, git, git)
+    assert verdict == "wrong"
+    assert cell.checks["ast"] == "ok" and cell.checks["attributes"] == "wrong"
+    assert cell.checks["envs"] == "ok"

@@ -483,6 +483,39 @@ def test_no_newline_at_end_of_file() -> None:
     assert apply_file_diff(file_diff, "a = 1") == "a = 2"
 
 
+def test_what_unidiff_reads_otherwise_is_read_as_git_reads_it() -> None:
+    """unidiff (which parses the diffs) calls a file whose only hunk starts
+    at line 0 added, and reads a line that opens like a hunk but is not one
+    as text between files: an empty file that gains lines is changed, not
+    added, and a malformed hunk header is refused, never skipped."""
+    empty = (
+        "diff --git a/vllm/e.py b/vllm/e.py\nindex e69de29..1111111 100644\n"
+        "--- a/vllm/e.py\n+++ b/vllm/e.py\n@@ -0,0 +1 @@\n+a = 1\n"
+    )
+    (file_diff,) = parse_diff(empty)
+    assert not file_diff.new_file and file_diff.line == 1
+    assert apply_file_diff(file_diff, "") == "a = 1\n"
+    (added,) = parse_diff(empty.replace("--- a/vllm/e.py", "--- /dev/null"))
+    assert added.new_file
+    malformed = "--- a/x.py\n+++ b/x.py\n@@ -1 +1@@\n-a = 1\n+a = 2\n"
+    with pytest.raises(DeepstackError) as caught:
+        parse_diff(malformed, "fix.diff")
+    assert "a malformed hunk header" in caught.value.message
+    assert (caught.value.path, caught.value.line) == ("fix.diff", 3)
+    cut = "--- a/x.py\n+++ b/x.py\n@@ -1,3 +1,3 @@\n a = 0\n-a = 1\n+a = 2\n"
+    with pytest.raises(DeepstackError) as caught:
+        parse_diff(cut, "fix.diff")
+    assert "a malformed diff" in caught.value.message
+    assert caught.value.line == 6 and "unchanged" in caught.value.hint
+    binary = (
+        "diff --git a/vllm/x.bin b/vllm/x.bin\nnew file mode 100644\n"
+        "index 0000000..1111111\nGIT binary patch\nliteral 3\nKcmZ>A00001\n\n"
+        "literal 0\nHcmV?d00001\n\n"
+    )
+    (file_diff,) = parse_diff(binary + empty)[:1]
+    assert file_diff.binary and file_diff.path == "vllm/x.bin"
+
+
 # -- the command: written, and every refusal ---------------------------------
 
 

@@ -185,7 +185,8 @@ def test_a_hand_made_after_alone_is_refused(data_file: Path, base: Path) -> None
 
 def test_a_hand_made_module_statement_is_refused(data_file: Path, base: Path) -> None:
     """A unit recorded as its statements: ``after`` is what it inserts."""
-    edit(data_file, inserted("LIMIT = 8"), inserted("LIMIT = 80"))
+    # The edit records the lines between its neighbours, blank ones included.
+    edit(data_file, "inserted = '''\n\nLIMIT = 8\n", "inserted = '''\n\nLIMIT = 80\n")
     error = refused(data_file, base)
     assert "unit vllm/limits.py::LIMIT" in error
     assert "`after` has `LIMIT = 8`" in error and "`LIMIT = 80`" in error

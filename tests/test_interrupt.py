@@ -10,6 +10,7 @@ through the command line's imports.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -125,3 +126,117 @@ def test_ctrl_c_with_format_json_leaves_stdout_empty(
     assert done.returncode == 130, (done.returncode, done.stderr)
     assert done.stdout == "", done.stdout
     assert "Traceback" not in done.stderr, done.stderr
+
+
+# -- Ctrl-C around apply's write (issue 36 item 1) ------------------------------
+
+#: Sends SIGINT at a chosen step of ``apply``'s write: on importing a module
+#: (DEEPSTACK_TEST_SIGINT_ON, as above), or in the first call of json.dumps
+#: (DEEPSTACK_TEST_SIGINT_IN_DUMPS=1: the document of a run that has written).
+#: With DEEPSTACK_TEST_SIGINT_TWICE=1 the signal is sent twice.
+APPLY_SITECUSTOMIZE = (
+    SITECUSTOMIZE
+    + """
+import json
+
+_dumps = json.dumps
+_times = 2 if os.environ.get("DEEPSTACK_TEST_SIGINT_TWICE") else 1
+
+def _interrupting_dumps(*args, **kwargs):
+    global _dumps_armed
+    if _dumps_armed:
+        _dumps_armed = False
+        sys.stderr.write("test hook: SIGINT in json.dumps\\n")
+        sys.stderr.flush()
+        for _ in range(_times):
+            os.kill(os.getpid(), signal.SIGINT)
+    return _dumps(*args, **kwargs)
+
+_dumps_armed = bool(os.environ.get("DEEPSTACK_TEST_SIGINT_IN_DUMPS"))
+json.dumps = _interrupting_dumps
+"""
+)
+
+GRANITE = "vllm/model_executor/models/granite4_vision.py"
+
+
+def _needing_tree(root: Path) -> Path:
+    """A small tree where one patch (vllm#40917) is needed: one file to write."""
+    from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
+
+    (root / "vllm/model_executor/models").mkdir(parents=True)
+    (root / "vllm/__init__.py").write_text("")
+    (root / "PKG-INFO").write_text(
+        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.20.2\n"
+    )
+    (root / GRANITE).write_text(granite.BEFORE)
+    return root
+
+
+def _interrupted_apply(
+    tmp_path: Path, hook: dict[str, str], *options: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(APPLY_SITECUSTOMIZE)
+    tree = _needing_tree(tmp_path / "tree")
+    env = {**os.environ, "PYTHONPATH": str(hooks), **hook}
+    done = subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", "apply", "--vllm-src", str(tree)]
+        + list(options),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "test hook: SIGINT" in done.stderr, f"the moment never came\n{done.stderr}"
+    assert "Traceback" not in done.stderr, done.stderr
+    return done, tree
+
+
+def test_ctrl_c_before_apply_writes_is_130_and_writes_nothing(tmp_path: Path) -> None:
+    """The transaction module loads just before the write: nothing is written,
+    and 130 with ``interrupted`` says so."""
+    from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
+
+    done, tree = _interrupted_apply(
+        tmp_path, {"DEEPSTACK_TEST_SIGINT_ON": "deepstack_patch.engine.transaction"}
+    )
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.stderr.rstrip().endswith("interrupted"), done.stderr
+    assert "after the write" not in done.stderr
+    assert (tree / GRANITE).read_text() == granite.BEFORE
+
+
+def test_ctrl_c_after_apply_wrote_says_so_and_exits_0(tmp_path: Path) -> None:
+    """The summary's table module loads after every file is in place: the
+    summary is printed whole, then the interrupt is named for what it came
+    after, with 0 (a finished apply), never 130 (which means "as it was")."""
+    from deepstack_patch.patches import granite4_vision_deepstack_slice as granite
+
+    done, tree = _interrupted_apply(
+        tmp_path, {"DEEPSTACK_TEST_SIGINT_ON": "deepstack_patch.output.tables"}
+    )
+    assert (tree / GRANITE).read_text() == granite.AFTER
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "wrote 1 file(s)" in done.stdout, done.stdout
+    assert done.stderr.rstrip().endswith(
+        "interrupted after the write: 1 file written"
+    ), done.stderr
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["once", "twice"])
+def test_ctrl_c_after_apply_wrote_keeps_the_json_document(
+    tmp_path: Path, twice: bool
+) -> None:
+    """Under --format json the first Ctrl-C after the write waits for the
+    document, so a pipeline reads it whole with 0; a second one stops the
+    printing with the same line and code."""
+    hook = {"DEEPSTACK_TEST_SIGINT_IN_DUMPS": "1"}
+    if twice:
+        hook["DEEPSTACK_TEST_SIGINT_TWICE"] = "1"
+    done, tree = _interrupted_apply(tmp_path, hook, "--format", "json")
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "interrupted after the write: 1 file written" in done.stderr
+    if not twice:
+        assert json.loads(done.stdout)["written"] == [GRANITE]

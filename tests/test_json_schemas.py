@@ -125,8 +125,9 @@ SCHEMA_NAMES = sorted(
     path.stem for path in SCHEMAS.glob("*.json") if path.stem != "common"
 )
 #: The slow runs (a backport repacks a release; watch reads several) and
-#: verify (its managed environment) are validated in their own tests below.
-ELSEWHERE = {"backport", "watch", "verify", "derive"}
+#: verify (its managed environment) are validated in their own tests below;
+#: cache in tests/test_cache_command.py (a private cache made there).
+ELSEWHERE = {"backport", "watch", "verify", "derive", "cache"}
 
 
 @pytest.mark.release

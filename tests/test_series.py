@@ -603,12 +603,13 @@ def test_verify_runs_recorded_tests_fail_to_pass(tmp_path: Path) -> None:
 
 def test_recorded_tests_that_cannot_run_are_no_proof(tmp_path: Path) -> None:
     report, verdict = verify_toy(tmp_path, NEEDS_CUDA)
-    assert verdict.proof.status == "missing"
+    # Could not run, in words and status (issue 36 item 3): not "missing".
+    assert verdict.proof.status == "could-not-run"
     assert verdict.proof.message.startswith(
-        "no proof: they cannot run in the CPU proof environment"
+        "could not run here: skipped in the CPU proof environment"
     )
     assert "needs CUDA" in verdict.proof.message
-    assert verdict.fail_to_pass == "not-proven"
+    assert verdict.fail_to_pass == "could-not-run"
     assert not report.ok and report.exit_code == 1  # never a silent pass
 
 
@@ -643,13 +644,13 @@ def test_a_patch_with_neither_prove_nor_recorded_tests_has_no_proof(
         (["passed"], False, "passed"),
         (["passed", "skipped"], False, "passed"),
         (["failed", "passed"], False, "failed"),
-        (["error"], False, "missing"),  # an import fails: cannot run here
-        (["skipped"], False, "missing"),
-        ([], False, "missing"),
+        (["error"], False, "could-not-run"),  # an import fails: cannot run here
+        (["skipped"], False, "could-not-run"),
+        ([], False, "could-not-run"),
         (["error"], True, "failed"),  # before the fix: what it adds is absent
         (["failed"], True, "failed"),
         (["passed"], True, "passed"),
-        (["skipped"], True, "missing"),
+        (["skipped"], True, "could-not-run"),
     ],
 )
 def test_recorded_test_verdicts(
@@ -666,7 +667,8 @@ def test_recorded_test_verdicts(
     ]
     result = verdict(run, "acme#12", pristine)
     assert result.status == status, result.message
-    assert result.message.startswith("no proof: ") == (status == "missing")
+    could_not_run = status == "could-not-run"
+    assert result.message.startswith("could not run here: ") == could_not_run
 
 
 @pytest.mark.verify

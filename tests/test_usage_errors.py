@@ -326,10 +326,16 @@ def option_help_text(command: str) -> str:
     ("command", "meaning"),
     [
         ("apply", "extracted into and patched there"),
-        ("status", "extracted into and read there"),
+        # Issue 36 item 2: without --out status reads the release as released.
+        ("status", "read the release's whole source in this folder"),
         ("export", "The series goes to --series"),
         ("verify", "The GPU evidence goes to --evidence-out"),
-        ("backport", "the patched tree, the series, the tarball and report.json"),
+        # Issue 36 item 5: all six outputs.
+        (
+            "backport",
+            "the patched tree, the series, the tarball, report.json, the SBOM "
+            "and the provenance",
+        ),
         ("wheel", "the patched wheel"),
         ("derive", "give it to apply, status or verify with --patches"),
     ],

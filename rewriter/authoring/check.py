@@ -22,8 +22,12 @@ def self_check(
     patch: DerivedPatch,
     base: VllmTree,
     results: dict[str, tuple[str, str]],
+    notes: list[str] | None = None,
 ) -> str:
-    """The checks before anything is written; how the round trip compared."""
+    """The checks before anything is written; how the round trip compared:
+    ``text`` where the rewrite writes the diff's result (what ``git apply``
+    writes), else ``ast``, with a note in ``notes`` saying where the text
+    differs."""
     from deepstack_patch.engine.plan import plan_tree
 
     _one_truth(patch)
@@ -57,24 +61,9 @@ def self_check(
                     f"on the base {unit.description} matches at "
                     f"{location.path}:{first}-{last}, which the diff does not change"
                 )
-    # Applied to the base, it gives the diff's result.
     edited = {edit.relpath: edit.new for edit in plan.edits}
-    compared = "text"
-    for path, (before, after) in results.items():
-        if path not in edited:
-            raise _check_failed(f"its rewrite leaves {path} unchanged")
-        ours = SourceFile(path, edited[path]).text
-        if ours == after:
-            continue
-        # The docstrings derive left out (with a note) are the base's.
-        units = [unit for unit in patch.units if unit.path == path]
-        left_out = docstrings.left_out(before, after, units)
-        if _code(ours, left_out) != _code(after, left_out):
-            raise _check_failed(
-                f"its rewrite of {path} is not the diff's result:\n"
-                + _short_diff(after, ours)
-            )
-        compared = "ast"
+    compared = _compared(patch, results, edited, notes)
+
     # The result is recognised applied, and so is the diff's own result; a
     # second pass over either changes nothing (only needed findings are ever
     # rewritten, and rewrite_text runs the engine's pass to show it).
@@ -96,6 +85,35 @@ def self_check(
                 )
             if _second_pass(patch, source) != text:
                 raise _check_failed(f"a second pass over {what} of {path} changes it")
+    return compared
+
+
+def _compared(
+    patch: DerivedPatch,
+    results: dict[str, tuple[str, str]],
+    edited: dict[str, bytes],
+    notes: list[str] | None,
+) -> str:
+    """Applied to the base, it gives the diff's result: ``text`` where it
+    writes the diff's text, ``ast`` where only its code (said in a note)."""
+    compared = "text"
+    for path, (before, after) in results.items():
+        if path not in edited:
+            raise _check_failed(f"its rewrite leaves {path} unchanged")
+        ours = SourceFile(path, edited[path]).text
+        if ours == after:
+            continue
+        # The docstrings derive left out (with a note) are the base's.
+        units = [unit for unit in patch.units if unit.path == path]
+        left_out = docstrings.left_out(before, after, units)
+        if _code(ours, left_out) != _code(after, left_out):
+            raise _check_failed(
+                f"its rewrite of {path} is not the diff's result:\n"
+                + _short_diff(after, ours)
+            )
+        compared = "ast"
+        if notes is not None:
+            notes.append(_text_note(path, after, ours))
     return compared
 
 
@@ -140,6 +158,26 @@ def _second_pass(patch: DerivedPatch, source: SourceFile) -> str:
         if f.state is PatchState.NEEDED
     ]
     return rewrite_text(patch, source.text, source.relpath) if needed else source.text
+
+
+def _text_note(path: str, after: str, ours: str) -> str:
+    """Where the rewrite's text is not the diff's result (the same code)."""
+    import difflib
+
+    matcher = difflib.SequenceMatcher(
+        None, after.splitlines(), ours.splitlines(), autojunk=False
+    )
+    lines = [
+        first + 1 for tag, first, _, _, _ in matcher.get_opcodes() if tag != "equal"
+    ]
+    where = ", ".join(str(line) for line in lines[:5]) + (
+        " and more" if len(lines) > 5 else ""
+    )
+    return (
+        f"{path}: the rewrite's text differs from the diff's result at line(s) "
+        f"{where} of the result (the same code: a comment, docstring or blank "
+        "line the fix changes away from the statements it changes is not carried)"
+    )
 
 
 def _check_failed(reason: str) -> DeepstackError:

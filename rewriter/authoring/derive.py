@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deepstack_patch.authoring.changed_tests import changed_tests
 from deepstack_patch.authoring.check import self_check
 from deepstack_patch.authoring.sources import (
     id_of_mail,
@@ -30,7 +31,6 @@ from deepstack_patch.authoring.sources import (
 from deepstack_patch.authoring.unified_diff import (
     BASE_HINT,
     FileDiff,
-    Hunk,
     apply_file_diff,
     parse_diff,
 )
@@ -55,7 +55,6 @@ from deepstack_patch.engine.tree import VllmTree
 __all__ = [
     "DeriveResult",
     "FileDiff",
-    "Hunk",
     "apply_file_diff",
     "derive",
     "derive_patch_from_text",
@@ -189,7 +188,7 @@ def derive_patch_from_text(
     )
     try:
         round_trip = self_check(
-            patch, base if checked_on is None else checked_on(patch), results
+            patch, base if checked_on is None else checked_on(patch), results, notes
         )
     except DeepstackError:
         raise
@@ -225,6 +224,7 @@ def _read_changes(
 
     notes: list[str] = []
     recorded: dict[str, str] = {}  # test path -> content after the fix
+    tested: dict[str, str] = {}  # test path -> content before the fix
     skipped: dict[str, SkippedTest] = {}
     texts: dict[str, tuple[str, str]] = {}  # path -> (before, after)
     # A format-patch series may change a file in several patches: each
@@ -236,6 +236,8 @@ def _read_changes(
             continue
         _refuse_shape(file_diff, diff_name)
         if is_test_path(path):
+            if path not in tested:
+                tested[path] = _base_test(base, path)
             if path not in skipped:
                 _record_test(file_diff, base, notes, recorded, skipped)
             continue
@@ -279,12 +281,21 @@ def _read_changes(
         ]
         units.extend(changed)
         results[path] = (before, after)
-    tests = [RecordedTest(path, content) for path, content in recorded.items()]
+    tests = [
+        RecordedTest(path, content, changed_tests(tested[path], content))
+        for path, content in recorded.items()
+    ]
     return units, tests, list(skipped.values()), results, notes
 
 
 def _docstring_of(name: str) -> str:
     return f"the docstring of {name}" if name else "the module's docstring"
+
+
+def _base_test(base: VllmTree, path: str) -> str:
+    """A test file as the base has it ("" where it has none: a new test)."""
+    file = base.root / path
+    return file.read_text("utf-8") if file.is_file() else ""
 
 
 def _refuse_shape(file_diff: FileDiff, diff_name: str) -> None:

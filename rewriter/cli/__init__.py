@@ -40,6 +40,7 @@ COMMANDS = {
     "revert": "revert:revert",
     "watch": "watch:watch",
     "derive": "derive:derive",
+    "cache": "cache:cache",
 }
 
 
@@ -48,7 +49,8 @@ class DeepstackGroup(click.Group):
 
     A :class:`DeepstackError`, a file-system error and a click usage error
     become ``error:`` + ``hint:`` (JSON on stdout with ``--format json``) and
-    exit 2; Ctrl-C prints ``interrupted`` and exits 130. A reader that
+    exit 2; Ctrl-C prints ``interrupted`` and exits 130 (after ``apply``'s
+    write it says so and exits 0: ``cli.apply.said_after_the_write``). A reader that
     closes the pipe is deepstack_patch.entry's to handle (it changes nothing).
     """
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
@@ -67,7 +70,9 @@ def apply(
 
     \b
     Exit codes: 0 applied, or nothing to do; 1 with --check: patches needed;
-    2 drifted targets or an error, nothing written.
+    2 drifted targets or an error, nothing written; 130 interrupted before
+    the write completed, every file as it was (after it: the summary, then
+    "interrupted after the write", 0).
     """
     from deepstack_patch.engine.apply import CHECK, DRY_RUN, WRITE, apply_tree
     from deepstack_patch.engine.plan import select_patches
@@ -93,24 +98,71 @@ def apply(
     mode = DRY_RUN if dry_run else CHECK if check else WRITE
     # The recognition cache serves only files nothing is rewritten in.
     cache = RecognitionCache.for_series(series)
-    result = apply_tree(tree, series, selected, mode, cache, check=check)
-    if result.drifted:
-        fields = _apply_fields(result, dry_run, check)
-        # Under --dry-run stdout is a diff (here an empty one), never a table.
-        refused = refuse_drifted(
-            result.plan, output_format, "apply", table_on_stderr=dry_run, **fields
-        )
-        sys.exit(refused)
-    if output_format == "json":
-        document = plan_json(
-            result.plan, "apply", **_apply_fields(result, dry_run, check)
-        )
-        click.echo(dump_json(document))
-    elif dry_run:
-        _print_dry_run(result)
-    else:
-        _print_apply(result)
+    with said_after_the_write():
+        result = apply_tree(tree, series, selected, mode, cache, check=check)
+        if result.drifted:
+            fields = _apply_fields(result, dry_run, check)
+            # Under --dry-run stdout is a diff (here an empty one), never a table.
+            refused = refuse_drifted(
+                result.plan, output_format, "apply", table_on_stderr=dry_run, **fields
+            )
+            sys.exit(refused)
+        if output_format == "json":
+            document = plan_json(
+                result.plan, "apply", **_apply_fields(result, dry_run, check)
+            )
+            click.echo(dump_json(document))
+        elif dry_run:
+            _print_dry_run(result)
+        else:
+            _print_apply(result)
     sys.exit(result.exit_code)
+
+
+@contextlib.contextmanager
+def said_after_the_write() -> Iterator[None]:
+    """A Ctrl-C once every file is written says so, and exits 0.
+
+    Before the transaction's commit point, Ctrl-C is ``interrupted`` (130)
+    and every file is as it was. After it the run's work is done, and
+    "interrupted" would read as "nothing written": the first Ctrl-C waits
+    until the summary (or the JSON document) is printed whole, then
+    ``interrupted after the write: all N files written`` goes to stderr and
+    the exit code is 0, the tree being what a finished apply leaves. A second
+    Ctrl-C stops the printing at once, with the same line and code.
+    """
+    from deepstack_patch.engine.transaction import on_commit
+
+    written: list[str] = []
+    caught: list[int] = []
+    held = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def hold(signum: int, _frame: object) -> None:
+        caught.append(signum)
+        if len(caught) > 1:
+            raise KeyboardInterrupt
+
+    def committed(paths: list[str]) -> None:
+        written.extend(paths)
+        if held:
+            signal.signal(signal.SIGINT, hold)
+
+    try:
+        with on_commit(committed):
+            yield
+    except KeyboardInterrupt:
+        if not written:
+            raise
+        caught.append(signal.SIGINT)
+    finally:
+        if written and held:
+            signal.signal(signal.SIGINT, previous)
+    if caught:
+        sys.stdout.flush()
+        files = "1 file" if len(written) == 1 else f"all {len(written)} files"
+        sys.stderr.write(f"interrupted after the write: {files} written\n")
+        sys.exit(EXIT_OK)
 
 
 def _apply_fields(result: Any, dry_run: bool, check: bool) -> dict[str, Any]:

@@ -30,8 +30,9 @@ from deepstack_patch.cli.common import (
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
     help="The folder backport writes everything into: the patched tree, the "
-    "series, the tarball and report.json (default ./backport-VERSION); new, "
-    "empty, or an earlier backport's, which is replaced.",
+    "series, the tarball, report.json, the SBOM and the provenance (default "
+    "./backport-VERSION); new, empty, or an earlier backport's, which is "
+    "replaced.",
 )
 @click.option(
     "--local-version",
@@ -61,13 +62,15 @@ def backport(
                                    the pristine release
       vllm-VERSION+LABEL.tar.gz    the patched source tarball
       report.json                  states, patches, outputs (schema 1)
+      sbom.cdx.json                CycloneDX SBOM of the patched release
+      provenance.intoto.json       in-toto provenance over every output
 
     The tree and the tarball carry the local version (PKG-INFO,
     vllm.egg-info/PKG-INFO, vllm/_version.py); the series carries only the
     fixes. SOURCE_DATE_EPOCH makes the tarball and series reproducible.
 
     \b
-    Exit codes: 0 all four written; 2 drifted targets or an error (the
+    Exit codes: 0 all six written; 2 drifted targets or an error (the
     patched tree and tarball are not written).
     """
     from deepstack_patch.distribution.backport import REPORT_NAME, backport_release

@@ -181,8 +181,8 @@ def tree_options(
 ) -> Callable[..., Any]:
     """``--vllm-src PATH`` or ``--release VERSION [--out DIR]``, opened as a tree.
 
-    ``read_only`` commands (status) read a release from a cached partial
-    extraction unless ``--out`` (or an earlier extraction) says where.
+    ``read_only`` commands (status) read a release as released, from a
+    cached partial extraction, unless ``--out`` names a folder to read.
     ``--installed [--python PY]`` is the vLLM an interpreter imports.
     """
     # A command with its own --python (verify: the interpreter to run in)
@@ -206,14 +206,16 @@ def tree_options(
     @click.option(
         "--out",
         type=click.Path(path_type=Path, file_okay=False),
-        help="With --release: the folder the release's source is extracted "
-        f"into and {verb} there (default ./vllm-VERSION; an earlier extraction "
-        f"of the same release is reused).{elsewhere}"
-        + (
-            " Without it, status reads only the patches' files, extracted once "
-            "into the cache."
+        help=(
+            "With --release: read the release's whole source in this folder "
+            "(extracted there if absent; an earlier extraction is read as it "
+            "is, patched or not). Without it, status reads the release as "
+            "released, whatever folder it runs in: only the patches' files, "
+            "extracted once into the cache."
             if read_only
-            else ""
+            else "With --release: the folder the release's source is extracted "
+            f"into and {verb} there (default ./vllm-VERSION; an earlier "
+            f"extraction of the same release is reused).{elsewhere}"
         ),
     )
     @installed_options(python=not own_python)
@@ -310,14 +312,18 @@ def open_tree(
         return open_installed_tree(python)
     if vllm_src is not None:
         return open_source_folder(vllm_src)
-    default = Path(f"vllm-{release}")
-    if read_only and out is None and not default.exists():
+    if read_only and out is None:
         return partial_release(release)
-    return fetch_with_progress(release, out or default)
+    return fetch_with_progress(release, out or Path(f"vllm-{release}"))
 
 
 def partial_release(version: str) -> VllmTree:
-    """What status reads of a release, extracted once into the cache."""
+    """What status reads of a release, extracted once into the cache.
+
+    Never ``./vllm-VERSION``, which ``apply --release`` may have patched: what
+    a release needs does not depend on the folder the command runs in. Where
+    that folder exists, the note says it was not read, and how to read it.
+    """
     from deepstack_patch.distribution.matrix import status_patterns, status_tree
     from deepstack_patch.fetch.releases import release_archive
     from deepstack_patch.output.progress import note, progress
@@ -329,6 +335,12 @@ def partial_release(version: str) -> VllmTree:
         f"reading the patches' files of vLLM {version} from {tree.root} (a "
         "partial extraction in the cache; --out DIR extracts the whole tree)"
     )
+    local = Path(f"vllm-{version}")
+    if local.is_dir():
+        note(
+            f"./{local} is not read: the release is read as released "
+            f"(--out {local} reads that folder as it is)"
+        )
     return tree
 
 

@@ -144,6 +144,7 @@ def matrix(
         document["no_expectations"] = [
             r.version for r in result.results if r.version not in targets.releases
         ]
+        document["patches_without_expectations"] = result.uncompared
         click.echo(dump_json(document))
     else:
         from deepstack_patch.output.tables import print_matrix
@@ -157,6 +158,7 @@ def matrix(
             result.wall_seconds,
             jobs,
             targets,
+            result.uncompared,
         )
     sys.exit(result.exit_code)
 

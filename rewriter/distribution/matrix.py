@@ -393,6 +393,9 @@ class MatrixResult:
     results: list[ReleaseResult]
     differences: list[Difference]
     wall_seconds: float
+    #: Selected patches the targets file has no expectation for (a derived
+    #: patch, a vendor's): their states are shown, never compared.
+    uncompared: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -427,4 +430,5 @@ def check_matrix(
         and (patch.origin == "built-in" or patch.id in targets.patches)
     ]
     diffs = differences(results, targets, patch_ids)
-    return MatrixResult(results, diffs, time.monotonic() - started)
+    uncompared = [p.id for p in series if p.id in selected and p.id not in patch_ids]
+    return MatrixResult(results, diffs, time.monotonic() - started, uncompared)

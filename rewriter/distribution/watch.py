@@ -256,8 +256,12 @@ def watch(
     vllm_git: Path | None = None,
     progress: Callable[[int, int | None, str], None] | None = None,
 ) -> WatchResult:
-    """Compare every patch's footprint over consecutive ``releases``."""
+    """Compare every patch's footprint over consecutive ``releases``.
+
+    ``vllm_git`` is opened, and its tags checked for every release, before
+    any comparison: a clone without them is refused first, not last."""
     repo = _open_repo(vllm_git) if vllm_git is not None else None
+    tags = _release_tags(repo, vllm_git, releases) if repo is not None else {}
     changes: list[WatchChange] = []
     sizes: dict[str, dict[str, int]] = {p.id: {} for p in series}
     previous: _Release | None = None
@@ -275,7 +279,7 @@ def watch(
         progress(len(releases), len(releases), "")
     if repo is not None:
         for change in changes:
-            change.commits = upstream_commits(repo, change)
+            change.commits = upstream_commits(repo, change, tags)
     return WatchResult(
         list(releases), [p.id for p in series], sizes, changes, reviewed_file
     )
@@ -414,27 +418,58 @@ def _open_repo(path: Path) -> Any:
         ) from None
 
 
-def _tag(repo: Any, version: str) -> str:
+def _release_tags(
+    repo: Any, given: Path | None, releases: Sequence[str]
+) -> dict[str, str]:
+    """The tag of each release in the clone (``vX.Y.Z`` or ``X.Y.Z``); every
+    release without one, named in one error with the path as given."""
     names = {tag.name for tag in repo.tags}
-    for name in (f"v{version}", version):
-        if name in names:
-            return name
-    raise DeepstackError(
-        f"--vllm-git {repo.working_dir}: no tag v{version}",
-        "fetch upstream's release tags: git fetch --tags",
-    )
+    found = {
+        version: next((n for n in (f"v{version}", version) if n in names), "")
+        for version in releases
+    }
+    missing = [f"v{version}" for version, tag in found.items() if not tag]
+    if missing:
+        newest = _newest_tag(names)
+        has = f" (its newest release tag is {newest})" if newest else " (it has none)"
+        raise DeepstackError(
+            f"--vllm-git {given}: no tag {', '.join(missing)}{has}",
+            "fetch upstream's release tags into that clone "
+            "(git fetch --tags https://github.com/vllm-project/vllm), or drop "
+            "--vllm-git",
+        )
+    return found
 
 
-def upstream_commits(repo: Any, change: WatchChange) -> list[UpstreamCommit]:
+def _newest_tag(names: set[str]) -> str:
+    """The newest ``vX.Y.Z`` among tag names; "" where there is none."""
+    from packaging.version import InvalidVersion, Version
+
+    versions = []
+    for name in names:
+        if re.fullmatch(r"v\d+\.\d+\.\d+", name):
+            try:
+                versions.append((Version(name[1:]), name))
+            except InvalidVersion:
+                continue
+    return max(versions)[1] if versions else ""
+
+
+def upstream_commits(
+    repo: Any, change: WatchChange, tags: dict[str, str] | None = None
+) -> list[UpstreamCommit]:
     """The commits between the two release tags that changed the function.
 
     ``git log A..B -- file`` lists the commits touching the file; a commit
     counts when the function's code (compared as the watch compares it)
-    differs between its parent and itself.
+    differs between its parent and itself. ``tags``: each release's tag
+    (:func:`_release_tags`); by default they are looked up here.
     """
     from deepstack_patch.engine.footprint import function_code_in
 
-    old_tag, new_tag = _tag(repo, change.previous), _tag(repo, change.release)
+    releases = [change.previous, change.release]
+    tags = tags or _release_tags(repo, Path(repo.git_dir), releases)
+    old_tag, new_tag = tags[change.previous], tags[change.release]
     found = []
     for commit in repo.iter_commits(f"{old_tag}..{new_tag}", paths=change.path):
         parent = commit.parents[0] if commit.parents else None
@@ -477,6 +512,8 @@ def run_watch(
     reviewed_path = reviewed_path or default_reviewed_path()
     reviewed = load_reviewed(reviewed_path)
     releases = releases_between(since, until, release_versions(until, note))
+    if vllm_git is not None:  # refused before any release is read
+        _release_tags(_open_repo(vllm_git), vllm_git, releases)
     patterns = status_patterns(series)  # status's own extraction, shared
 
     def open_release(version: str) -> VllmTree:

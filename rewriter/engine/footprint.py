@@ -10,7 +10,12 @@ So a footprint is
 - every function that assigns ``self.<attr>`` for an ``<attr>`` those
   functions read, in their class, its subclasses and its bases, searched in
   every file the patch's ``paths`` match (a subclass may live elsewhere);
-- the qualified names the patch declares in ``Patch.also_watch``.
+- the qualified names the patch declares in ``Patch.also_watch``;
+- every other unit a finding names that is not a function: a class (its
+  header: decorators, bases), a statement of a class body (``Class.attr``,
+  a class attribute) or of a module (``NAME``), as a derived patch's units
+  are; so a derived patch's footprint is every unit it has, its imports
+  aside (imports follow the code that uses them, which is watched).
 
 Nothing is listed by hand per release: the same rules run on every tree.
 Functions are compared by :func:`code_of` without comments, formatting or
@@ -51,6 +56,8 @@ class FootprintFunction:
     line: int
     why: str
     attributes: tuple[str, ...] = ()
+    #: ``function``, ``class`` (its header) or ``statement`` (:func:`unit_kind`).
+    kind: str = "function"
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,15 @@ class SourceReader:
             self._functions[relpath] = found
         return self._functions[relpath].get(symbol)
 
+    def unit(self, relpath: str, symbol: str) -> ast.AST | None:
+        """The function ``symbol`` of ``relpath``, else the class or the
+        statement it names (see :func:`named_unit`), or None."""
+        function = self.function(relpath, symbol)
+        if function is not None:
+            return function
+        module = self.parsed(relpath)
+        return named_unit(module, symbol) if module is not None else None
+
     def code(
         self, relpath: str, symbol: str, attributes: Sequence[str] = ()
     ) -> FunctionCode | None:
@@ -125,19 +141,83 @@ class SourceReader:
     def _code(
         self, relpath: str, symbol: str, attributes: Sequence[str]
     ) -> FunctionCode | None:
-        function = self.function(relpath, symbol)
+        node = self.unit(relpath, symbol)
         raw = self.raw(relpath)
-        if function is None or raw is None:
+        if node is None or raw is None:
             return None
         lines = code_lines(raw.decode("utf-8", "replace"))
-        first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
-        text = "".join(lines[first - 1 : function.end_lineno or function.lineno])
+        first = min([node.lineno, *(d.lineno for d in _decorators(node))])
+        last = node.end_lineno or node.lineno
+        if isinstance(node, ast.ClassDef):  # its header: the body is not it
+            node, last = _class_header(node), max(node.body[0].lineno - 1, first)
+        text = "".join(lines[first - 1 : last])
         normalized = (
-            normalized_writes(function, attributes)
+            normalized_writes(node, attributes)  # type: ignore[arg-type]
             if attributes
-            else normalized_code(function)
+            else normalized_code(node)
         )
         return FunctionCode(relpath, symbol, first, text, normalized)
+
+
+def named_unit(module: ast.Module, symbol: str) -> ast.AST | None:
+    """The class, or the statement of a class body or of the module, that
+    ``symbol`` names as a derived patch names its units: ``Outer.Inner``,
+    ``Class.attr``, ``NAME``; ``NAME (2)`` is the second statement so named,
+    and a statement that assigns no name is named by its kind (``if``,
+    ``expr``). None where there is none, and for ``imports``."""
+    *scope, last = symbol.split(".")
+    body: list[ast.stmt] = module.body
+    for name in scope:
+        cls = next(
+            (n for n in body if isinstance(n, ast.ClassDef) and n.name == name), None
+        )
+        if cls is None:
+            return None
+        body = cls.body
+    name, _, number = last.partition(" (")
+    index = int(number.rstrip(")")) - 1 if number.rstrip(")").isdigit() else 0
+    if not scope and name == "imports":
+        return None
+    named = [node for node in body if _statement_name(node) == name]
+    return named[index] if index < len(named) else None
+
+
+def _statement_name(node: ast.stmt) -> str:
+    """A statement's name, as derive names a unit (derived/units.py)."""
+    match node:
+        case ast.Assign(targets=[ast.Name(id=name), *_]):
+            return name
+        case (
+            ast.AnnAssign(target=ast.Name(id=name))
+            | ast.AugAssign(target=ast.Name(id=name))
+        ):
+            return name
+        case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+            return name
+        case ast.ClassDef(name=name):
+            return name
+    return type(node).__name__.lower()
+
+
+def unit_kind(node: ast.AST) -> str:
+    """``function``, ``class`` or ``statement``."""
+    match node:
+        case ast.FunctionDef() | ast.AsyncFunctionDef():
+            return "function"
+        case ast.ClassDef():
+            return "class"
+    return "statement"
+
+
+def _decorators(node: ast.AST) -> list[ast.expr]:
+    return list(getattr(node, "decorator_list", []))
+
+
+def _class_header(node: ast.ClassDef) -> ast.ClassDef:
+    """A class without its body: decorators, name, bases and keywords."""
+    header = copy.copy(node)
+    header.body = []
+    return header
 
 
 def function_code_in(raw: bytes | None, path: str, symbol: str) -> FunctionCode | None:
@@ -296,14 +376,14 @@ def footprint(
     def add(
         path: str,
         symbol: str,
-        function: FunctionNode,
+        node: ast.AST,
         why: str,
         attributes: tuple[str, ...] = (),
     ) -> None:
         key = (path, symbol)
         if key not in found:
             found[key] = FootprintFunction(
-                path, symbol, function.lineno, why, attributes
+                path, symbol, node.lineno, why, attributes, unit_kind(node)
             )
 
     rewritten: list[tuple[str, str, FunctionNode]] = []
@@ -314,6 +394,8 @@ def footprint(
             if function is not None:
                 rewritten.append((location.path, symbol, function))
                 add(location.path, symbol, function, REWRITTEN)
+            elif (unit := reader.unit(location.path, symbol)) is not None:
+                add(location.path, symbol, unit, REWRITTEN)
     for path, symbol, function in _declared(patch, files, reader):
         add(path, symbol, function, DECLARED)
 

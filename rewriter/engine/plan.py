@@ -161,6 +161,8 @@ def _plan(
     files_of = {
         p.id: {rel for pattern in p.paths for rel in globbed[pattern]} for p in series
     }
+    for patch in series:  # where a part's file is absent, its report says so
+        reports[patch.id].tree_files = frozenset(files_of[patch.id])
     candidates = sorted(set().union(*files_of.values()))
     edits: list[FileEdit] = []
     real_dirs: dict[str, str] = {}

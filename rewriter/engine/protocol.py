@@ -151,6 +151,14 @@ class RecordedTest:
 
     path: str
     content: str
+    #: The tests of the file the pull request added or changed, as node ids
+    #: below the file (``test_x``, ``TestY::test_z``); empty: the whole file.
+    names: tuple[str, ...] = ()
+
+    @property
+    def nodeids(self) -> list[str]:
+        """What pytest is given: each named test, else the file."""
+        return [f"{self.path}::{name}" for name in self.names] or [self.path]
 
 
 class Patch:
@@ -214,6 +222,11 @@ class Patch:
     #: to be missing there.
     also_reads: tuple[str, ...] = ()
 
+    def part_file(self, part: str) -> str:
+        """The one file ``part`` is in, where the patch knows it (a derived
+        patch's unit); "" where a part may be in any file ``paths`` match."""
+        return ""
+
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
         """Report the state of every target location in one parsed file.
 
@@ -266,10 +279,17 @@ class PatchReport:
     blocked_by: list[str] = field(default_factory=list)
     #: Applied by this run (set after the write; the state is then applied).
     applied_now: bool = False
+    #: The files of the tree the patch's ``paths`` match (None: not known).
+    tree_files: frozenset[str] | None = None
 
     def part_state(self, part: str) -> tuple[PatchState, str]:
         found = [loc for loc in self.locations if loc.finding.part == part]
         if not found:
+            file = self.patch.part_file(part)
+            if file and self.tree_files is not None and file not in self.tree_files:
+                return PatchState.NOT_APPLICABLE, (
+                    f"target absent: {file} is not in this tree"
+                )
             return PatchState.NOT_APPLICABLE, (
                 f"target absent: no {self.patch.parts[part]} in this tree"
             )

@@ -18,10 +18,11 @@ record; a failure undoes them with the edits.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import stat
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,29 @@ from deepstack_patch.engine.plan import FileEdit
 _before_replace = None
 
 _STAGE_SUFFIX = ".deepstack-tmp"
+
+#: Who hears that a transaction is complete (every file in place); see
+#: :func:`on_commit`.
+_commit_listener: contextvars.ContextVar[Callable[[list[str]], None] | None] = (
+    contextvars.ContextVar("commit_listener", default=None)
+)
+
+
+@contextlib.contextmanager
+def on_commit(listener: Callable[[list[str]], None]) -> Iterator[None]:
+    """Call ``listener`` with the paths written when a transaction in this
+    block (this thread) is complete.
+
+    Called at the commit point itself, the last step inside the rollback's
+    reach: an interrupt before it leaves every file restored, and after it
+    every file new. A command that must tell a Ctrl-C after its write from
+    one before it (``apply``) listens here; the engine itself does not care.
+    """
+    token = _commit_listener.set(listener)
+    try:
+        yield
+    finally:
+        _commit_listener.reset(token)
 
 
 @dataclass(frozen=True)
@@ -104,6 +128,9 @@ def write_edits(
             os.replace(temp, target)
             replaced.append((edit, target))
         _commit_extras(extra_staged, creations=False)
+        listener = _commit_listener.get()
+        if listener is not None:
+            listener(_written(replaced, extra_staged))
     except BaseException as exc:
         failed = _failed_step(staged, replaced, extra_staged)
         _undo_extras(extra_staged)
@@ -121,6 +148,13 @@ def write_edits(
             ) from None
         raise
     _finish_extras(extra_staged)
+    return _written(replaced, extra_staged)
+
+
+def _written(
+    replaced: Sequence[tuple[FileEdit, Path]], extra_staged: Sequence[_StagedExtra]
+) -> list[str]:
+    """The relative paths a complete transaction wrote: edits, then creations."""
     created = [i.change.relpath for i in extra_staged if i.change.new is not None]
     return [edit.relpath for edit, _ in replaced] + created
 

@@ -258,6 +258,16 @@ def _mkdir_hint(exc: OSError, parent: Path) -> str:
     return os_error_hint(exc, parent)
 
 
+def extraction_lock_file(out: Path) -> Path:
+    """The lock file of ``out``'s extraction (in the cache, not beside it)."""
+    from deepstack_patch.fetch.cache import cache_dir
+
+    locks = cache_dir() / "locks"
+    locks.mkdir(exist_ok=True)
+    key = hashlib.sha256(str(out.absolute()).encode()).hexdigest()[:16]
+    return locks / f"extract-{key}.lock"
+
+
 @contextlib.contextmanager
 def extraction_lock(
     out: Path, on_wait: Callable[[str], None] | None = None
@@ -267,13 +277,9 @@ def extraction_lock(
     The lock file lives in the cache, not beside ``out``; it is re-entrant
     within a process, so a command may hold it around its whole run.
     """
-    from deepstack_patch.fetch.cache import cache_dir
     from filelock import FileLock, Timeout
 
-    locks = cache_dir() / "locks"
-    locks.mkdir(exist_ok=True)
-    key = hashlib.sha256(str(out.absolute()).encode()).hexdigest()[:16]
-    lock = FileLock(str(locks / f"extract-{key}.lock"), is_singleton=True)
+    lock = FileLock(str(extraction_lock_file(out)), is_singleton=True)
     try:
         lock.acquire(timeout=0)
     except Timeout:

@@ -51,7 +51,8 @@ def print_derived(console: Console, result: Any, diff: str) -> None:
     for unit in result.units:
         console.print(escape(f"  {unit.kind} {unit.name} ({unit.path})"))
     for test in result.tests:
-        console.print(escape(f"  test {test.path}"))
+        which = ", ".join(test.names) if test.names else "the whole file"
+        console.print(escape(f"  test {test.path} ({which})"))
     for text in result.notes:
         console.print(escape(f"  note: {text}"))
     same = "the same text" if result.round_trip == "text" else "the same code"

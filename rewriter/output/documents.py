@@ -167,12 +167,32 @@ def footprint_json(tree: VllmTree, found: Sequence[Any]) -> dict[str, Any]:
             {
                 "id": item.patch_id,
                 "functions": [
-                    {"path": f.path, "line": f.line, "symbol": f.symbol, "why": f.why}
+                    {
+                        "path": f.path,
+                        "line": f.line,
+                        "symbol": f.symbol,
+                        "why": f.why,
+                        "kind": f.kind,
+                    }
                     for f in item.functions
                 ],
             }
             for item in found
         ],
+    }
+
+
+def cache_json(report: Any) -> dict[str, Any]:
+    """``cache --format json``: a ``fetch.cache_kinds.CacheReport``."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "command": "cache",
+        "path": str(report.path),
+        "older_than_days": report.older_than_days,
+        "cleared_kinds": report.clearing,
+        "bytes": report.bytes,
+        "freed_bytes": report.freed_bytes,
+        "kinds": [kind.json() for kind in report.kinds],
     }
 
 

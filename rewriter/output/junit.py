@@ -49,11 +49,13 @@ def junit_xml(report: Any) -> str:
             sub.text = proof.message if proof else ""
         if verdict.pristine_state is not None and verdict.fail_to_pass:
             element = case(f"fail-to-pass.{version}", pid)
-            if verdict.fail_to_pass == "not-proven":
+            if verdict.fail_to_pass in ("not-proven", "could-not-run"):
+                # Could not run: no judgement either way, an error, not a failure.
+                tag = "failure" if verdict.fail_to_pass == "not-proven" else "error"
                 before = verdict.pristine_proof
                 sub = ET.SubElement(
                     element,
-                    "failure",
+                    tag,
                     message=f"pristine proof {before.status if before else 'not run'}",
                 )
                 sub.text = before.message if before else ""

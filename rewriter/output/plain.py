@@ -47,6 +47,21 @@ def strip_markup(markup: str) -> str:
     return "".join(pieces)
 
 
+#: A space inside one field (``import StageMissingLayer``, a symbol): the
+#: table never breaks a line there, and shows it as a space.
+FIELD_SPACE = "\u00a0"
+
+
+#: A field: what lies between spaces (not FIELD_SPACE, which ``\\S`` would
+#: take for one).
+_FIELD = re.compile(r"[^ \t\n]+")
+
+
+def one_field(text: str) -> str:
+    """``text`` as one field of a table cell: wrapped whole, or not at all."""
+    return text.replace(" ", FIELD_SPACE)
+
+
 class PlainTable:
     """Rows of cells laid out in columns two spaces apart, fitted to a width.
 
@@ -85,7 +100,9 @@ class PlainTable:
         cells = self._cells()
         plain = [[strip_markup(cell) for cell in row] for row in cells]
         return [
-            _place([(x, plain[r][c][a:b]) for x, r, c, a, b in segments])
+            _place([(x, plain[r][c][a:b]) for x, r, c, a, b in segments]).replace(
+                FIELD_SPACE, " "
+            )
             for segments in fit(plain, width, len)
         ]
 
@@ -106,6 +123,7 @@ class PlainTable:
                 line.append(" " * max(0, x - cell_len(line.plain)))
                 line.append_text(styled[r][c][start:stop])
             line.rstrip()
+            line.plain = line.plain.replace(FIELD_SPACE, " ")  # spans keep
             yield line
 
 
@@ -216,7 +234,7 @@ def _rows(
 
 def _longest_field(cells: list[list[str]], column: int, measure: Any) -> int:
     return max(
-        (measure(field) for row in cells for field in row[column].split()),
+        (measure(field) for row in cells for field in _FIELD.findall(row[column])),
         default=0,
     )
 
@@ -230,7 +248,9 @@ def _stacked(
 ) -> list[list[Segment]]:
     """A last column with a field too long to sit beside the others (a long
     location) goes under them instead, ``STACK`` columns in, every row alike:
-    the other columns on a line, then that column's lines."""
+    the other columns on a line, then that column's lines. A row that only
+    qualifies the one above (its first column empty: a part's state) keeps
+    its cells on one line, the last column's text after them."""
     *leading, last = group
     xs, x = [], 0
     for column in leading:
@@ -239,6 +259,10 @@ def _stacked(
     out: list[list[Segment]] = []
     for r, row in enumerate(cells):
         if len(group) < len(row) and not any(row[c] for c in group[1:]):
+            continue
+        beside = _beside(row, leading, last, r, width, measure)
+        if beside:
+            out += beside
             continue
         if any(row[c] for c in leading):
             per_column = [
@@ -257,6 +281,41 @@ def _stacked(
                 )
             ]
     return out
+
+
+def _beside(
+    row: list[str],
+    leading: list[int],
+    last: int,
+    r: int,
+    width: int,
+    measure: Any,
+) -> list[list[Segment]]:
+    """A stacked row whose first column is empty, on one line at ``STACK``:
+    its other cells, then the last column's text wrapped into what is left
+    (its own indentation dropped: the cells before it stand in for it).
+    Empty where the row is not such a row, or where that leaves too little
+    room for the last column (it then goes under them, as every row does)."""
+    cells = [c for c in leading[1:] if row[c].strip()]
+    if row[leading[0]] or not cells or not row[last].strip() or "\n" in row[last]:
+        return []
+    out: list[Segment] = []
+    x = STACK
+    for c in cells:
+        start = len(row[c]) - len(row[c].lstrip(" "))
+        out.append((x, r, c, start, len(row[c].rstrip(" "))))
+        x += measure(row[c].strip()) + GAP
+    if width - x < MIN_LAST:
+        return []
+    indent = len(row[last]) - len(row[last].lstrip(" "))
+    text = row[last][indent:]
+    pieces = _wrap(text, x, width - x, width, measure, r, last)
+    first = [
+        *out,
+        *((px, pr, pc, a + indent, b + indent) for px, pr, pc, a, b in pieces[:1]),
+    ]
+    rest = [[(px, pr, pc, a + indent, b + indent)] for px, pr, pc, a, b in pieces[1:]]
+    return [first, *rest]
 
 
 def _wrap(
@@ -279,7 +338,7 @@ def _wrap(
             offset += len(part) + 1
             continue
         indent = len(part) - len(part.lstrip(" "))
-        fields = [m.span() for m in re.finditer(r"\S+", part)]
+        fields = [m.span() for m in _FIELD.finditer(part)]
         start = stop = None
         for begin, end in fields:
             if start is not None and measure(part[start:end]) + indent <= room:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.protocol import PatchState
-from deepstack_patch.output.plain import escape, new_table
+from deepstack_patch.output.plain import escape, new_table, one_field
 from deepstack_patch.output.upstream import fixed_in_label, upstream_words
 
 if TYPE_CHECKING:
@@ -45,18 +45,20 @@ def print_tree_header(console: Console, tree: VllmTree) -> None:
 
 
 def print_plan_table(console: Console, plan: Plan) -> None:
+    """A row per selected patch, with its parts and locations; the patches
+    ``--only``/``--skip`` left out, in one line under it."""
     table = new_table(console)
     table.add_column("patch", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("title / where", overflow="fold")
     for report in plan.reports:
+        if not report.selected:
+            continue
         patch = report.patch
         state = report.state
         label = f"[{STATE_STYLE[state]}]{state.value}[/]"
         note = fixed_in_label(patch)
-        if not report.selected:
-            label += " [dim](skipped)[/]"
-        elif report.applied_now:
+        if report.applied_now:
             label += " [green](applied now)[/]"
         table.add_row(
             patch.id,
@@ -79,7 +81,8 @@ def print_plan_table(console: Console, plan: Plan) -> None:
                 loc for loc in report.locations if loc.finding.part == part
             ]
             for loc in part_locations:
-                text = f"  {loc.path}:{loc.finding.line} {escape(loc.finding.symbol)}"
+                symbol = escape(one_field(loc.finding.symbol))
+                text = f"  {loc.path}:{loc.finding.line} {symbol}"
                 if loc.state is not part_state:
                     text += f" [{STATE_STYLE[loc.state]}]{loc.state.value}[/]"
                 if loc.finding.reason:
@@ -90,6 +93,11 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         if report.blocked_reason and not report.applied_now:
             table.add_row("", "", f"  [yellow]{escape(report.blocked_reason)}[/]")
     console.print(table)
+    skipped = [r.patch.id for r in plan.reports if not r.selected]
+    if skipped:
+        console.print(
+            f"[dim]skipped (not selected): {', '.join(skipped)}[/]", highlight=False
+        )
 
 
 def part_words(part: str) -> str:
@@ -309,6 +317,39 @@ def _style(status: str, failed_ok: bool = False) -> str:
     return status if status == "-" else f"[red]{status}[/]"
 
 
+def _matrix_verdict(
+    console: Console,
+    results: list[Any],
+    diffs: list[Any],
+    patch_ids: list[str],
+    targets: Any,
+    uncompared: Sequence[str],
+    errors: bool,
+) -> str:
+    """What was not compared, each in a line; then the verdict's words, which
+    claim no more than was compared."""
+    unlisted = [r.version for r in results if r.version not in targets.releases]
+    if unlisted:
+        console.print(
+            f"no expectations for {', '.join(unlisted)}: targets.toml does not list "
+            "it, so only the states are shown"
+        )
+    if uncompared:
+        it, its = ("it", "its") if len(uncompared) == 1 else ("them", "their")
+        console.print(
+            f"no expectation for {', '.join(uncompared)}: the targets file has "
+            f"no row for {it}, so {its} states are shown, not compared",
+            highlight=False,
+        )
+    compared = len([i for i in patch_ids if i not in uncompared])
+    verdict = "NOT as expected" if diffs or errors else "all as expected"
+    if (len(unlisted) == len(results) or not compared) and not errors:
+        return "nothing to compare"
+    if uncompared:
+        verdict += f" ({compared} compared; no expectation for {len(uncompared)})"
+    return verdict
+
+
 def print_matrix(
     console: Console,
     results: list[Any],
@@ -318,8 +359,12 @@ def print_matrix(
     wall: float,
     jobs: int,
     targets: Any,
+    uncompared: Sequence[str] = (),
 ) -> None:
-    """``matrix``: a release x patch table; cells that differ show both states."""
+    """``matrix``: a release x patch table; cells that differ show both states.
+
+    ``uncompared``: patches with no expectation in ``targets`` (shown, never
+    compared); the verdict says so rather than "all as expected"."""
     wrong = {(d.version, d.patch_id): d.expected for d in diffs}
     table = new_table(console)
     table.add_column("release", no_wrap=True)
@@ -364,16 +409,56 @@ def print_matrix(
             f"[bold red]{len(diffs)} state(s) differ from the targets[/] "
             "(shown as found ≠ expected)"
         )
-    unlisted = [r.version for r in results if r.version not in targets.releases]
-    if unlisted:
-        console.print(
-            f"no expectations for {', '.join(unlisted)}: targets.toml does not list "
-            "it, so only the states are shown"
-        )
-    verdict = "NOT as expected" if diffs or errors else "all as expected"
-    if len(unlisted) == len(results) and not errors:
-        verdict = "nothing to compare"
+    verdict = _matrix_verdict(
+        console, results, diffs, patch_ids, targets, uncompared, bool(errors)
+    )
     console.print(
         f"{len(results)} release(s) x {len(patch_ids)} patch(es) in {wall:.1f} s "
         f"with {jobs} process(es); {verdict}"
     )
+
+
+def human_bytes(count: int) -> str:
+    """``188.4 MB``: decimal units, as ``du --si`` gives them."""
+    size = float(count)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} TB"  # pragma: no cover - the loop returns at GB
+
+
+def print_cache(console: Console, report: Any) -> None:
+    """``cache``: each kind's size and entries, what clearing it costs, then
+    what this run cleared (``report`` is a ``fetch.cache_kinds.CacheReport``)."""
+    console.print(f"cache: {report.path} ({human_bytes(report.bytes)})")
+    old = report.older_than_days
+    table = new_table(console)
+    for header in ("kind", "size", "entries"):
+        table.add_column(header, no_wrap=True)
+    if old is not None:
+        table.add_column(f"older than {old:g} d", no_wrap=True)
+    table.add_column("holds; if cleared")
+    for kind in report.kinds:
+        cells = [kind.name, human_bytes(kind.bytes), str(kind.entries)]
+        if old is not None:
+            cells.append(f"{human_bytes(kind.old_bytes)} ({kind.old_entries})")
+        cells.append(escape(f"{kind.holds}; {kind.cost}"))
+        table.add_row(*cells)
+    console.print(table)
+    for kind in report.kinds:
+        if kind.name in report.clearing:
+            console.print(
+                f"cleared {kind.name}: {len(kind.cleared)} entries, "
+                f"{human_bytes(kind.freed_bytes)} freed"
+            )
+        if kind.in_use:
+            console.print(
+                f"[yellow]left {len(kind.in_use)} {kind.name} entries another run "
+                f"holds:[/] {escape(', '.join(kind.in_use))}"
+            )
+    if not report.clearing:
+        console.print(
+            "[dim]everything here is made again when needed: "
+            "`deepstack-patch cache --clear KIND [--older-than DAYS]`[/]"
+        )

@@ -25,11 +25,11 @@ def print_watch(console: Console, result: Any, all_diffs: bool = False) -> None:
         console.print()
         console.print(
             f"[bold]{escape(patch_id)}[/]  footprint: "
-            f"{sizes.get(first, 0)} functions on {first}, "
+            f"{sizes.get(first, 0)} units on {first}, "
             f"{sizes.get(last, 0)} on {last}"
         )
         if not changes:
-            console.print(f"  no footprint function changed from {first} to {last}")
+            console.print(f"  no footprint unit changed from {first} to {last}")
             continue
         for change in changes:
             style = _STYLE[change.classification]
@@ -82,10 +82,25 @@ def print_footprints(console: Console, tree: Any, found: Any) -> None:
     for item in found:
         console.print()
         console.print(
-            f"[bold]{escape(item.patch_id)}[/]  {len(item.functions)} functions"
+            f"[bold]{escape(item.patch_id)}[/]  {unit_counts(item.functions)}"
         )
         for function in item.functions:
+            kind = "" if function.kind == "function" else f"{function.kind} "
             console.print(
-                f"  {escape(function.symbol)}  {escape(function.path)}:{function.line}"
-                f"  ({escape(function.why)})"
+                f"  {kind}{escape(function.symbol)}  "
+                f"{escape(function.path)}:{function.line}  ({escape(function.why)})"
             )
+
+
+def unit_counts(units: Any) -> str:
+    """``2 functions``, ``1 function, 1 statement``: a footprint's size by
+    kind (a derived patch's class attributes are statements)."""
+    counts: dict[str, int] = {}
+    for unit in units:
+        counts[unit.kind] = counts.get(unit.kind, 0) + 1
+    if not counts:
+        return "0 functions"
+    return ", ".join(
+        f"{n} {kind}{'' if n == 1 else 'es' if kind == 'class' else 's'}"
+        for kind, n in sorted(counts.items(), key=lambda pair: pair[0] != "function")
+    )

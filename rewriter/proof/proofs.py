@@ -38,10 +38,17 @@ def has_proof(patch: Patch) -> bool:
 ENGINE = "deepstack_patch.engine."
 
 
+#: The status of a proof that could not run here: recorded tests whose
+#: environment lacks what they need (network, a package, a GPU) or that all
+#: skipped. No pass, and no failure of the fix either.
+COULD_NOT_RUN = "could-not-run"
+
+
 @dataclass
 class ProofResult:
     """``passed``, ``failed`` (the proof's AssertionError: the fix's behaviour
-    is absent), ``error`` (the proof could not judge), or ``missing``."""
+    is absent), ``error`` (the proof could not judge), ``could-not-run``
+    (:data:`COULD_NOT_RUN`), or ``missing`` (the patch has no proof)."""
 
     patch_id: str
     status: str

@@ -8,15 +8,20 @@ one) and run there with pytest in the proof environment, through the same
 machinery as the tree's own tests (``tree_tests.py``): on the CPU, without
 the tree's conftest.py.
 
+Only the tests the pull request added or changed run, where the data file
+names them (``RecordedTest.names``); a file without names runs whole.
+
 The verdict reads like a proof's:
 
 - on the tree verified: ``passed`` when at least one recorded test passed
-  and none failed; ``failed`` when one failed; where none could run there (an
-  import fails, every test is skipped: it needs CUDA, a model), ``missing``
-  with "no proof: ..." and why, never a pass;
+  and none failed; ``failed`` when one failed; where none could run there,
+  ``could-not-run`` with "could not run here: ..." and why (the proof
+  environment has no network, lacks a package or a GPU: ``failures.py``
+  tells these from a failure of the code; a test cannot import vLLM's code;
+  every test skipped), never a pass and never a failure of the fix;
 - on the pristine tree (``--against-pristine``): ``failed`` when a test
   failed or could not import what the fix adds (the bug shows), ``passed``
-  when they all passed, ``missing`` when none ran.
+  when they all passed, ``could-not-run`` when none could run.
 
 Fail-to-pass is then the proof's: failing on the pristine tree, passing after
 ``apply``. Nothing here names a fix.
@@ -30,13 +35,11 @@ from pathlib import Path
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.tree import link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
+from deepstack_patch.proof.failures import environment_cause, failure_summary
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
-from deepstack_patch.proof.proofs import ProofResult, has_proof
+from deepstack_patch.proof.proofs import COULD_NOT_RUN, ProofResult, has_proof
+from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest
-
-#: The outcomes a case may have (results.py); "error" is a collection or a
-#: fixture error: the test did not run.
-_RAN = ("passed", "failed")
 
 
 def proven_by_recorded_tests(patch: Patch) -> bool:
@@ -49,23 +52,50 @@ def no_proof_reason(patch: Patch) -> str:
     from deepstack_patch.output.upstream import derived_base
 
     if derived_base(patch):
-        why = left_out(patch).removeprefix("; ") or (
-            "the diff it was derived from changed no test file"
-        )
-        return (
-            f"no proof: {patch.id} is a derived patch ({patch.origin}) with no "
-            f"recorded tests: {why}\n"
-            "hint: derive it again from the pull request's whole diff on the "
-            "release it was made against, its tests included "
-            "(https://github.com/OWNER/REPO/pull/N.diff): verify runs them; or "
-            f"verify the others with --skip {patch.id}"
-        )
+        return _derived_without_tests(patch)
     return (
         f"no proof: {type(patch).__name__} ({patch.origin}) has no prove() "
         "method and no recorded tests" + left_out(patch) + "\n"
         "hint: give the patch a prove(tree) method, or recorded_tests "
         "(docs/adding-a-patch.md)"
     )
+
+
+def _derived_without_tests(patch: Patch) -> str:
+    """A derived patch with no recorded tests: from a pull request's diff
+    that left its tests out, deriving again from the whole diff (this
+    patch's own address) gives them; from the merged commit, which is the
+    whole change, nothing more is upstream's to give."""
+    commit = str(getattr(patch, "commit", ""))
+    source = f"the merged commit {commit[:12]}" if commit else "the diff"
+    why = left_out(patch).removeprefix("; ") or (
+        f"{source} it was derived from changed no test file"
+    )
+    others = f"verify the others with --skip {patch.id}"
+    if commit:
+        hint = (
+            "give it a proof of its own (a patch module with prove(), "
+            f"docs/adding-a-patch.md), or {others}"
+        )
+    else:
+        hint = (
+            "derive it again from the pull request's whole diff on the "
+            f"release it was made against, its tests included "
+            f"({_whole_diff(patch.upstream_url)}): verify runs them; or {others}"
+        )
+    return (
+        f"no proof: {patch.id} is a derived patch ({patch.origin}) with no "
+        f"recorded tests: {why}\nhint: {hint}"
+    )
+
+
+def _whole_diff(upstream_url: str) -> str:
+    """The address of a pull request's whole diff, from the patch's own
+    pull request; where it names none, the form such an address takes."""
+    match upstream_url.rstrip("/").split("/"):
+        case ["https:", "", "github.com", _, _, "pull", number] if number.isdigit():
+            return upstream_url.rstrip("/") + ".diff"
+    return "https://github.com/OWNER/REPO/pull/N.diff"
 
 
 def left_out(patch: Patch) -> str:
@@ -103,7 +133,10 @@ def run_recorded_tests(
     """Run ``patch``'s recorded tests on a copy of ``tree`` (see the module
     docstring for the verdicts; ``pristine``: the tree before the fix)."""
     copy = with_recorded_tests(tree, patch, scratch)
-    selected = {test.path: [patch.id] for test in patch.recorded_tests}
+    # Only the tests the pull request added or changed, where it names them.
+    selected = {
+        nodeid: [patch.id] for test in patch.recorded_tests for nodeid in test.nodeids
+    }
     run = run_pytest(
         env.python, copy, selected, [], env=subprocess_env(copy), spawn=spawn
     )
@@ -115,40 +148,65 @@ def run_recorded_tests(
 
 def verdict(run: TestRun, patch_id: str, pristine: bool = False) -> ProofResult:
     """The proof result of one run of a patch's recorded tests."""
-    failed = [c for c in run.cases if c.outcome == "failed"]
-    broken = [c for c in run.cases if c.outcome == "error"]
-    passed = [c for c in run.cases if c.outcome == "passed"]
-    skipped = [c for c in run.cases if c.outcome == "skipped"]
+    sorted_cases = _sort_cases(run.cases, pristine)
     summary = ", ".join(
-        f"{len(cases)} {name}"
-        for name, cases in (
-            ("passed", passed),
-            ("failed", failed),
-            ("could not run", broken),
-            ("skipped", skipped),
-        )
-        if cases
+        f"{len(cases)} {label}" for label, cases in sorted_cases.items() if cases
     )
     details = "\n".join(
-        f"{case.nodeid}: {case.outcome}: {last_line(case.message)}"
-        for case in [*failed, *broken, *skipped]
+        f"{case.nodeid}: {label}: {failure_summary(case.message)}"
+        for label, cases in sorted_cases.items()
+        if label != "passed"
+        for case in cases
     )
     message = f"recorded tests: {summary or 'none ran'}" + (
         f"\n{details}" if details else ""
     )
-    if failed or (pristine and broken):
+    failed = sorted_cases["failed"] + sorted_cases[_FAILED_AT_IMPORT]
+    passed, broken = sorted_cases["passed"], sorted_cases[_NOT_IMPORTED]
+    if failed:
         return ProofResult(patch_id, "failed", message)
     if passed and not broken:
         return ProofResult(patch_id, "passed", message)
-    why = (
-        "they cannot run in the CPU proof environment"
-        if broken or skipped
-        else "pytest ran none of them"
-    )
     error = f"\n{run.error}" if run.error and not run.cases else ""
-    return ProofResult(patch_id, "missing", f"no proof: {why}; {message}{error}")
+    why = could_not_run_reason(sorted_cases)
+    return ProofResult(
+        patch_id, COULD_NOT_RUN, f"could not run here: {why}; {message}{error}"
+    )
 
 
-def last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
+#: On the pristine tree: a test that cannot import the tree's code it tests
+#: (what the fix adds is absent), which shows the bug as a failure does.
+_FAILED_AT_IMPORT = "failed at import"
+#: On the fixed tree: a test that cannot import the tree's code.
+_NOT_IMPORTED = "could not import vLLM's code"
+
+
+def _sort_cases(cases: list[TestCase], pristine: bool) -> dict[str, list[TestCase]]:
+    """The cases by what they say about the fix, in the order they are told."""
+    labels = ("passed", "failed", _FAILED_AT_IMPORT, _NOT_IMPORTED)
+    found: dict[str, list[TestCase]] = {label: [] for label in labels}
+    found["could not run"], found["skipped"] = [], []
+    for case in cases:
+        cause = environment_cause(case.message)
+        match case.outcome:
+            case "passed" | "skipped":
+                found[case.outcome].append(case)
+            case "failed" | "error" if cause:
+                found["could not run"].append(case)
+            case "failed":
+                found["failed"].append(case)
+            case _:  # "error": the module or a fixture did not load
+                found[_FAILED_AT_IMPORT if pristine else _NOT_IMPORTED].append(case)
+    return found
+
+
+def could_not_run_reason(sorted_cases: dict[str, list[TestCase]]) -> str:
+    """Why none of the recorded tests could run here, in a few words."""
+    causes = dict.fromkeys(
+        environment_cause(case.message) for case in sorted_cases["could not run"]
+    )
+    if sorted_cases[_NOT_IMPORTED]:
+        causes["a test cannot import vLLM's code"] = None
+    if sorted_cases["skipped"]:
+        causes["skipped in the CPU proof environment"] = None
+    return "; ".join(causes) or "pytest ran none of them"

@@ -7,9 +7,14 @@ from typing import Any
 
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.proof.imports import ImportStage
-from deepstack_patch.proof.proofs import ProofResult
+from deepstack_patch.proof.proofs import COULD_NOT_RUN, ProofResult
 from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.runtime_stage import RuntimeStage
+
+
+def status_words(status: str) -> str:
+    """A proof's status in a sentence: ``could-not-run`` as words."""
+    return status.replace("-", " ") if status == COULD_NOT_RUN else status
 
 
 @dataclass
@@ -35,17 +40,27 @@ class PatchVerdict:
 
     @property
     def fail_to_pass(self) -> str:
-        """``proven``, ``fixed-upstream``, ``not-proven`` or ``""`` (not asked)."""
+        """``proven``, ``fixed-upstream``, ``not-proven``, ``could-not-run``
+        (the proof could not run on one of the trees, and did not fail on
+        the other: nothing was shown either way) or ``""`` (not asked)."""
         if self.pristine_state is None or self.state is PatchState.NOT_APPLICABLE:
             return ""
         if self.runtime is not None and self.runtime.status == "failed":
             return "not-proven"  # its tests pass on a stub of what it reads
-        after = self.proof is not None and self.proof.status == "passed"
+        after = self.proof.status if self.proof else ""
         before = self.pristine_proof.status if self.pristine_proof else ""
-        if self.pristine_state is PatchState.APPLIED and before == "passed" and after:
+        if self.pristine_state is PatchState.APPLIED and (before, after) == (
+            "passed",
+            "passed",
+        ):
             return "fixed-upstream"
-        if self.pristine_state is PatchState.NEEDED and before == "failed" and after:
+        if self.pristine_state is PatchState.NEEDED and (before, after) == (
+            "failed",
+            "passed",
+        ):
             return "proven"
+        if after != "failed" and COULD_NOT_RUN in (before, after):
+            return COULD_NOT_RUN
         return "not-proven"
 
     @property
@@ -64,10 +79,12 @@ class PatchVerdict:
             found.append(self.runtime.problem)
         if self.proof is None or self.proof.status != "passed":
             status = self.proof.status if self.proof else "not run"
-            found.append(f"proof {status}")
-        if self.fail_to_pass == "not-proven":
+            found.append(f"proof {status_words(status)}")
+        if self.fail_to_pass in ("not-proven", COULD_NOT_RUN):
             before = self.pristine_proof.status if self.pristine_proof else "not run"
-            found.append(f"fail-to-pass not shown (pristine proof {before})")
+            found.append(
+                f"fail-to-pass not shown (pristine proof {status_words(before)})"
+            )
         bad = [t for t in self.tests if t.outcome in ("failed", "error")]
         if bad:
             found.append(f"{len(bad)} tree test(s) failed")

@@ -262,6 +262,14 @@ def _edit(edit: dict[str, Any]) -> Edit:
     )
 
 
+def _test_names(table: dict[str, Any]) -> tuple[str, ...]:
+    """A recorded test's ``names``: pytest node ids below its file."""
+    match table.get("names", []):
+        case list(names) if all(isinstance(n, str) and n for n in names):
+            return tuple(names)
+    raise ValueError(f"{table.get('path')}: names must be a list of test names")
+
+
 def _unit(table: dict[str, Any]) -> Unit:
     kind = _field(table, "kind")
     if kind not in UNIT_KINDS:
@@ -315,7 +323,11 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
         "paths": paths,
         "units": units,
         "tests": [
-            RecordedTest(_field(t, "path"), _field(t, "content"))
+            RecordedTest(
+                _field(t, "path"),
+                _field(t, "content"),
+                _test_names(t),
+            )
             for t in data.get("tests", [])
         ],
         "skipped_tests": [
@@ -348,6 +360,8 @@ def dump_derived(patch: Any) -> str:
     ]
     for test in patch.recorded_tests:
         out += ["", "[[tests]]", f"path = {_string(test.path)}"]
+        if test.names:
+            out.append("names = [" + ", ".join(_string(n) for n in test.names) + "]")
         out.append(f"content = {_text(test.content)}")
     for skipped in patch.skipped_tests:
         out += ["", "[[skipped_tests]]", f"path = {_string(skipped.path)}"]

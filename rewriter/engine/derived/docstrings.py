@@ -61,26 +61,27 @@ def action(compiled: CompiledEdit, block: Sequence[ast.stmt]) -> tuple[str, str]
     return "", "its docstring is not the one the fix edits: left as it is"
 
 
-def rewrite(module: cst.Module, compiled: CompiledEdit, todo: str) -> cst.Module:
+def rewrite(module: cst.Module, compiled: CompiledEdit) -> cst.Module:
     """``module`` with the docstring of the edit's definition as upstream
-    writes it (``todo``: what :func:`action` said)."""
+    writes it, where it is the one the fix edits (as recognition found it);
+    nothing where it is upstream's already (the edits before may have
+    brought it, a definition made its ``after`` whole)."""
+    before, after = _text(compiled.edit.removed), _text(compiled.edit.inserted)
 
     def change(block: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        has = bool(block) and _is_docstring(module, block[0])
+        ours = _docstring_of(module, block[0]) if block else None
+        if ours == after:
+            return block
+        if ours != before:
+            raise RewriteRefused("the docstring is not the one the fix edits")
         new = (
             [cst.parse_statement(compiled.edit.inserted)]
             if compiled.edit.inserted.strip()
             else []
         )
-        match todo, has:
-            case ("replace", True) | ("remove", True):
-                if new:
-                    new[0] = new[0].with_changes(leading_lines=block[0].leading_lines)
-                rest = block[1:]
-            case ("add", False):
-                rest = block
-            case _:
-                raise RewriteRefused("the docstring is not the one the fix edits")
+        rest = block if ours is None else block[1:]
+        if new and ours is not None:
+            new[0] = new[0].with_changes(leading_lines=block[0].leading_lines)
         if not new and not rest:
             raise RewriteRefused("the fix would leave the block empty")
         return [*new, *rest]
@@ -90,9 +91,13 @@ def rewrite(module: cst.Module, compiled: CompiledEdit, todo: str) -> cst.Module
     )
 
 
-def _is_docstring(module: cst.Module, statement: cst.BaseStatement) -> bool:
+def _docstring_of(module: cst.Module, statement: cst.BaseStatement) -> str | None:
+    """The statement's text, cleaned, where it is a docstring; else None."""
     code = textwrap.dedent(module.code_for_node(statement))
-    return shapes.is_docstring(ast.parse(code).body[0])
+    node = ast.parse(code).body[0]
+    if not shapes.is_docstring(node):
+        return None
+    return inspect.cleandoc(node.value.value)  # type: ignore[attr-defined]
 
 
 def _walk(

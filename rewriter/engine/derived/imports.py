@@ -45,7 +45,11 @@ def recognise_imports(
         unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
     leading = _leading_imports(tree)
     if leading:
-        span = (leading[0].lineno, leading[-1].end_lineno or leading[-1].lineno)
+        # With the blank and comment lines after them, up to the next
+        # statement: a new group of imports goes there (rewrite.py).
+        last = leading[-1].end_lineno or leading[-1].lineno
+        following = [_first_line(n) for n in tree.body if _first_line(n) > last]
+        span = (leading[0].lineno, max(last, min(following, default=1) - 1))
     else:
         span = (1, (tree.body[0].end_lineno or 1) if tree.body else 1)
     if not missing and not unused:
@@ -75,3 +79,8 @@ def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)
     return found
+
+
+def _first_line(node: ast.stmt) -> int:
+    decorators = getattr(node, "decorator_list", [])
+    return min([node.lineno, *(d.lineno for d in decorators)])

@@ -124,6 +124,10 @@ class DerivedPatch(Patch):
         its runtime names are looked up (engine/derived/runtime.py)."""
         return (*module_files(self.units), *PACKAGE_FILES)
 
+    def part_file(self, part: str) -> str:
+        """A unit's part is ``path::name``: the file is the unit's own."""
+        return next((unit.path for unit in self.units if unit.part == part), "")
+
     # -- recognition ---------------------------------------------------
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
@@ -326,22 +330,26 @@ class DerivedPatch(Patch):
         from deepstack_patch.engine.derived import rewrite
 
         by_part = {unit.part: unit for unit in self.units}
-        riders = []
-        for finding in needed:
-            unit = moved.placed(by_part[finding.part], finding)
-            for index, edit in enumerate(unit.edits):
-                todo = finding.details.get(str(index), {})
-                if edit.kind == "docstring":
-                    riders += [(self._compile(edit), todo)] if todo else []
-                    continue
-                module = rewrite.apply_edit(
-                    module,
-                    self._compile(edit),
-                    todo,
+        placed = [(f, moved.placed(by_part[f.part], f)) for f in needed]
+        module = rewrite.apply_edits(
+            module,
+            [
+                (
+                    unit,
+                    [
+                        (self._compile(edit), finding.details.get(str(index), {}))
+                        for index, edit in enumerate(unit.edits)
+                        if edit.kind != "docstring"
+                    ],
                     finding.details.get("renaming", {}),
                 )
-        for compiled, todo in riders:  # the docstrings the fix edits
-            module = docstrings.rewrite(module, compiled, todo["docstring"])
+                for finding, unit in placed
+            ],
+        )
+        for finding, unit in placed:  # the docstrings the fix edits ride along
+            for index, edit in enumerate(unit.edits):
+                if edit.kind == "docstring" and finding.details.get(str(index)):
+                    module = docstrings.rewrite(module, self._compile(edit))
         return module
 
     def prove(self, tree: Path) -> None:
@@ -529,7 +537,11 @@ def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
     if not isinstance(located.unit_node, ast.Module | ast.ClassDef) or (
         located.target is not None
     ):
-        node = located.target or located.unit_node
+        # In a function, the whole definition, whatever the edit changes
+        # there: the rewrite may write the fixed definition whole (rewrite.py).
+        node = located.unit_node
+        if isinstance(node, ast.Module | ast.ClassDef):
+            node = located.target
         return min(located.unit_first, _lines(node)[0]), _lines(node)[1]
     # In a class's or the module's block: from the owner's header (or the
     # first statement) to the block's end. Wide, but only whole statements

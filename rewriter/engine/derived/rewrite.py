@@ -1,24 +1,33 @@
-"""The rewrite of a derived patch, in LibCST, at the statement level.
+"""The rewrite of a derived patch, as text (docs/derive.md, "every
+untouched byte kept").
 
-Only whole statements are replaced or inserted; every statement the fix does
-not touch keeps its text (comments, formatting). The block is found again
-here by the locator recognition uses (:func:`~.match.find_step` for each
-block on the way, :func:`~.match.occurrences` and
-:func:`~.match.single_out` for the edit's statements), run on each LibCST
-statement's ``ast``: the engine may hand over a skeleton of the file, whose
-line numbers and top-level indices differ from the ones recognition saw, but
-whose names and statements do not.
+Each edit changes only the lines the fix changes: its region's lines
+(:mod:`.regions`), found in the target by the statements recognition found
+(:func:`~.match.find_step` for each block on the way,
+:func:`~.match.occurrences` and :func:`~.match.single_out` for the edit's
+statements, the one locator they share), get the change from the recorded
+lines before the fix to the ones after it; every other line stays the
+target's, comments, quotes and blank lines included. Where the target's
+lines are not the recorded ones (a vendor's comment, another layout), only
+its statements' own lines are replaced, by upstream's statements. The
+engine may hand over a skeleton of the file, whose line numbers and
+top-level indices differ from the ones recognition saw, but whose names and
+statements do not.
+
+Imports are edited by name (``details``, from recognition): where the
+change of names is upstream's whole change, upstream's lines are written as
+above; else the target's import statements are edited in LibCST.
 """
 
 from __future__ import annotations
 
 import ast
-import textwrap
-from collections.abc import Callable, Mapping, Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import libcst as cst
-from deepstack_patch.engine.derived import rename, shapes
+from deepstack_patch.engine.derived import regions, rename, shapes
 from deepstack_patch.engine.derived.match import (
     ShapeCache,
     bound_name,
@@ -29,11 +38,40 @@ from deepstack_patch.engine.derived.match import (
     with_block,
 )
 from deepstack_patch.engine.errors import RewriteRefused
+from deepstack_patch.engine.source import code_lines
 
 if TYPE_CHECKING:
+    from deepstack_patch.engine.derived.data import Unit
     from deepstack_patch.engine.derived.match import CompiledEdit
 
 Statements = list[cst.BaseStatement]
+
+#: A unit's edits to make: the unit, each edit with recognition's details
+#: of it, and the renaming of its function's locals.
+UnitToMake = tuple[
+    "Unit", Sequence[tuple["CompiledEdit", Mapping[str, Any]]], Mapping[str, str]
+]
+
+
+def apply_edits(module: cst.Module, units: Sequence[UnitToMake]) -> cst.Module:
+    """``module`` with each unit's edits made, in order (see
+    :class:`~.derived.Edit`); with a renaming (the fix's local -> the
+    target's, see :mod:`.rename`) the function's statements are matched
+    under it and the fix's lines written under it.
+
+    A function or method whose definition is, line for line, the one the
+    fix was made on (its ``before``) becomes the fixed one (its ``after``)
+    whole: what upstream changed there besides its statements (a comment, a
+    docstring, a blank line) comes with it, as ``git apply`` brings it."""
+    text = _Text(module.code, module.default_newline)
+    for unit, edits, renaming in units:
+        if not renaming and text.whole_definition(unit, [c for c, _ in edits]):
+            continue
+        for compiled, details in edits:
+            text.apply(compiled, details, renaming)
+    if text.code == module.code:
+        return module
+    return cst.parse_module(text.code.encode(module.encoding))
 
 
 def apply_edit(
@@ -42,135 +80,122 @@ def apply_edit(
     details: Mapping[str, Any],
     renaming: Mapping[str, str] | None = None,
 ) -> cst.Module:
-    """``module`` with one edit made (see :class:`~.derived.Edit`); with a
-    ``renaming`` (the fix's local -> the target's, see :mod:`.rename`)
-    the function's statements are matched under it and the inserted ones
-    written under it."""
-    rewriter = _Rewriter(module, renaming or {})
-    edit = compiled.edit
-    if edit.kind == "imports":
-        return rewriter.imports(compiled, details)
-    last = len(compiled.steps)
-    if edit.kind == "header":
-        action: Callable[[Statements], Statements] = lambda stmts: rewriter.header(  # noqa: E731
-            stmts, compiled
-        )
-        return module.with_changes(
-            body=rewriter.walk(list(module.body), compiled, 0, last - 1, action)
-        )
-    return module.with_changes(
-        body=rewriter.walk(
-            list(module.body),
-            compiled,
-            0,
-            last,
-            lambda stmts: rewriter.statements(stmts, compiled),
-        )
-    )
+    """``module`` with one edit made (see :func:`apply_edits`)."""
+    text = _Text(module.code, module.default_newline)
+    text.apply(compiled, details, renaming or {})
+    if text.code == module.code:
+        return module
+    return cst.parse_module(text.code.encode(module.encoding))
 
 
-class _Rewriter:
-    def __init__(self, module: cst.Module, renaming: Mapping[str, str]) -> None:
-        self.module = module
-        self.renaming = dict(renaming)
-        #: Inside the function: its statements are read under the renaming.
-        self.inside_function = False
-        self.shapes = ShapeCache()
-        self._parsed: dict[int, list[ast.stmt]] = {}
-        self._keep: list[cst.CSTNode] = []
+class _Text:
+    """The file's text, edited one edit after the other."""
 
-    def ast_of(self, statement: cst.CSTNode) -> list[ast.stmt]:
-        """The statement as CPython parses it (several for ``a; b``)."""
-        key = id(statement)
-        if key not in self._parsed:
-            self._keep.append(statement)
-            code = textwrap.dedent(self.module.code_for_node(statement))
-            self._parsed[key] = ast.parse(code).body
-            if self.inside_function and self.renaming:
-                back = {new: old for old, new in self.renaming.items()}
-                for node in self._parsed[key]:
-                    rename.Rename(back).visit(node)
-        return self._parsed[key]
+    def __init__(self, code: str, newline: str) -> None:
+        self.code = code
+        self.newline = newline
 
-    def walk(
+    def apply(
         self,
-        statements: Statements,
         compiled: CompiledEdit,
-        index: int,
-        stop: int,
-        action: Callable[[Statements], Statements],
-    ) -> Statements:
-        """``action`` done on the block that steps ``index`` to ``stop`` of
-        the edit's way lead to, from ``statements``."""
-        if index == stop:
-            return action(statements)
-        identity, field_name, _ = compiled.steps[index]
-        at = self._one(statements, compiled, index)
-        if identity.startswith("def "):
-            self.inside_function = True
-        changed = _with_inner(
-            statements[at],
-            field_name,
-            lambda inner: self.walk(inner, compiled, index + 1, stop, action),
+        details: Mapping[str, Any],
+        renaming: Mapping[str, str],
+    ) -> None:
+        if compiled.edit.kind == "imports":
+            if not self.imports_as_text(compiled, details):
+                module = cst.parse_module(self.code)
+                self.code = _Imports(module).edited(compiled, details).code
+            return
+        lines = code_lines(self.code)
+        tree = ast.parse(self.code)
+        walk = _Walk(compiled, renaming)
+        if compiled.edit.kind == "header":
+            self.header(lines, walk.statement(tree.body), walk)
+        else:
+            self.statements(lines, walk.block(tree.body), walk)
+
+    def whole_definition(self, unit: Unit, edits: Sequence[CompiledEdit]) -> bool:
+        """The unit's definition made its ``after`` whole, where it is its
+        ``before`` line for line (see :func:`apply_edits`); False where it
+        is not, or the unit is not a definition its edits lie in."""
+        name = unit.name.rsplit(".", 1)[-1]
+        if unit.kind not in ("function", "method") or not edits:
+            return False
+        way = [identity for identity, _, _ in edits[0].steps]
+        if f"def {name}" not in way:
+            return False
+        at = way.index(f"def {name}")
+        if any([i for i, _, _ in c.steps[: at + 1]] != way[: at + 1] for c in edits):
+            return False
+        # Recognition claims the innermost definition on an edit's way (its
+        # span): no other may lie between this one and an edit.
+        if any(
+            i.startswith(("def ", "class "))
+            for c in edits
+            for i, _, _ in c.steps[at + 1 :]
+        ):
+            return False
+        lines = code_lines(self.code)
+        walk = _Walk(edits[0], {})
+        try:
+            node = walk.step(walk.block(ast.parse(self.code).body, at), at)
+        except RewriteRefused:
+            return False
+        first = regions.first_line(node) - 1
+        region = regions.Region(
+            first,
+            node.end_lineno or node.lineno,
+            regions.indentation(lines[first]),
+            raw=frozenset(regions.string_lines([node])),
         )
-        return [*statements[:at], changed, *statements[at + 1 :]]
+        if region.text(lines) != unit.before.splitlines():
+            return False
+        self.replace(
+            lines, region, regions.rewritten(lines, region, unit.after, self.newline)
+        )
+        return True
 
-    def _one(self, statements: Statements, compiled: CompiledEdit, index: int) -> int:
-        """The statement of step ``index``, found as recognition found it:
-        :func:`~.match.find_step` is the one locator both use (by its
-        neighbours where its header is there more than once)."""
-        entries, nodes = self.flat(statements)
-        found = find_step(nodes, compiled, index, self.shapes)
-        if isinstance(found, str):
-            code = compiled.steps[index][2]
-            raise RewriteRefused(f"`{shapes.quoted(code)}` {found}")
-        return entries[next(i for i, node in enumerate(nodes) if node is found)][0]
+    def replace(
+        self,
+        lines: list[str],
+        region: regions.Region,
+        new_lines: list[str],
+    ) -> None:
+        self.code = "".join([*lines[: region.first], *new_lines, *lines[region.stop :]])
 
-    def flat(
-        self, statements: Statements
-    ) -> tuple[list[tuple[int, int]], list[ast.stmt]]:
-        """One entry per CPython statement: (cst index, position in its
-        line), and the statements."""
-        entries: list[tuple[int, int]] = []
-        nodes: list[ast.stmt] = []
-        for index, statement in enumerate(statements):
-            for position, node in enumerate(self.ast_of(statement)):
-                entries.append((index, position))
-                nodes.append(node)
-        return entries, nodes
-
-    def header(self, statements: Statements, compiled: CompiledEdit) -> Statements:
-        index = self._one(statements, compiled, len(compiled.steps) - 1)
-        node = statements[index]
-        if shapes.header(self.ast_of(node)[0]) != compiled.header_before:
+    def header(self, lines: list[str], node: ast.stmt, walk: _Walk) -> None:
+        compiled = walk.compiled
+        if shapes.header(node) != compiled.header_before:
             raise RewriteRefused("the header is not the one the fix expects")
-        code = with_block(compiled.edit.header_after)
-        if self.inside_function:  # an `if`'s header reads the function's locals
-            code = rename.renamed_code(code, self.renaming)
-        new = cst.parse_statement(code)
-        if type(new) is not type(node):
+        fixed = shapes.parse_statements(with_block(compiled.edit.header_after))
+        if [type(n) for n in fixed] != [type(node)]:
             raise RewriteRefused("the fixed header is another kind of statement")
-        # The blocks stay the target's: only the header is the fix's.
-        kept = {
-            name: getattr(node, name)
-            for name in ("body", "orelse", "leading_lines")
-            if hasattr(node, name)
-        }
-        replaced = new.with_changes(**kept)
-        return [*statements[:index], replaced, *statements[index + 1 :]]
+        region = regions.header(lines, node)
+        if isinstance(region, str):
+            raise RewriteRefused(region)
+        before = walk.renamed_header(compiled.edit.header_before)
+        after = walk.renamed_header(compiled.edit.header_after)
+        out = regions.replaced(lines, region, before, after, self.newline)
+        if out is None:  # not the recorded lines: the fixed header whole
+            out = regions.rewritten(lines, region, after, self.newline)
+        self.replace(lines, region, out)
 
-    def statements(self, statements: Statements, compiled: CompiledEdit) -> Statements:
-        entries, nodes = self.flat(statements)
-        offset = len(nodes) - len(shapes.without_docstring(nodes))
-        at_start, at_end = compiled.at_start, compiled.at_end
+    def statements(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:
+        compiled = walk.compiled
+        shapes_of = walk.shapes
+        offset = len(block) - len(shapes.without_docstring(block))
         found = occurrences(
-            nodes, compiled.before_pattern, at_start, at_end, self.shapes
+            block,
+            compiled.before_pattern,
+            compiled.at_start,
+            compiled.at_end,
+            shapes_of,
         )
         if not compiled.anchored:  # told apart by its neighbours, as recognised
             anchors = (compiled.before_anchor, compiled.after_anchor)
             size = len(compiled.removed)
             found = single_out(
-                nodes[offset:], found, size, anchors, self.shapes, edges=True
+                block[offset:], found, size, anchors, shapes_of, edges=True
             )
         if len(found) != 1:
             raise RewriteRefused(
@@ -179,67 +204,161 @@ class _Rewriter:
         skip = 1 if compiled.anchored and compiled.before_anchor else 0
         start = found[0] + offset + skip
         end = start + len(compiled.removed)
-        for boundary in (start, end):
-            if boundary < len(entries) and entries[boundary][1] != 0:
-                raise RewriteRefused(
-                    "the fix splits a line that holds several statements"
-                )
-        first = entries[start][0] if start < len(entries) else len(statements)
-        last = entries[end][0] if end < len(entries) else len(statements)
-        new = _parsed_statements(
-            rename.renamed_code(compiled.edit.inserted, self.renaming)
-        )
-        if new and first < last:
-            # Comments above a replaced statement stay above its replacement,
-            # followed by the fix's own (those the target has already once).
-            kept = list(statements[first].leading_lines)
-            known = {_comment(line) for line in kept}
-            new[0] = new[0].with_changes(
-                leading_lines=[
-                    *kept,
-                    *(
-                        line
-                        for line in new[0].leading_lines
-                        if _comment(line) not in known
-                    ),
-                ]
-            )
-        elif (
-            new
-            and first < len(statements)
-            and _moves_comment(statements[first], new[0])
-        ):
-            # Upstream put the insertion between the next statement and the
-            # comment above it; the comment stays above the insertion, once.
-            following = statements[first]
-            new[0] = new[0].with_changes(
-                leading_lines=[
-                    *following.leading_lines,
-                    *new[0].leading_lines[len(_comments(following)) :],
-                ]
-            )
-            statements = [
-                *statements[:first],
-                following.with_changes(leading_lines=[]),
-                *statements[first + 1 :],
-            ]
-        elif new and not new[0].leading_lines and _is_definition(new[0]):
-            neighbour = statements[first] if first < len(statements) else None
-            if neighbour is None or not _is_definition(neighbour):
-                neighbour = statements[first - 1] if first > 0 else None
-            if neighbour is not None:
-                blank = [
-                    line for line in neighbour.leading_lines if line.comment is None
-                ]
-                new[0] = new[0].with_changes(leading_lines=blank)
-        result = [*statements[:first], *new, *statements[last:]]
-        if not result:
+        if not compiled.inserted and end - start == len(block):
             raise RewriteRefused("the fix would leave the block empty")
-        return result
+        region = regions.between(lines, block, start, end)
+        if isinstance(region, str):
+            raise RewriteRefused(region)
+        before = walk.renamed(compiled.edit.removed)
+        after = walk.renamed(compiled.edit.inserted)
+        own = [
+            (regions.first_line(node) - 1, node.end_lineno or node.lineno)
+            for node in block[start:end]
+        ]
+        out = regions.replaced(lines, region, before, after, self.newline, own)
+        if out is None:  # the gaps are not the recorded ones either
+            removed = (own[0][0], own[-1][1]) if own else (region.first, region.first)
+            out = regions.replaced_statements(
+                lines, region, removed, after, self.newline
+            )
+        self.replace(lines, region, out)
 
-    # -- imports ----------------------------------------------------------
+    def imports_as_text(
+        self, compiled: CompiledEdit, details: Mapping[str, Any]
+    ) -> bool:
+        """Upstream's lines, where the names recognition adds and drops are
+        upstream's whole change and its statements are found among the
+        module's leading imports (those the engine always keeps)."""
+        edit = compiled.edit
+        removed = import_aliases(shapes.parse_statements(edit.removed))
+        inserted = import_aliases(shapes.parse_statements(edit.inserted))
+        add = {tuple(a) for a in details.get("add", ())}
+        drop = {tuple(a) for a in details.get("drop", ())}
+        if add != set(inserted) - set(removed) or drop != set(removed) - set(inserted):
+            return False
+        lines = code_lines(self.code)
+        body = ast.parse(self.code).body
+        leading = _leading(body)
+        shapes_of = ShapeCache()
+        if compiled.removed:
+            found = occurrences(leading, compiled.removed, False, False, shapes_of)
+            start = found[0] if len(found) == 1 else -1
+            end = start + len(compiled.removed)
+        else:
+            anchor = compiled.before_anchor
+            found = [
+                i
+                for i, node in enumerate(leading)
+                if anchor is not None and anchor.matches(node, shapes_of)
+            ]
+            start = end = found[0] + 1 if len(found) == 1 else -1
+        if start < 0:
+            return False
+        elsewhere = [n for n in body if n not in leading[start:end]]
+        if drop & set(import_aliases(elsewhere)):
+            return False  # the name-level edit drops them there too
+        region = regions.statements(lines, leading, start, end, not compiled.removed)
+        if isinstance(region, str):
+            return False
+        out = regions.replaced(lines, region, edit.removed, edit.inserted, self.newline)
+        if out is None:
+            return False
+        self.replace(lines, region, out)
+        return True
 
-    def imports(self, compiled: CompiledEdit, details: Mapping[str, Any]) -> cst.Module:
+
+class _Walk:
+    """The way to an edit's block, found as recognition found it."""
+
+    def __init__(self, compiled: CompiledEdit, renaming: Mapping[str, str]) -> None:
+        self.compiled = compiled
+        self.renaming = dict(renaming)
+        self.shapes = ShapeCache()
+        #: Inside the function: its statements are read under the renaming.
+        self.inside_function = False
+
+    def block(self, body: list[ast.stmt], stop: int = -1) -> list[ast.stmt]:
+        """The block the edit's steps lead to (the first ``stop`` ones)."""
+        block = body
+        for index in range(len(self.compiled.steps) if stop < 0 else stop):
+            node = self.step(block, index)
+            field_name = self.compiled.steps[index][1]
+            inner = getattr(node, field_name, None)
+            if not isinstance(inner, list) or not inner:
+                raise RewriteRefused(f"no {field_name} block to change")
+            block = inner
+        return block
+
+    def statement(self, body: list[ast.stmt]) -> ast.stmt:
+        """A header edit's compound statement (its last step; a definition's
+        own header is outside the function whose locals are renamed)."""
+        last = len(self.compiled.steps) - 1
+        return self.step(self.block(body, last), last, enter=False)
+
+    def step(self, block: list[ast.stmt], index: int, enter: bool = True) -> ast.stmt:
+        """The compound statement of step ``index``: :func:`~.match.find_step`
+        is the one locator recognition and the rewrite use (by its
+        neighbours where its header is there more than once)."""
+        found = find_step(block, self.compiled, index, self.shapes)
+        identity, _, code = self.compiled.steps[index]
+        if isinstance(found, str):
+            raise RewriteRefused(f"`{code.strip().splitlines()[0]}` {found}")
+        entering = enter and identity.startswith("def ")
+        if entering and self.renaming and not self.inside_function:
+            # The function's statements as the fix names them, where they are.
+            self.inside_function = True
+            found = copy.deepcopy(found)
+            back = {new: old for old, new in self.renaming.items()}
+            for statement in found.body:  # type: ignore[attr-defined]
+                rename.Rename(back).visit(statement)
+        return found
+
+    def renamed(self, code: str) -> str:
+        """Recorded code under the renaming (inside the function)."""
+        if not self.inside_function:
+            return code
+        return rename.renamed_code(code, self.renaming)
+
+    def renamed_header(self, code: str) -> str:
+        """A recorded header under the renaming: an ``if``'s reads the
+        function's locals (a definition's own header is outside it)."""
+        if not self.inside_function or not self.renaming:
+            return code
+        whole = with_block(code)  # a header alone does not parse
+        placeholder = whole[len(code.rstrip()) :]
+        renamed = rename.renamed_code(whole, self.renaming)
+        return renamed[: len(renamed) - len(placeholder)] + "\n"
+
+
+def _leading(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The module's statements from its first import to the last import
+    before its first definition: the engine keeps them in the skeleton it
+    may hand over (their span), so they are the same there."""
+    imports = []
+    for index, node in enumerate(body):
+        if isinstance(node, shapes.DEFINITIONS):
+            break
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            imports.append(index)
+    return body[imports[0] : imports[-1] + 1] if imports else []
+
+
+# -- imports by name, in LibCST -----------------------------------------------
+
+
+class _Imports:
+    """The name-level edit of the module's imports (where upstream's lines
+    cannot be written as they are)."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+
+    def ast_of(self, statement: cst.CSTNode) -> list[ast.stmt]:
+        import textwrap
+
+        return ast.parse(textwrap.dedent(self.module.code_for_node(statement))).body
+
+    def edited(self, compiled: CompiledEdit, details: Mapping[str, Any]) -> cst.Module:
         add = [tuple(a) for a in details.get("add", ())]
         drop = [tuple(a) for a in details.get("drop", ())]
         body = list(self.module.body)
@@ -291,7 +410,10 @@ class _Rewriter:
             return statement
         if not names:
             return None
-        names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        if names[-1] is not node.names[-1]:
+            # The last name went: the new last one ends as it ended (a
+            # trailing comma before the parenthesis stays, `a, b` is `a`).
+            names[-1] = names[-1].with_changes(comma=node.names[-1].comma)
         return statement.with_changes(body=[node.with_changes(names=names)])
 
     def _import_from(self, body: Statements, statement: ast.ImportFrom) -> int | None:
@@ -396,89 +518,3 @@ def _with_names(
     reduced = copy.copy(statement)
     reduced.names = names
     return reduced
-
-
-def _parsed_statements(code: str) -> Statements:
-    """The statements of ``code``, comments above the first one included
-    (LibCST gives a module's leading comments to the module, not to it)."""
-    if not code.strip():
-        return []
-    parsed = cst.parse_module("pass\n" + code).visit(_UnindentedBlankLines())
-    return list(parsed.body[1:])
-
-
-class _UnindentedBlankLines(cst.CSTTransformer):
-    """Blank lines parsed at the module level are marked indented, which in
-    the target's block would write its indentation on them."""
-
-    def leave_EmptyLine(
-        self, original_node: cst.EmptyLine, updated_node: cst.EmptyLine
-    ) -> cst.EmptyLine:
-        if updated_node.comment is None:
-            return updated_node.with_changes(indent=False)
-        return updated_node
-
-
-def _comments(statement: cst.BaseStatement) -> list[str]:
-    return [
-        line.comment.value.strip()
-        for line in statement.leading_lines
-        if line.comment is not None
-    ]
-
-
-def _moves_comment(following: cst.BaseStatement, inserted: cst.BaseStatement) -> bool:
-    """Whether the inserted code starts with the comment lines above the
-    statement it goes before (and has more lines of its own after them)."""
-    theirs = _comments(following)
-    ours = [
-        line.comment.value.strip() if line.comment else None
-        for line in inserted.leading_lines
-    ]
-    return bool(theirs) and ours[: len(theirs)] == theirs
-
-
-def _comment(line: cst.EmptyLine) -> str | None:
-    return line.comment.value.strip() if line.comment is not None else None
-
-
-def _is_definition(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.FunctionDef | cst.ClassDef)
-
-
-def _with_inner(
-    node: cst.BaseStatement,
-    field_name: str,
-    change: Callable[[Statements], Statements],
-) -> cst.BaseStatement:
-    """``node`` with the block ``field_name`` (ast's name for it) changed."""
-
-    def indented(block: Any) -> Any:
-        if not isinstance(block, cst.IndentedBlock):
-            raise RewriteRefused(
-                "the block is on the line of its header; the fix needs it indented"
-            )
-        return block.with_changes(body=change(list(block.body)))
-
-    match field_name:
-        case "body":
-            return node.with_changes(body=indented(node.body))  # type: ignore[attr-defined]
-        case "orelse":
-            orelse = getattr(node, "orelse", None)
-            match orelse:
-                case cst.Else():
-                    return node.with_changes(
-                        orelse=orelse.with_changes(body=indented(orelse.body))
-                    )
-                case cst.If():  # an elif: ast's else block holds that one `if`
-                    changed = change([orelse])
-                    if len(changed) != 1 or not isinstance(changed[0], cst.If):
-                        raise RewriteRefused("the fix changes an elif chain's shape")
-                    return node.with_changes(orelse=changed[0])
-        case "finalbody":
-            final = getattr(node, "finalbody", None)
-            if isinstance(final, cst.Finally):
-                return node.with_changes(
-                    finalbody=final.with_changes(body=indented(final.body))
-                )
-    raise RewriteRefused(f"no {field_name} block to change")

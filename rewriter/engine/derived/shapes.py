@@ -14,9 +14,10 @@ from __future__ import annotations
 import ast
 import copy
 import io
-import textwrap
 import tokenize
 from collections.abc import Iterator, Sequence
+
+from deepstack_patch.engine.derived import regions
 
 #: The fields of a compound statement that hold a block a diff may change
 #: inside (an ``except`` clause's block is part of the ``try``'s header).
@@ -125,20 +126,15 @@ def header_code(node: ast.stmt) -> str:
 
 def header_source(source_lines: Sequence[str], node: ast.stmt) -> str:
     """A compound statement's header as the file writes it (a definition's
-    decorators to the colon; an ``elif`` as an ``if``), dedented;
-    ``header_code`` where it cannot be cut out on whole lines."""
-    body = node.body  # type: ignore[attr-defined]
-    first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-    last = body[0].lineno - 1
-    # Comment and blank lines between the colon and the first statement are
-    # the body's, not the header's (a header ending in one is no header).
-    while last > first and source_lines[last - 1].lstrip().startswith(("#", "\n")):
-        last -= 1
-    text = textwrap.dedent("".join(source_lines[first - 1 : last]))
-    if text.startswith("elif"):  # an `if` in its parent's else block
-        text = text[2:]
+    decorators to the colon; an ``elif`` as an ``if``), dedented (see
+    :mod:`.regions`); ``header_code`` where it cannot be cut out on whole
+    lines."""
+    region = regions.header(source_lines, node)
+    if isinstance(region, str):
+        return header_code(node) + "\n"
+    text = regions.recorded(source_lines, region)
     try:
-        parsed = ast.parse(text + "    ...\n") if text.endswith("\n") else None
+        parsed = ast.parse(text + "    ...\n")
     except SyntaxError:
         parsed = None
     if (
@@ -146,7 +142,7 @@ def header_source(source_lines: Sequence[str], node: ast.stmt) -> str:
         and len(parsed.body) == 1
         and header(parsed.body[0]) == header(node)
     ):
-        return text.rstrip() + "\n"
+        return text
     return header_code(node) + "\n"
 
 
@@ -157,13 +153,11 @@ def statements_code(
 ) -> str:
     """The source of consecutive statements, dedented (as the file writes
     them, comments between them included, and with ``comments_above`` the
-    comment lines right above the first); ``ast.unparse`` where the source
-    cannot be cut out on whole lines."""
+    comment lines right above the first; see :mod:`.regions`);
+    ``ast.unparse`` where the source cannot be cut out on whole lines."""
     if not nodes:
         return ""
-    first = min(
-        [nodes[0].lineno, *(d.lineno for d in getattr(nodes[0], "decorator_list", []))]
-    )
+    first = regions.first_line(nodes[0])
     while (
         comments_above
         and first > 1
@@ -171,50 +165,26 @@ def statements_code(
     ):
         first -= 1
     last = nodes[-1].end_lineno or nodes[-1].lineno
-    text = dedented(source_lines[first - 1 : last])
-    try:
-        parsed = ast.parse(text)
-    except SyntaxError:
-        parsed = None
-    if parsed is not None and [shape(n) for n in parsed.body] == [
-        shape(n) for n in nodes
-    ]:
-        return text if text.endswith("\n") else text + "\n"
+    region = regions.Region(
+        first - 1,
+        last,
+        regions.indentation(source_lines[regions.first_line(nodes[0]) - 1]),
+        nodes[0].lineno - 1 if regions.is_elif(source_lines, nodes[0]) else -1,
+        frozenset(regions.string_lines(nodes)),
+    )
+    text = regions.recorded(source_lines, region)
+    if same_statements(text, nodes):
+        return text
     return "\n".join(ast.unparse(n) for n in nodes) + "\n"
 
 
-def dedented(lines: Sequence[str]) -> str:
-    """Lines of code with their common indentation cut, as
-    ``textwrap.dedent`` cuts it, except inside multi-line strings: there the
-    indentation is the string's value (a docstring's continuation lines
-    keep it, and so the rewrite writes them where they were)."""
-    text = "".join(lines)
-    inside = _string_lines(text)
-    kept = [
-        line
-        for number, line in enumerate(lines, 1)
-        if line.strip() and number not in inside
-    ]
-    cut = textwrap.dedent("".join(kept)) if kept else ""
-    margin = len(kept[0]) - len(cut.splitlines(keepends=True)[0]) if kept else 0
-    return "".join(
-        line if number in inside else line[margin:] if line.strip() else "\n"
-        for number, line in enumerate(lines, 1)
-    )
-
-
-def _string_lines(text: str) -> set[int]:
-    """The 1-based lines of ``text`` that continue a multi-line string."""
-    found: set[int] = set()
+def same_statements(text: str, nodes: Sequence[ast.stmt]) -> bool:
+    """Whether ``text`` is the code of ``nodes`` (their shapes, in order)."""
     try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.type == tokenize.STRING or token.type == getattr(
-                tokenize, "FSTRING_MIDDLE", -1
-            ):
-                found.update(range(token.start[0] + 1, token.end[0] + 1))
-    except (tokenize.TokenError, SyntaxError):
-        pass  # cut short: the lines read so far
-    return found
+        parsed = ast.parse(text)
+    except SyntaxError:
+        return False
+    return [shape(n) for n in parsed.body] == [shape(n) for n in nodes]
 
 
 def parse_statements(code: str) -> list[ast.stmt]:

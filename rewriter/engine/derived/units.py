@@ -15,7 +15,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deepstack_patch.engine.derived import shapes
+from deepstack_patch.engine.derived import regions, shapes
 from deepstack_patch.engine.derived.data import Anchor, Edit, Step, Unit
 from deepstack_patch.engine.derived.match import one_statement, with_block
 from deepstack_patch.engine.source import code_lines
@@ -29,6 +29,9 @@ class _Found:
     chain: tuple[tuple[ast.stmt, ast.stmt], ...]  # (before, after) definitions
     #: A header edit's whole statement before and after the fix.
     statement: tuple[str, str] = ("", "")
+    #: A body edit's statements before and after the fix, without the lines
+    #: around them its region has: what its unit shows a reviewer.
+    code: tuple[str, str] = ("", "")
 
 
 class _Differ:
@@ -79,7 +82,7 @@ class _Differ:
                     self.header_edit(old, at, now, steps, chain, stable)
                 continue
             if tag != "equal":
-                self.edit(old, new, (i1, i2), (j1, j2), steps, chain)
+                self.edit(old_block, new_block, (i1, i2), (j1, j2), steps, chain)
                 continue
             for offset in range(i2 - i1):
                 was, now = old[i1 + offset], new[j1 + offset]
@@ -91,8 +94,8 @@ class _Differ:
                 else:
                     at = i1 + offset
                     self.edit(
-                        old,
-                        new,
+                        old_block,
+                        new_block,
                         (at, at + 1),
                         (j1 + offset, j1 + offset + 1),
                         steps,
@@ -206,13 +209,17 @@ class _Differ:
 
     def edit(
         self,
-        old: Sequence[ast.stmt],
-        new: Sequence[ast.stmt],
+        old_block: Sequence[ast.stmt],
+        new_block: Sequence[ast.stmt],
         removed: tuple[int, int],
         inserted: tuple[int, int],
         steps: tuple[Step, ...],
         chain: tuple[tuple[ast.stmt, ast.stmt], ...],
     ) -> None:
+        """An edit of the block: ``removed`` and ``inserted`` index its
+        statements after the docstring."""
+        old = shapes.without_docstring(old_block)
+        new = shapes.without_docstring(new_block)
         (i1, i2), (j1, j2) = removed, inserted
         removed_nodes, inserted_nodes = old[i1:i2], new[j1:j2]
         kind = "body"
@@ -221,6 +228,15 @@ class _Differ:
             isinstance(n, ast.Import | ast.ImportFrom) for n in statements
         ):
             kind = "imports"
+        # The lines the fix changes there, as the files write them: the
+        # rewrite writes them (engine/derived/regions.py).
+        old_at, new_at = len(old_block) - len(old), len(new_block) - len(new)
+        code = (
+            shapes.statements_code(self.before_lines, removed_nodes),
+            shapes.statements_code(
+                self.after_lines, inserted_nodes, comments_above=True
+            ),
+        )
         self.found.append(
             _Found(
                 Edit(
@@ -228,12 +244,25 @@ class _Differ:
                     block=steps,
                     before_anchor=self.anchor(old[i1 - 1]) if i1 > 0 else None,
                     after_anchor=self.anchor(old[i2]) if i2 < len(old) else None,
-                    removed=shapes.statements_code(self.before_lines, removed_nodes),
-                    inserted=shapes.statements_code(
-                        self.after_lines, inserted_nodes, comments_above=True
+                    removed=_region_code(
+                        self.before_lines,
+                        old_block,
+                        (i1 + old_at, i2 + old_at),
+                        kind,
+                        code[0],
+                        i1 == i2,
+                    ),
+                    inserted=_region_code(
+                        self.after_lines,
+                        new_block,
+                        (j1 + new_at, j2 + new_at),
+                        kind,
+                        code[1],
+                        i1 == i2,
                     ),
                 ),
                 chain,
+                code=code,
             )
         )
 
@@ -246,6 +275,29 @@ class _Differ:
 
 def _docstring(block: Sequence[ast.stmt]) -> list[ast.stmt]:
     return list(block[:1]) if block and shapes.is_docstring(block[0]) else []
+
+
+def _region_code(
+    lines: Sequence[str],
+    block: Sequence[ast.stmt],
+    at: tuple[int, int],
+    kind: str,
+    statements_only: str,
+    insertion: bool = False,
+) -> str:
+    """The lines of ``block[at[0]:at[1]]``'s region (its statements, and the
+    blank and comment lines between its neighbours; for the imports, see
+    :func:`.regions.statements`), dedented; ``statements_only`` where the
+    region cannot be cut out on whole lines or is not their code."""
+    start, end = at
+    if kind == "imports":
+        region = regions.statements(lines, block, start, end, insertion)
+    else:
+        region = regions.between(lines, block, start, end)
+    if isinstance(region, str):
+        return statements_only
+    text = regions.recorded(lines, region)
+    return text if shapes.same_statements(text, block[start:end]) else statements_only
 
 
 def _header_only(was: ast.stmt, now: ast.stmt, memo: shapes.Memo) -> bool:
@@ -342,7 +394,7 @@ def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]
         )
     edit = found.edit
     prefix = ".".join(pair[0].name for pair in chain)  # type: ignore[attr-defined]
-    texts = (edit.removed, edit.inserted)
+    texts = found.code if found.code != ("", "") else (edit.removed, edit.inserted)
     if edit.kind == "imports":
         return "import", "imports", texts
     statements = [

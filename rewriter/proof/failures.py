@@ -1,0 +1,92 @@
+"""Why a test did not pass, in words a person can act on.
+
+A recorded test (a derived patch's, from its pull request) runs in the CPU
+proof environment, which has no network, no GPU and only vLLM's smallest
+set of dependencies. A test that fails because one of those is absent shows
+nothing about the fix, either way: it *could not run*, which is not a
+failure of the fix (``proof failed``) nor a proof that did not show the bug
+(``not-proven``). :func:`environment_cause` tells that case from a failure
+of the code, from the message pytest reported; :func:`failure_summary` is
+the line a person reads: the exception and its message, or the last lines
+of the traceback, never a lone closing bracket of a multi-line call.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: What a test raises where it needs the network: a model or a file from the
+#: Hugging Face Hub (offline: LocalEntryNotFoundError), any HTTP request.
+NETWORK_MARKERS = (
+    "huggingface_hub.errors.LocalEntryNotFoundError",
+    "huggingface_hub.errors.OfflineModeIsEnabled",
+    "LocalEntryNotFoundError",
+    "couldn't connect to 'https://huggingface.co'",
+    "requests.exceptions.ConnectionError",
+    "urllib3.exceptions.MaxRetryError",
+    "urllib3.exceptions.NameResolutionError",
+    "httpx.ConnectError",
+    "socket.gaierror",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+)
+
+#: What torch says where a test needs a GPU the machine lacks.
+GPU_MARKERS = (
+    "Torch not compiled with CUDA enabled",
+    "No CUDA GPUs are available",
+    "Found no NVIDIA driver",
+)
+
+#: Packages that belong to the tree under test: a module of theirs that does
+#: not import is the code's failure (on a pristine tree: what the fix adds).
+TREE_PACKAGES = frozenset({"vllm", "tests"})
+
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+#: ``ValueError: ...``, ``huggingface_hub.errors.X: ...``, ``Failed: ...``.
+_EXCEPTION_LINE = re.compile(r"^(?:[a-z_][\w]*\.)*[A-Z]\w*: \S")
+#: pytest's prefix of the lines of an exception in a report.
+_PYTEST_E = re.compile(r"^E +")
+
+
+def _starts_failure(line: str) -> bool:
+    """An exception's first line, or an assertion as pytest reports it."""
+    return bool(_EXCEPTION_LINE.match(line)) or line.startswith("assert ")
+
+
+def environment_cause(message: str) -> str:
+    """What the proof environment lacks, where a test's failure says so
+    (``"no network"``, ``"the package 'x' is not installed"``, ``"no
+    GPU"``); ``""`` where the failure is the code's."""
+    match _MISSING_MODULE.search(message):
+        case re.Match() as found if found[1].split(".")[0] not in TREE_PACKAGES:
+            return f"the package {found[1].split('.')[0]!r} is not installed"
+    if any(marker in message for marker in NETWORK_MARKERS):
+        return "no network"
+    if any(marker in message for marker in GPU_MARKERS):
+        return "no GPU"
+    return ""
+
+
+def failure_summary(message: str, limit: int = 300) -> str:
+    """The line that says why a test failed: the exception with its
+    message (an assertion as pytest rewrote it), its lines joined, else the
+    last three lines of the report that say something; at most ``limit``
+    characters."""
+    raw = message.splitlines()
+    # In a whole report (a module that did not import) the exception is on
+    # pytest's E lines; the rest is traceback and advice ("Hint: ...").
+    if any(_PYTEST_E.match(line) for line in raw):
+        raw = [line for line in raw if _PYTEST_E.match(line)]
+    lines = [_PYTEST_E.sub("", line).strip() for line in raw]
+    lines = [line for line in lines if line]
+    start = next((i for i, line in enumerate(lines) if _starts_failure(line)), None)
+    if start is not None:
+        # The exception and what follows it, on one line: a multi-line
+        # message (a repr that spans lines, pytest's "+ where") reads whole.
+        summary = " ".join(lines[start:])
+    else:
+        told = [line for line in lines if any(c.isalnum() for c in line)]
+        summary = " | ".join(told[-3:])
+    return summary if len(summary) <= limit else summary[: limit - 1] + "…"
