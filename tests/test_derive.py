@@ -180,6 +180,34 @@ def test_a_statement_not_found_or_found_twice_drifts_and_is_named() -> None:
     assert "`self.data = [0] * n` found 2 times" in reason
 
 
+def test_a_drifted_block_is_shown_at_its_def_and_quoted_whole() -> None:
+    """A block the fix changes inside, not found: the location is the
+    unit's def (never line 1), and the reason quotes its whole first logical
+    line, cut at 80 columns (issue 34 item 6)."""
+    header = (
+        "    if (\n"
+        "        n > LIMIT  # large\n"
+        "        and not self.some_rather_long_flag_name_of_the_vendor\n"
+        "    ):\n"
+    )
+    before = f"LIMIT = 4\n\n\ndef make(self, n):\n{header}        a = 1\n"
+    after = before.replace("n > LIMIT", "n >= LIMIT")  # a header edit
+    patch = derived(before, after)
+    assert patch.units[0].edits[0].header_before.startswith("if (\n")
+    gone = before.replace(header, "    if n:\n")
+    (finding,) = patch.recognise(ast.parse(gone), PATH)
+    assert finding.state is PatchState.DRIFTED
+    assert finding.line == 4  # def make
+    quoted = "if (n > LIMIT and not self.some_rather_long_flag_name_of_the_vendor):"
+    assert finding.reason == f"`{quoted}` not found in def make"
+    longer = patch.units[0].edits[0].header_before.replace("vendor", "vendor_x" * 3)
+    from deepstack_patch.engine.derived.shapes import quoted as quote
+
+    whole = quoted.replace("vendor", "vendor_x" * 3)
+    assert quote(longer) == whole[:77] + "..."
+    assert len(quote(longer)) == 80
+
+
 def test_the_fix_wrapped_in_another_block_since_is_applied() -> None:
     before = "def f(x):\n    a = x\n    return a\n"
     after = "def f(x):\n    a = x\n    check(a)\n    return a\n"
@@ -577,12 +605,26 @@ def test_not_a_diff_is_refused(tmp_path: Path, base: Path) -> None:
     assert not out.exists()
 
 
-def test_a_binary_diff_is_refused(tmp_path: Path, base: Path) -> None:
+def test_a_binary_file_is_left_out_with_a_note(tmp_path: Path, base: Path) -> None:
+    """Inverted (issue 34 item 5): a binary file (a commit's test asset) is
+    left out with a note, as other non-Python files are, not refused."""
     text = (
-        "diff --git a/vllm/x.bin b/vllm/x.bin\nindex 1..2 100644\n"
-        "Binary files a/vllm/x.bin and b/vllm/x.bin differ\n"
+        "diff --git a/tests/assets/x.bin b/tests/assets/x.bin\nindex 1..2 100644\n"
+        "Binary files a/tests/assets/x.bin and b/tests/assets/x.bin differ\n"
     )
-    assert "a binary diff" in _refused(tmp_path, text, base)
+    output = _refused(tmp_path, text, base)
+    assert (
+        "the diff changes no Python code: tests/assets/x.bin: a binary file, "
+        "left out" in " ".join(output.split())
+    )
+    diff = tmp_path / "fix.diff"
+    diff.write_text(text + git_diff(PATH, BEFORE, AFTER))
+    out = tmp_path / "out"
+    code, output = run(*derive_args(diff, base, out), "--format", "json")
+    assert code == 0, output
+    assert json.loads(output)["notes"] == [
+        "tests/assets/x.bin: a binary file, left out"
+    ]
 
 
 def test_a_rename_only_diff_is_refused(tmp_path: Path, base: Path) -> None:

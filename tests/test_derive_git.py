@@ -271,8 +271,12 @@ def test_the_source_options_are_checked(tmp_path: Path) -> None:
         "derive", "--repo", ".", "--diff", "x", "--id", "a#1", "--out", out
     )
     assert code == 2 and "--repo goes with --commit" in output
-    code, output = run("derive", "--diff", "x", "--base-src", ".", "--out", out)
-    assert code == 2 and "--diff needs --id ID" in output
+    plain = tmp_path / "plain.diff"  # no mail: no subject names an id
+    plain.write_text(f"--- a/{PATH}\n+++ b/{PATH}\n@@ -1 +1 @@\n-a\n+b\n")
+    code, output = run(
+        "derive", "--diff", str(plain), "--base-src", ".", "--out", out
+    )  # fmt: skip
+    assert code == 2 and f"--diff {plain} needs --id ID" in output
     code, output = run(
         "derive", "--diff", "x", "--base", "0.20.2", "--base-version", "0.20.2",
         "--id", "a#1", "--out", out,
@@ -409,3 +413,197 @@ def test_the_base_holds_the_modules_the_fix_imports_from(
     [base] = (tmp_path / "cache" / "commit-trees").iterdir()
     held = sorted(p.relative_to(base).as_posix() for p in base.rglob("*.py"))
     assert held == ["vllm/__init__.py", "vllm/helpers.py", "vllm/limits.py", PATH]
+
+
+# -- issue 34 item 6: the commit carried; a base far past its tag ---------------
+
+
+def test_the_commit_is_recorded_and_every_output_carries_it(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    """``derive --commit`` records the commit's full sha in the data file;
+    ``list``, ``export``'s DEP-3 headers, ``apply --commit``'s trailers and
+    the SBOM carry it; without a URL, DEP-3's Origin names the commit."""
+    from deepstack_patch.distribution.provenance import (
+        AppliedPatch,
+        UpstreamArtefact,
+        sbom_document,
+    )
+
+    repo, fix = clone
+    local = commit_files(repo, {PATH: AFTER.replace("max(x, 0)", "abs(x)")}, "Fix it")
+    out = tmp_path / "out"
+    for sha, options in ((fix, []), (local, ["--id", "acme#7"])):
+        made = cli(
+            "derive", "--commit", sha[:10], "--repo", str(repo), "--out", str(out),
+            *options,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+    assert f'\ncommit = "{fix}"\n' in (out / "vllm-123.toml").read_text()
+    assert load_derived(out / "acme-7.toml").commit == local
+    listed = cli("list", "--patches", str(out), "--format", "json")
+    commits = {p["id"]: p["commit"] for p in json.loads(listed.stdout)["patches"]}
+    assert (commits["vllm#123"], commits["acme#7"]) == (fix, local)
+    assert commits["vllm#38933"] == ""  # written by hand
+    headers = {}
+    for patch_id, at in (("acme#7", f"{local}~1"), ("vllm#123", "v0.1.0")):
+        tree = tmp_path / f"tree-{patch_id.replace('#', '-')}"
+        subprocess.run(["git", "clone", "-q", str(repo), str(tree)], check=True)
+        git(tree, "checkout", "-q", "-b", "vendor", at)
+        base = ["--vllm-src", str(tree), "--patches", str(out)]
+        series = tmp_path / f"series-{patch_id.replace('#', '-')}"
+        exported = cli("export", *base, "--only", patch_id, "--series", str(series))
+        assert exported.returncode == 0, exported.stderr
+        (mail,) = series.glob("0001-*.patch")
+        headers[patch_id] = mail.read_text().split("\n---\n")[0]
+    assert (
+        "Origin: backport, https://github.com/vllm-project/vllm/pull/123\n"
+        in (headers["vllm#123"])
+    )
+    assert headers["vllm#123"].endswith(f"\nUpstream-commit: {fix}")
+    assert f"Origin: backport, commit:{local}\n" in headers["acme#7"]
+    applied = cli("apply", *base, "--only", "vllm#123", "--commit")
+    assert applied.returncode == 0, applied.stderr
+    trailers = git(tree, "log", "-1", "--format=%(trailers:only)")
+    assert trailers.splitlines() == [
+        "Backport-of: vllm-project/vllm#123",
+        f"Upstream-commit: {fix}",
+    ]
+    sbom = sbom_document(
+        release="0.1.0",
+        local_version="0.1.0+deepstack.1",
+        upstream=UpstreamArtefact("vllm-0.1.0.tar.gz", "ab" * 32, "sdist"),
+        applied=[
+            AppliedPatch(load_derived(out / "vllm-123.toml"), "series/1.patch", b"x")
+        ],
+    )
+    pedigree = json.loads(sbom)["metadata"]["component"]["pedigree"]
+    assert pedigree["commits"] == [{"uid": fix, "message": "vllm#123"}]
+
+
+def test_a_hand_edited_commit_that_is_no_sha_is_refused(tmp_path: Path) -> None:
+    """The loader checks the recorded commit as derive would write it: the
+    outputs carry it as it is."""
+    from tests.test_series import DERIVED_TOML
+
+    folder = tmp_path / "derived"
+    folder.mkdir()
+    (folder / "acme-5.toml").write_text(
+        DERIVED_TOML.replace("\npaths = ", '\ncommit = "HEAD~1"\npaths = ', 1)
+    )
+    listed = cli("list", "--patches", str(folder))
+    assert listed.returncode == 2
+    assert "commit 'HEAD~1': not a full commit sha" in listed.stderr
+
+
+def test_a_base_far_past_its_tag_gets_a_warning(
+    tmp_path: Path, clone: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clone whose newest tag is long before the commit: the base reads
+    0.1.0-N-g..., and derive warns, suggesting --base-version (a few
+    commits past a tag, as a release's own commits are, get no warning)."""
+    from deepstack_patch.authoring import commit
+
+    repo, fix = clone
+    near = cli("derive", "--commit", fix, "--repo", str(repo), "--out", "near",
+               cwd=tmp_path)  # fmt: skip
+    assert near.returncode == 0 and "warning" not in near.stderr
+    later = commit_files(repo, {PATH: AFTER.replace("max(x, 0)", "max(x, 1)")}, "Fix")
+    monkeypatch.setattr(commit, "FAR_PAST_TAG", 1)
+    code, output = run(
+        "derive", "--commit", later, "--repo", str(repo), "--id", "local#2",
+        "--out", str(tmp_path / "far"), "--format", "json",
+    )  # fmt: skip
+    assert code == 0, output
+    (warning,) = json.loads(output)["warnings"]
+    parent = git(repo, "rev-parse", "--short", f"{later}~1")
+    assert warning.startswith(
+        f"the base is 0.1.0-2-g{parent}, 2 commits after the tag of vLLM 0.1.0: "
+    )
+    assert "pass --base-version VERSION" in warning
+    code, output = run(
+        "derive", "--commit", later, "--repo", str(repo), "--id", "local#3",
+        "--out", str(tmp_path / "given"), "--base-version", "0.1.5",
+        "--format", "json",
+    )  # fmt: skip
+    assert code == 0 and json.loads(output)["warnings"] == []
+
+
+def test_a_commit_with_a_binary_file_derives_leaving_it_out(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    """A fix whose commit adds a binary test asset (issue 34 item 5)."""
+    repo, _fix = clone
+    (repo / "tests").mkdir(exist_ok=True)
+    (repo / "tests" / "asset.bin").write_bytes(b"\x00\x01\x02binary\xff")
+    sha = commit_files(
+        repo, {PATH: AFTER.replace("max(x, 0)", "abs(x)")}, "Fix with an asset (#9)"
+    )
+    made = cli("derive", "--commit", sha, "--repo", str(repo), "--out",
+               str(tmp_path / "out"), "--format", "json")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["notes"] == [
+        "tests/asset.bin: a binary file, left out"
+    ]
+
+
+# -- issue 36 item 6: derive's options -------------------------------------------
+
+
+def test_a_mail_names_the_id_and_derived_again_needs_force(
+    tmp_path: Path, clone: tuple[Path, str]
+) -> None:
+    """``derive --diff mail.patch`` takes the id and URL from the mail's
+    subject, as ``--commit`` does; derived again into the same ``--out``
+    it says where the id came from, and ``--force`` replaces that one file
+    (also one of another name that holds the id)."""
+    repo, fix = clone
+    mail = tmp_path / "fix.patch"
+    mail.write_text(git(repo, "format-patch", "-1", "--stdout", fix) + "\n")
+    base = tmp_path / "base"
+    (base / "vllm").mkdir(parents=True)
+    (base / "vllm" / "__init__.py").write_text("")
+    (base / PATH).write_text(BEFORE)
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "notes.txt").write_text("a vendor's notes\n")
+    words = ["derive", "--diff", str(mail), "--base-src", str(base),
+             "--base-version", "0.1.0", "--out", str(out)]  # fmt: skip
+    made = cli(*words, "--format", "json")
+    assert made.returncode == 0, made.stderr
+    document = json.loads(made.stdout)
+    assert (document["id"], document["upstream_url"]) == (
+        "vllm#123",
+        "https://github.com/vllm-project/vllm/pull/123",
+    )
+    again = cli(*words, "--title", "Mine")
+    assert again.returncode == 2
+    assert again.stderr.startswith(
+        f"error: vllm#123 (the id the mail's subject names): {out / 'vllm-123.toml'} "
+        "already exists\nhint: give --force to replace that file"
+    )
+    assert load_derived(out / "vllm-123.toml").title == SUBJECT
+    forced = cli(*words, "--title", "Mine", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert load_derived(out / "vllm-123.toml").title == "Mine"
+    # A file of another name that holds the id is the one replaced.
+    (out / "vllm-123.toml").rename(out / "mine.toml")
+    held = cli(*words)
+    assert held.returncode == 2
+    assert f"vllm#123 (the id the mail's subject names): already held by {out}" in (
+        held.stderr
+    )
+    assert cli(*words, "--force").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "vllm-123.toml"]
+    assert load_derived(out / "vllm-123.toml").title == SUBJECT
+    # --commit names the commit's subject; --patches of the same folder
+    # does not stop --force.
+    words = ["derive", "--commit", fix, "--repo", str(repo), "--out", str(out)]
+    again = cli(*words, "--patches", str(out))
+    assert again.returncode == 2
+    assert "vllm#123 (the id the commit's subject names): already taken" in (
+        again.stderr
+    )
+    forced = cli(*words, "--patches", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert load_derived(out / "vllm-123.toml").commit == fix

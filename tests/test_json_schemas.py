@@ -229,6 +229,7 @@ def test_a_document_that_breaks_a_shared_shape_fails_its_schema() -> None:
         "upstream_url": "u",
         "fixed_in": "0.1.0",
         "base": "",
+        "commit": "",
         "selected": True,
         "blocked_by": [],
         "companions": [],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 
-from deepstack_patch.engine.derived import DerivedPatch
+from deepstack_patch.engine.derived import DerivedPatch, docstrings
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.source import SourceFile
@@ -62,7 +62,8 @@ def self_check(
                     f"{location.path}:{first}-{last}, which the diff does not change"
                 )
     edited = {edit.relpath: edit.new for edit in plan.edits}
-    compared = _compared(results, edited, notes)
+    compared = _compared(patch, results, edited, notes)
+
     # The result is recognised applied, and so is the diff's own result; a
     # second pass over either changes nothing (only needed findings are ever
     # rewritten, and rewrite_text runs the engine's pass to show it).
@@ -88,6 +89,7 @@ def self_check(
 
 
 def _compared(
+    patch: DerivedPatch,
     results: dict[str, tuple[str, str]],
     edited: dict[str, bytes],
     notes: list[str] | None,
@@ -95,13 +97,16 @@ def _compared(
     """Applied to the base, it gives the diff's result: ``text`` where it
     writes the diff's text, ``ast`` where only its code (said in a note)."""
     compared = "text"
-    for path, (_before, after) in results.items():
+    for path, (before, after) in results.items():
         if path not in edited:
             raise _check_failed(f"its rewrite leaves {path} unchanged")
         ours = SourceFile(path, edited[path]).text
         if ours == after:
             continue
-        if ast.dump(ast.parse(ours)) != ast.dump(ast.parse(after)):
+        # The docstrings derive left out (with a note) are the base's.
+        units = [unit for unit in patch.units if unit.path == path]
+        left_out = docstrings.left_out(before, after, units)
+        if _code(ours, left_out) != _code(after, left_out):
             raise _check_failed(
                 f"its rewrite of {path} is not the diff's result:\n"
                 + _short_diff(after, ours)
@@ -110,6 +115,10 @@ def _compared(
         if notes is not None:
             notes.append(_text_note(path, after, ours))
     return compared
+
+
+def _code(text: str, left_out: list[str]) -> str:
+    return ast.dump(docstrings.without_docstrings(ast.parse(text), left_out))
 
 
 def _one_truth(patch: DerivedPatch) -> None:

@@ -25,15 +25,13 @@ from deepstack_patch.authoring.derive import (
     prepare_out,
     write_result,
 )
-from deepstack_patch.authoring.sources import check_version
+from deepstack_patch.authoring.sources import check_version, pull_request_of
 from deepstack_patch.authoring.unified_diff import parse_diff
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.tree import VllmTree
 
 if TYPE_CHECKING:
     import git
-
-_PULL_REQUEST = re.compile(r"\(#(\d+)\)\s*$")
 
 
 @dataclass(frozen=True)
@@ -64,16 +62,21 @@ def derive_commit(
     taken_ids: Sequence[str] = (),
     upstream_url: str = "",
     fixed_in: str = "",
+    force: bool = False,
 ) -> DeriveResult:
     """Derive a patch from ``commit`` of the clone at ``repo`` on its parent,
-    check it, and write its data file into ``out``."""
+    check it, and write its data file into ``out`` (with ``force``, in the
+    place of the one there that holds its id)."""
     started = time.monotonic()
     clone = open_clone(repo)
     change = read_commit(clone, commit)
+    named_by = "" if patch_id else "the commit's subject"
     patch_id = patch_id or _pull_request_id(change)
     if not upstream_url and change.pull_request is not None:
         upstream_url = pull_request_url(change.pull_request)
-    prepare_out(out, patch_id, taken_ids, upstream_url, fixed_in)
+    replacing = prepare_out(
+        out, patch_id, taken_ids, upstream_url, fixed_in, named_by, force
+    )
     version, version_source = parent_version(clone, change, tree_version)
     files = parse_diff(change.diff_text, f"commit {change.short}")
     paths = sorted({f.path for f in files if f.path})
@@ -91,7 +94,31 @@ def derive_commit(
         fixed_in=fixed_in,
     )
     result.commit = result.patch.commit = change.sha
-    return write_result(result, out, started)
+    result.warnings += far_past_tag(version, version_source)
+    return write_result(result, out, started, replacing)
+
+
+#: How many commits past its tag a described base may be before derive
+#: warns: a vLLM release cycle is a few hundred commits, so a base further
+#: from its tag most likely has a later release the clone has no tag for.
+FAR_PAST_TAG = 1000
+
+
+def far_past_tag(version: str, version_source: str) -> list[str]:
+    """A warning where ``git describe`` read the base far past its tag (a
+    clone whose tags stop long before the commit); else none."""
+    match = re.fullmatch(r"(.+)-(\d+)-g[0-9a-f]+", version)
+    if version_source != "git describe" or match is None:
+        return []
+    tag, commits = match.group(1), int(match.group(2))
+    if commits <= FAR_PAST_TAG:
+        return []
+    return [
+        f"the base is {version}, {commits} commits after the tag of vLLM "
+        f"{tag}: the clone most likely lacks the tags of later releases; pass "
+        "--base-version VERSION (the last vLLM release before the commit), or "
+        "fetch the tags (git fetch --tags)"
+    ]
 
 
 def pull_request_url(number: int) -> str:
@@ -206,13 +233,12 @@ def read_commit(clone: Clone, commit: str) -> CommitChange:
         sha,
     )
     subject = " ".join(clone.run("log", "-1", "--format=%s", sha).split())
-    match = _PULL_REQUEST.search(subject)
     return CommitChange(
         sha=sha,
         parent=parent,
         subject=subject,
         diff_text=diff,
-        pull_request=int(match.group(1)) if match else None,
+        pull_request=pull_request_of(subject),
     )
 
 

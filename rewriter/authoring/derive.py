@@ -22,6 +22,7 @@ from pathlib import Path
 from deepstack_patch.authoring.changed_tests import changed_tests
 from deepstack_patch.authoring.check import self_check
 from deepstack_patch.authoring.sources import (
+    id_of_mail,
     mail_subject,
     read_diff,
     release_base,
@@ -38,6 +39,7 @@ from deepstack_patch.engine.derived import (
     SkippedTest,
     Unit,
     data_file_name,
+    docstrings,
     write_derived,
 )
 from deepstack_patch.engine.derived.data import (
@@ -75,6 +77,8 @@ class DeriveResult:
     tests: list[RecordedTest]
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: What the user should know of the result (a base far past its tag).
+    warnings: list[str] = field(default_factory=list)
     #: With ``--commit``: the commit the diff is (its full sha); else "".
     commit: str = ""
     #: The base tree the patch was checked on (a release's files, extracted
@@ -94,7 +98,13 @@ def is_test_path(path: str) -> bool:
     )
 
 
-def check_patch_id(patch_id: str, taken: Sequence[str]) -> None:
+def id_words(patch_id: str, named_by: str = "") -> str:
+    """The id as an error names it: ``--id X``, or where it came from (a
+    commit's or a mail's subject) where no ``--id`` was given."""
+    return f"{patch_id} (the id {named_by} names)" if named_by else f"--id {patch_id}"
+
+
+def check_patch_id(patch_id: str, taken: Sequence[str], named_by: str = "") -> None:
     if not patch_id or any(c.isspace() for c in patch_id):
         raise DeepstackError(
             f"--id {patch_id!r}: an id is short text without spaces",
@@ -102,7 +112,7 @@ def check_patch_id(patch_id: str, taken: Sequence[str]) -> None:
         )
     if patch_id in taken:
         raise DeepstackError(
-            f"--id {patch_id}: already taken by a patch of the series",
+            f"{id_words(patch_id, named_by)}: already taken by a patch of the series",
             "choose another id (see 'deepstack-patch list'); a fix the series "
             "carries needs no derived patch",
         )
@@ -221,6 +231,9 @@ def _read_changes(
     # applies to the file as the ones before it left it.
     for file_diff in files:
         path = file_diff.path
+        if file_diff.binary:  # a test asset, an image: no code to carry
+            notes.append(f"{path or 'a file'}: a binary file, left out")
+            continue
         _refuse_shape(file_diff, diff_name)
         if is_test_path(path):
             if path not in tested:
@@ -261,6 +274,11 @@ def _read_changes(
         if not changed:
             notes.append(f"{path}: only comments, docstrings or formatting change")
             continue
+        notes += [
+            f"{path}: {_docstring_of(name)} changes alone; left out "
+            "(docstrings never count for a derived patch)"
+            for name in docstrings.left_out(before, after, changed)
+        ]
         units.extend(changed)
         results[path] = (before, after)
     tests = [
@@ -270,6 +288,10 @@ def _read_changes(
     return units, tests, list(skipped.values()), results, notes
 
 
+def _docstring_of(name: str) -> str:
+    return f"the docstring of {name}" if name else "the module's docstring"
+
+
 def _base_test(base: VllmTree, path: str) -> str:
     """A test file as the base has it ("" where it has none: a new test)."""
     file = base.root / path
@@ -277,14 +299,6 @@ def _base_test(base: VllmTree, path: str) -> str:
 
 
 def _refuse_shape(file_diff: FileDiff, diff_name: str) -> None:
-    if file_diff.binary:
-        raise DeepstackError(
-            f"{file_diff.path or 'a file'}: a binary diff; a derived patch "
-            "carries Python code only",
-            "leave the binary file out of the diff",
-            path=diff_name,
-            line=file_diff.line,
-        )
     if file_diff.rename and not file_diff.hunks:
         raise DeepstackError(
             f"{file_diff.old_path} -> {file_diff.new_path}: a rename without "
@@ -375,7 +389,7 @@ def _unexpected(exc: Exception, doing: str, diff_name: str) -> DeepstackError:
 def derive(
     diff: Path,
     *,
-    patch_id: str,
+    patch_id: str = "",
     out: Path,
     base_version: str | None = None,
     base_src: Path | None = None,
@@ -386,13 +400,16 @@ def derive(
     note: Callable[[str], None] | None = None,
     upstream_url: str = "",
     fixed_in: str = "",
+    force: bool = False,
 ) -> DeriveResult:
     """Derive a patch from the diff file ``diff`` on a release or tree, check
-    it, and write its data file into ``out``.
+    it, and write its data file into ``out`` (with ``force``, in the place of
+    the one there that holds its id).
 
     ``tree_version`` (``--base-version``) is the version of a ``base_src``
     tree, which a tree without version metadata must be given. Without a
-    ``title``, a ``git format-patch`` mail's subject is the title."""
+    ``title``, a ``git format-patch`` mail's subject is the title; without a
+    ``patch_id``, the id it names (``... (#N)``: ``vllm#N``)."""
     started = time.monotonic()
     if (base_version is None) == (base_src is None):
         raise DeepstackError(
@@ -405,7 +422,6 @@ def derive(
             "release, and its version",
             "leave out --base-version",
         )
-    prepare_out(out, patch_id, taken_ids, upstream_url, fixed_in)
     diff_text = read_diff(diff)
     if not diff_text.strip():
         raise DeepstackError(
@@ -413,6 +429,12 @@ def derive(
             "save the PR's diff into it first "
             "(https://github.com/OWNER/REPO/pull/N.diff)",
         )
+    subject = mail_subject(diff_text)
+    named_by = "" if patch_id else "the mail's subject"
+    patch_id = patch_id or id_of_mail(subject, diff)
+    replacing = prepare_out(
+        out, patch_id, taken_ids, upstream_url, fixed_in, named_by, force
+    )
     files = parse_diff(diff_text, str(diff))
     checked_on = None
     if base_src is not None:
@@ -427,7 +449,7 @@ def derive(
         diff_text,
         base,
         patch_id,
-        title=title or mail_subject(diff_text),
+        title=title or subject,
         symptom=symptom,
         diff_name=str(diff),
         taken_ids=taken_ids,
@@ -438,7 +460,7 @@ def derive(
     )
     if base_version is not None:
         result.patch.base = base_version
-    return write_result(result, out, started)
+    return write_result(result, out, started, replacing)
 
 
 def prepare_out(
@@ -447,22 +469,32 @@ def prepare_out(
     taken_ids: Sequence[str],
     upstream_url: str,
     fixed_in: str,
-) -> None:
-    """The checks of the id, the metadata and ``--out`` before any work."""
-    check_patch_id(patch_id, taken_ids)
+    named_by: str = "",
+    force: bool = False,
+) -> Path | None:
+    """The checks of the id, the metadata and ``--out`` before any work;
+    with ``force``, the data file there that holds the id, to replace."""
+    check_patch_id(patch_id, taken_ids, named_by)
     check_upstream(upstream_url, fixed_in)
-    _check_out(out, out / data_file_name(patch_id), patch_id)
+    return _check_out(out, out / data_file_name(patch_id), patch_id, named_by, force)
 
 
-def write_result(result: DeriveResult, out: Path, started: float) -> DeriveResult:
-    """Write the checked patch's data file into ``out``."""
+def write_result(
+    result: DeriveResult, out: Path, started: float, replacing: Path | None = None
+) -> DeriveResult:
+    """Write the checked patch's data file into ``out``; where it replaces a
+    file of another name that held its id, that one goes."""
     out.mkdir(parents=True, exist_ok=True)
     result.data_file = write_derived(result.patch, out)
+    if replacing is not None and replacing.name != result.data_file.name:
+        replacing.unlink(missing_ok=True)
     result.seconds = time.monotonic() - started
     return result
 
 
-def _check_out(out: Path, target: Path, patch_id: str) -> None:
+def _check_out(
+    out: Path, target: Path, patch_id: str, named_by: str, force: bool
+) -> Path | None:
     if out.exists() and not out.is_dir():
         raise DeepstackError(
             f"--out {out}: is a file, not a folder", "give a folder for the data file"
@@ -477,15 +509,13 @@ def _check_out(out: Path, target: Path, patch_id: str) -> None:
             f"--out {out}: {existing or out} is not writable by this user",
             "choose a folder you may write, or make it writable",
         )
-    if target.exists():
-        raise DeepstackError(
-            f"--id {patch_id}: {target} already exists",
-            "choose another id, or remove the old data file first",
-        )
-    holder = file_holding_id(out, patch_id)
-    if holder is not None:
-        raise DeepstackError(
-            f"--id {patch_id}: already held by {holder}",
-            "choose another id, or remove the old data file first (two "
-            "patches of one id cannot join a series)",
-        )
+    holder = target if target.exists() else file_holding_id(out, patch_id)
+    if holder is None or force:
+        return holder
+    held = f"{target} already exists" if holder == target else "already held by"
+    raise DeepstackError(
+        f"{id_words(patch_id, named_by)}: {held}"
+        + ("" if holder == target else f" {holder}"),
+        "give --force to replace that file, or choose another id with --id "
+        "(two patches of one id cannot join a series)",
+    )

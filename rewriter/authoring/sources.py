@@ -58,6 +58,32 @@ def mail_subject(diff_text: str) -> str:
     return re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
 
 
+def pull_request_of(subject: str) -> int | None:
+    """The pull request a subject names, upstream's way of squash-merging
+    one (``... (#43161)``); None where it names none."""
+    import re
+
+    match = re.search(r"\(#(\d+)\)\s*$", subject)
+    return int(match.group(1)) if match else None
+
+
+def id_of_mail(subject: str, diff: Path) -> str:
+    """The id a ``git format-patch`` mail's subject names (``vllm#N``, as
+    ``--commit`` takes it), for a ``--diff`` without ``--id``."""
+    number = pull_request_of(subject)
+    if number is None:
+        what = (
+            f"its subject names no pull request (no '(#N)' at its end): {subject!r}"
+            if subject
+            else "it is no git format-patch mail, whose subject could name one"
+        )
+        raise DeepstackError(
+            f"--diff {diff} needs --id ID: {what}",
+            "e.g. --id vllm#49397, --id acme#12 or --id local#F1",
+        )
+    return f"vllm#{number}"
+
+
 def check_version(version: str, option: str = "--base-version") -> str:
     """A version given by hand: it goes into the data file and every table
     (checked as the loader checks the file's versions)."""
@@ -123,7 +149,8 @@ def check_sources(
     tree_version: str | None,
     patch_id: str | None,
 ) -> None:
-    """One source of the fix: ``--diff`` with its base, or ``--commit``."""
+    """One source of the fix: ``--diff`` with its base, or ``--commit``
+    (``patch_id`` or the subject of either names the id)."""
     if commit is not None:
         given = [
             option
@@ -152,9 +179,4 @@ def check_sources(
             "give the fix: --diff FILE (with --base or --base-src), or --commit SHA",
             "e.g. --commit 1a2b3c4 --repo ~/src/vllm, or --diff 49397.diff "
             "--base 0.27.1 --id vllm#49397",
-        )
-    if not patch_id:
-        raise DeepstackError(
-            "--diff needs --id ID (only a commit's subject can name the id)",
-            "e.g. --id vllm#49397, --id acme#12 or --id local#F1",
         )

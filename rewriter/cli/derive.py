@@ -58,7 +58,8 @@ from deepstack_patch.cli.common import (
     "patch_id",
     metavar="ID",
     help="The patch's id: short text without spaces (vllm#49397, acme#12); "
-    "with --commit, vllm#N from a subject ending in (#N) by default.",
+    "by default vllm#N from the commit's or the format-patch mail's subject "
+    "ending in (#N).",
 )
 @click.option(
     "--out",
@@ -88,6 +89,12 @@ from deepstack_patch.cli.common import (
     metavar="URL",
     help="Where the fix comes from (default for --id vllm#N: its pull request).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace the data file in --out that holds the id (one derived "
+    "again); without it such a file is refused.",
+)
 @patches_option
 @format_option
 def derive(
@@ -103,6 +110,7 @@ def derive(
     symptom: str,
     fixed_in: str,
     upstream_url: str,
+    force: bool,
     output_format: str,
 ) -> None:
     """Derive a patch from an upstream diff or commit: one data file, checked
@@ -131,9 +139,10 @@ def derive(
         tree_version=tree_version,
         title=title,
         symptom=symptom,
-        taken_ids=[patch.id for patch in load_series()],
+        taken_ids=_taken_ids(out, force),
         upstream_url=upstream_url,
         fixed_in=fixed_in,
+        force=force,
     )
     if commit is not None:
         from deepstack_patch.authoring.commit import derive_commit
@@ -145,10 +154,10 @@ def derive(
     else:
         from deepstack_patch.authoring.derive import derive as derive_patch
 
-        assert diff is not None and patch_id is not None
+        assert diff is not None
         result = derive_patch(
             diff,
-            patch_id=patch_id,
+            patch_id=patch_id or "",
             base_version=base_version,
             base_src=base_src,
             note=note,
@@ -161,6 +170,19 @@ def derive(
 
         click.echo(dump_json(derive_json(result)))
         return
+    from deepstack_patch.cli.common import warn
     from deepstack_patch.output.derived import print_derived
 
+    for text in result.warnings:
+        warn(text)
     print_derived(stdout_console(), result, source)
+
+
+def _taken_ids(out: Path, force: bool) -> list[str]:
+    """The ids of the series the derived patch joins; with --force, not the
+    one of a data file in --out (it is the file replaced)."""
+    return [
+        patch.id
+        for patch in load_series()
+        if not (force and Path(patch.origin).parent.absolute() == out.absolute())
+    ]

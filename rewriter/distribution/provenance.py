@@ -34,7 +34,7 @@ from typing import Any
 from deepstack_patch import __version__
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.fetch.cache import sha256_of
-from deepstack_patch.output.upstream import origin_words
+from deepstack_patch.output.upstream import origin_words, upstream_commit
 
 SBOM_NAME = "sbom.cdx.json"
 PROVENANCE_NAME = "provenance.intoto.json"
@@ -159,6 +159,7 @@ def sbom_document(
         "backported by deepstack-patch",
         pedigree=Pedigree(
             ancestors=[ancestor],
+            commits=_pedigree_commits(applied),
             patches=[_cyclonedx_patch(item) for item in applied],
             notes=_pedigree_notes(applied),
         ),
@@ -233,6 +234,19 @@ def _cyclonedx_patch(item: AppliedPatch) -> Any:
         diff=Diff(text=text, url=XsUri(item.path)),
         resolves=[pull_request],
     )
+
+
+def _pedigree_commits(applied: Sequence[AppliedPatch]) -> list[Any] | None:
+    """The upstream commits derived patches were made from (``derive
+    --commit``): ``uid`` the sha, ``message`` the patch's id."""
+    from cyclonedx.model.component import Commit
+
+    commits = [
+        Commit(uid=upstream_commit(item.patch), message=item.patch.id)
+        for item in applied
+        if upstream_commit(item.patch)
+    ]
+    return commits or None
 
 
 def _pedigree_notes(applied: Sequence[AppliedPatch]) -> str | None:

@@ -25,7 +25,7 @@ from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.output.diffs import unified_diff
-from deepstack_patch.output.upstream import origin_words
+from deepstack_patch.output.upstream import origin_words, upstream_commit
 
 #: The first line of every series file this tool writes; a folder whose
 #: series starts with it may be rewritten by a later export.
@@ -164,7 +164,9 @@ def format_patch(
         f"which rewrites the code structurally (patch {patch.id}). "
         f"{patch.also_changes}"
     )
-    url, fixed_in = patch.upstream_url, patch.fixed_in
+    url, fixed_in, sha = patch.upstream_url, patch.fixed_in, upstream_commit(patch)
+    # DEP-3's Origin names a URL, or else the commit ("commit:SHA").
+    source = url or (f"commit:{sha}" if sha else "")
     header = "\n".join(
         [
             f"From {digest} Mon Sep 17 00:00:00 2001",
@@ -175,13 +177,14 @@ def format_patch(
             f"Description: {_folded(description).lstrip()}",
             # DEP-3 lets a patch omit Bug and Applied-Upstream, and Origin's
             # URL: a derived patch may name no pull request or release.
-            f"Origin: backport, {patch.upstream_url}" if url else "Origin: backport",
+            f"Origin: backport, {source}" if source else "Origin: backport",
             *([f"Bug: {url}"] if url else []),
             "Forwarded: not-needed",
             *([f"Applied-Upstream: {fixed_in}"] if fixed_in else []),
             f"Last-Update: {date.date().isoformat()}",
             "",
             f"Backport-of: {upstream_reference(patch)}",
+            *([f"Upstream-commit: {sha}"] if sha else []),
             *([f"Upstream-release: {fixed_in}"] if fixed_in else []),
             "---",
             _diffstat(step.edits, diff),

@@ -27,7 +27,7 @@ from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
-from deepstack_patch.output.upstream import origin_words
+from deepstack_patch.output.upstream import origin_words, upstream_commit
 
 if TYPE_CHECKING:
     import git
@@ -203,6 +203,8 @@ def commit_message(patch: Patch, tree_version: str) -> str:
     ]
     provenance = "\n".join([source, ", ".join([*filter(None, where), "to"])])
     trailers = [f"Backport-of: {upstream_reference(patch)}"]
+    if upstream_commit(patch):
+        trailers.append(f"Upstream-commit: {upstream_commit(patch)}")
     if patch.fixed_in:
         trailers.append(f"Upstream-release: {patch.fixed_in}")
     paragraphs = [

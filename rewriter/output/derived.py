@@ -34,6 +34,7 @@ def derive_json(result: Any) -> dict[str, Any]:
             {"path": t.path, "reason": t.reason} for t in result.patch.skipped_tests
         ],
         "notes": result.notes,
+        "warnings": result.warnings,
         "seconds": round(result.seconds, 2),
     }
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from deepstack_patch.output.upstream import derived_base
+from deepstack_patch.output.upstream import derived_base, upstream_commit
 
 if TYPE_CHECKING:  # annotations only: `list` imports this module, and no more
     from deepstack_patch.engine.plan import Plan
@@ -46,6 +46,7 @@ def patch_json(report: PatchReport) -> dict[str, Any]:
         "upstream_url": patch.upstream_url,
         "fixed_in": patch.fixed_in,
         "base": derived_base(patch),
+        "commit": upstream_commit(patch),
         "origin": patch.origin,
         "selected": report.selected,
         "blocked_by": list(report.blocked_by),
@@ -93,6 +94,7 @@ def metadata_json(patch: Patch) -> dict[str, Any]:
         "upstream_url": patch.upstream_url,
         "fixed_in": patch.fixed_in,
         "base": derived_base(patch),
+        "commit": upstream_commit(patch),
         "origin": patch.origin,
         "symptom": patch.symptom,
         "also_changes": patch.also_changes,

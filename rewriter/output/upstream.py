@@ -22,6 +22,12 @@ def derived_base(patch: Any) -> str:
     return str(patch.base)
 
 
+def upstream_commit(patch: Any) -> str:
+    """The upstream commit a derived patch was made from (``derive
+    --commit``, its full sha); "" otherwise."""
+    return str(getattr(patch, "commit", "") or "") if derived_base(patch) else ""
+
+
 def origin_words(patch: Any) -> str:
     """How the fix reached the series, for prose: "derived from a diff
     against vLLM 0.20.2", or "" for a patch written by hand."""

@@ -8,8 +8,10 @@ The package's modules, in the order a fix travels through them:
 - :mod:`.shapes` and :mod:`.match` compare statements by their shape and
   find an edit's block, its anchors and its statements (the one locator the
   recognition and the rewrite share);
-- :mod:`.patch` is :class:`DerivedPatch`, the four states unit by unit;
+- :mod:`.patch` is :class:`DerivedPatch`, the four states unit by unit
+  (:mod:`.imports` its imports edits);
 - :mod:`.rename` follows a vendor's consistent renaming of locals;
+- :mod:`.moved` finds a function upstream moved (another class of the file);
 - :mod:`.names` and :mod:`.reads`: only code whose names resolve in the
   target, and the other modules that takes reading; :mod:`.declared`, the
   names a module ``__getattr__`` declares (``vllm.envs``);

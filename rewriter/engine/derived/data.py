@@ -23,7 +23,7 @@ UNIT_KINDS = (
     "module-statement",
     "import",
 )
-EDIT_KINDS = ("body", "header", "imports")
+EDIT_KINDS = ("body", "header", "imports", "docstring")
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,16 @@ def url_problem(url: str) -> str:
     return ""
 
 
+def commit_problem(commit: str) -> str:
+    """Why ``commit`` cannot be the upstream commit a fix was derived from
+    (commits, DEP-3 headers and the SBOM carry it); ``""`` where it can."""
+    import re
+
+    if commit and not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
+        return "not a full commit sha (40 or 64 hex digits)"
+    return ""
+
+
 def version_problem(version: str) -> str:
     """Why ``version`` cannot be a first fixed release; ``""`` where it can."""
     from packaging.version import InvalidVersion, Version
@@ -295,9 +305,11 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
     fixed_in = _field(data, "fixed_in", "")
     # As derive checks --upstream-url and --fixed-in: a hand edit is no way
     # around what commits, DEP-3 headers and the SBOM can carry.
+    commit = _field(data, "commit", "")
     for name, value, problem in (
         ("upstream_url", upstream_url, url_problem(upstream_url)),
         ("fixed_in", fixed_in, version_problem(fixed_in)),
+        ("commit", commit, commit_problem(commit)),
     ):
         if problem:
             raise ValueError(f"{name} {value!r}: {problem}")

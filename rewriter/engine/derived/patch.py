@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepstack_patch.engine.derived import names, rename, shapes
+from deepstack_patch.engine.derived import (
+    docstrings,
+    imports,
+    moved,
+    names,
+    rename,
+    shapes,
+)
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
     Edit,
@@ -39,11 +46,8 @@ from deepstack_patch.engine.derived.match import (
     CompiledEdit,
     ShapeCache,
     body_state,
-    bound_name,
     code_uses,
     find_step,
-    import_aliases,
-    name_uses,
     occurrences,
     one_statement,
 )
@@ -130,9 +134,12 @@ class DerivedPatch(Patch):
         units = [unit for unit in self.units if unit.path == path]
         if not units:
             return []
+        states = self.unit_states(tree, path)
+        # A unit found under another name is read there (its names too).
+        units = [moved.placed(unit, states[unit.part]) for unit in units]
         # Whole, never by its imports alone, and only code whose names
         # resolve (engine/derived/names.py).
-        states = names.settle(self, units, self.unit_states(tree, path), tree, path)
+        states = names.settle(self, units, states, tree, path)
         # ... and what it reads at run time is there (engine/derived/runtime.py).
         states = settle_runtime(self, units, states, path)
         return [
@@ -161,9 +168,9 @@ class DerivedPatch(Patch):
         uses_after_fix: Counter[str] | None = None
         states: dict[str, _UnitState | None] = {}
         for unit in sorted(units, key=lambda unit: unit.kind == "import"):
-            state = self._recognise_unit(unit, tree, shapes_of, uses_after_fix)
-            if state is not None and state.state is PatchState.DRIFTED:
-                state = self._renamed(unit, tree, state, uses_after_fix)
+            state = self._state_of(unit, tree, shapes_of, uses_after_fix)
+            if state is None:
+                state = self._moved(unit, tree, shapes_of, uses_after_fix, states)
             states[unit.part] = state
             if unit.kind != "import" and state and state.state is PatchState.NEEDED:
                 uses_after_fix = uses_after_fix or Counter()
@@ -171,6 +178,49 @@ class DerivedPatch(Patch):
                     uses_after_fix.subtract(code_uses(edit.removed, edit.header_before))
                     uses_after_fix.update(code_uses(edit.inserted, edit.header_after))
         return states
+
+    def _state_of(
+        self,
+        unit: Unit,
+        tree: ast.Module,
+        shapes_of: ShapeCache,
+        uses_after_fix: Counter[str] | None,
+    ) -> _UnitState | None:
+        """The unit recognised where its data says, up to a renaming of its
+        function's locals (None: its definition is absent)."""
+        state = self._recognise_unit(unit, tree, shapes_of, uses_after_fix)
+        if state is not None and state.state is PatchState.DRIFTED:
+            state = self._renamed(unit, tree, state, uses_after_fix)
+        return state
+
+    def _moved(
+        self,
+        unit: Unit,
+        tree: ast.Module,
+        shapes_of: ShapeCache,
+        uses: Counter[str] | None,
+        earlier: dict[str, _UnitState | None],
+    ) -> _UnitState | None:
+        """An absent unit looked for among the file's other functions of its
+        name (:mod:`.moved`), never where another of its units is or was
+        found; None where the code it removes is nowhere."""
+        others = {u.name for u in self.units if u.path == unit.path} - {unit.name}
+        taken = {s.details.get(moved.FOUND_AS, "") for s in earlier.values() if s}
+        found_as = moved.found_elsewhere(
+            unit,
+            tree,
+            # As recorded: a moved function with renamed locals is too far.
+            lambda placed: self._recognise_unit(placed, tree, shapes_of, uses),
+            frozenset(others | taken),
+        )
+        if found_as is not None:
+            return found_as
+        edits = [self._compile(edit) for edit in unit.edits]
+        found = moved.removed_at(unit, edits, tree, shapes_of, frozenset(others))
+        if found is None:
+            return None
+        reason, span, line = found
+        return _UnitState(PatchState.DRIFTED, span, reason, line=line)
 
     def _recognise_unit(
         self,
@@ -183,10 +233,18 @@ class DerivedPatch(Patch):
         spans: list[tuple[int, int]] = []
         lines: list[int] = []
         details: dict[str, Any] = {}
+        notes: list[str] = []
         for index, edit in enumerate(unit.edits):
             compiled = self._compile(edit)
+            if edit.kind == "docstring":  # rides along, never counts
+                located = _locate(compiled, tree, shapes_of)
+                if isinstance(located, _Located):
+                    todo, note = docstrings.action(compiled, located.block)
+                    details[str(index)] = docstrings.details_of(todo)
+                    notes += [note] if note else []
+                continue
             if edit.kind == "imports":
-                state, reason, span, edit_details = _recognise_imports(
+                state, reason, span, edit_details = imports.recognise_imports(
                     compiled, tree, shapes_of, uses_after_fix
                 )
                 details[str(index)] = edit_details
@@ -194,11 +252,17 @@ class DerivedPatch(Patch):
                 located = _locate(compiled, tree, shapes_of)
                 if located is None:
                     return None
-                if isinstance(located, str):
-                    states.append((PatchState.DRIFTED, located))
-                    continue
-                node = located.target or located.unit_node  # shown at its def
+                # Shown at its def, also where a block inside it drifted.
+                node = (
+                    located.unit_node
+                    if isinstance(located, _Drifted)
+                    else located.target or located.unit_node
+                )
                 lines += [] if isinstance(node, ast.Module) else [_lines(node)[0]]
+                if isinstance(located, _Drifted):
+                    states.append((PatchState.DRIFTED, located.reason))
+                    spans.append(_lines(node))
+                    continue
                 state, reason, span = _recognise_edit(
                     compiled, located, shapes_of, unit.name
                 )
@@ -207,16 +271,10 @@ class DerivedPatch(Patch):
         first = min((s for s, _ in spans), default=1)
         last = max((e for _, e in spans), default=first)
         line = min(lines, default=0)
-        if len(spans) < len(states):  # a drifted step: point at the unit
-            return _UnitState(
-                PatchState.DRIFTED,
-                (first, last),
-                "; ".join(r for s, r in states if s is PatchState.DRIFTED),
-                line=line,
-            )
         kinds = {state for state, _ in states}
         if kinds == {PatchState.NEEDED}:
-            return _UnitState(PatchState.NEEDED, (first, last), "", details, line)
+            note = "; ".join(notes)
+            return _UnitState(PatchState.NEEDED, (first, last), note, details, line)
         if kinds == {PatchState.APPLIED}:
             return _UnitState(PatchState.APPLIED, (first, last), "", line=line)
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
@@ -272,7 +330,8 @@ class DerivedPatch(Patch):
         from deepstack_patch.engine.derived import rewrite
 
         by_part = {unit.part: unit for unit in self.units}
-        return rewrite.apply_edits(
+        placed = [(f, moved.placed(by_part[f.part], f)) for f in needed]
+        module = rewrite.apply_edits(
             module,
             [
                 (
@@ -280,13 +339,18 @@ class DerivedPatch(Patch):
                     [
                         (self._compile(edit), finding.details.get(str(index), {}))
                         for index, edit in enumerate(unit.edits)
+                        if edit.kind != "docstring"
                     ],
                     finding.details.get("renaming", {}),
                 )
-                for finding in needed
-                if (unit := by_part[finding.part])
+                for finding, unit in placed
             ],
         )
+        for finding, unit in placed:  # the docstrings the fix edits ride along
+            for index, edit in enumerate(unit.edits):
+                if edit.kind == "docstring" and finding.details.get(str(index)):
+                    module = docstrings.rewrite(module, self._compile(edit))
+        return module
 
     def prove(self, tree: Path) -> None:
         raise NotImplementedError(
@@ -319,9 +383,9 @@ class _Located:
 
 def _locate(
     compiled: CompiledEdit, tree: ast.Module, shapes_of: ShapeCache
-) -> _Located | str | None:
+) -> _Located | _Drifted | None:
     """The edit's block in ``tree``; None where a definition on the way is
-    absent (the unit is not in this tree); a reason where it drifted."""
+    absent (the unit is not in this tree); why not, where it drifted."""
     block: list[ast.stmt] = tree.body
     owner: ast.AST = tree
     unit_node: ast.AST = tree
@@ -333,7 +397,7 @@ def _locate(
             return None
         where = _where(owner)
         if isinstance(node, str):
-            return f"`{code.strip().splitlines()[0]}` {node} in {where}"
+            return _Drifted(f"`{shapes.quoted(code)}` {node} in {where}", unit_node)
         if is_definition:
             unit_node = node
             position = block.index(node)
@@ -345,9 +409,20 @@ def _locate(
             return _Located(block, owner, unit_node, node, unit_first)
         inner = getattr(node, field_name, None)
         if not isinstance(inner, list) or not inner:
-            return f"`{code.strip().splitlines()[0]}` in {where} has no {field_name}"
+            return _Drifted(
+                f"`{shapes.quoted(code)}` in {where} has no {field_name}", unit_node
+            )
         block, owner = inner, node
     return _Located(block, owner, unit_node, None, unit_first)
+
+
+@dataclass
+class _Drifted:
+    """Why an edit's block is not found, and the definition it was looked
+    for in (the module where it is a module's statement)."""
+
+    reason: str
+    unit_node: ast.AST
 
 
 def _where(owner: ast.AST) -> str:
@@ -385,7 +460,7 @@ def _recognise_edit(
             return PatchState.NEEDED, "", span
         if now == compiled.header_after:
             return PatchState.APPLIED, "", span
-        first = compiled.edit.header_before.strip().splitlines()[-1]
+        first = shapes.quoted(compiled.edit.header_before)
         return (
             PatchState.DRIFTED,
             f"the header of {unit_name} is neither the one the fix expects "
@@ -434,7 +509,7 @@ def _drift_reason(
         count = sum(key.matches(node, shapes_of) for node in statements)
         if count != 1:
             times = "not found" if count == 0 else f"found {count} times"
-            return f"`{_first_line(key.code)}` {times} in {where}"
+            return f"`{shapes.quoted(key.code)}` {times} in {where}"
     if compiled.inserted and all(
         any(key.matches(node, shapes_of) for node in statements)
         for key in compiled.inserted
@@ -447,18 +522,13 @@ def _drift_reason(
     )
     return (
         f"the statements of the fix in {where} are not where the fix expects "
-        "them (" + ", ".join(f"`{_first_line(k.code)}`" for k in around) + ")"
+        "them (" + ", ".join(f"`{shapes.quoted(k.code)}`" for k in around) + ")"
         if around
         else f"the statements the fix replaces in {where} are not together "
         "or not in its order"
         if not compiled.anchored
         else f"the statements of the fix are not the whole block of {where}"
     )
-
-
-def _first_line(code: str) -> str:
-    line = code.strip().splitlines()[0] if code.strip() else code
-    return line if len(line) <= 70 else line[:67] + "..."
 
 
 def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
@@ -481,71 +551,6 @@ def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
     if isinstance(located.owner, ast.stmt):
         first = _lines(located.owner)[0]
     return first, _lines(block[-1])[1]
-
-
-# -- imports ----------------------------------------------------------------
-
-
-def _recognise_imports(
-    compiled: CompiledEdit,
-    tree: ast.Module,
-    shapes_of: ShapeCache,
-    uses_after_fix: Counter[str] | None,
-) -> tuple[PatchState, str, tuple[int, int], dict[str, Any]]:
-    """Imports are added where missing and dropped where the fix dropped them
-    and nothing uses them once the fix is in (``uses_after_fix``: what the
-    needed units' rewrites take away and bring); they never drift."""
-    edit = compiled.edit
-    wanted = names.wanted_imports(edit)  # never a name of a context line
-    dropped = [
-        alias
-        for alias in import_aliases(shapes.parse_statements(edit.removed))
-        if alias not in import_aliases(shapes.parse_statements(edit.inserted))
-    ]
-    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
-    present = set(import_aliases(imports))
-    missing = [alias for alias in wanted if alias not in present]
-    unused = []
-    if dropped and uses_after_fix is not None:
-        used = name_uses([tree])
-        used.update(uses_after_fix)  # update adds negative counts too
-        unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
-    leading = _leading_imports(tree)
-    if leading:
-        # With the blank and comment lines after them, up to the next
-        # statement: a new group of imports goes there (rewrite.py).
-        last = _lines(leading[-1])[1]
-        following = [_lines(n)[0] for n in tree.body if _lines(n)[0] > last]
-        span = (_lines(leading[0])[0], max(last, min(following, default=1) - 1))
-    else:
-        span = (1, _lines(tree.body[0])[1] if tree.body else 1)
-    if not missing and not unused:
-        return PatchState.APPLIED, "", span, {}
-    anchor = compiled.before_anchor
-    after_statement = ""
-    if anchor is not None:
-        matches = [n for n in leading if anchor.matches(n, shapes_of)]
-        if len(matches) == 1:
-            after_statement = ast.unparse(matches[0])
-    if not after_statement and leading:
-        after_statement = ast.unparse(leading[-1])
-    details = {
-        "add": [list(a) for a in missing],
-        "drop": [list(a) for a in unused],
-        "after": after_statement,
-    }
-    return PatchState.NEEDED, "", span, details
-
-
-def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
-    """The module's top-level imports before its first definition."""
-    found: list[ast.stmt] = []
-    for node in tree.body:
-        if isinstance(node, shapes.DEFINITIONS):
-            break
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            found.append(node)
-    return found
 
 
 def load_derived(path: Path) -> DerivedPatch:

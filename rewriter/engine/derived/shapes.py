@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import copy
+import io
+import tokenize
 from collections.abc import Iterator, Sequence
 
 from deepstack_patch.engine.derived import regions
@@ -200,3 +202,48 @@ def blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
                 yield from blocks_of(statement)
     for handler in getattr(node, "handlers", []):
         yield from blocks_of(handler)
+
+
+#: How wide a statement a reason quotes may be.
+QUOTE_WIDTH = 80
+
+
+def quoted(code: str, width: int = QUOTE_WIDTH) -> str:
+    """What a reason quotes of a piece of code: its first logical line after
+    its decorators, whole (a multi-line ``if (`` with its test, physical
+    lines joined, comments left out), cut at ``width`` columns."""
+    try:
+        tokens = tokenize.generate_tokens(io.StringIO(code.strip("\n")).readline)
+        line = _first_logical_line(tokens)
+    except (tokenize.TokenError, SyntaxError):
+        line = code.strip().splitlines()[0] if code.strip() else code
+    return _cut(line, width)
+
+
+def _first_logical_line(tokens: Iterator[tokenize.TokenInfo]) -> str:
+    text = ""
+    end = (0, 0)
+    for token in tokens:
+        match token.type:
+            case tokenize.COMMENT | tokenize.NL | tokenize.INDENT | tokenize.DEDENT:
+                continue
+            case tokenize.NEWLINE | tokenize.ENDMARKER:
+                if text and not text.startswith("@"):
+                    break
+                text = ""  # a decorator's line: the next one
+                continue
+        if text and token.start[0] == end[0]:  # the spacing of its line
+            text += " " * (token.start[1] - end[1])
+        elif text and not text.endswith(_OPENING) and token.string not in _CLOSING:
+            text += " "  # the next physical line of a bracketed one
+        text += token.string.replace("\n", " ")
+        end = token.end
+    return text
+
+
+_OPENING = ("(", "[", "{")
+_CLOSING = (")", "]", "}")
+
+
+def _cut(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: width - 3] + "..."

@@ -139,7 +139,28 @@ class _Differ:
             ]:
                 continue
             step = Step(code, name, *neighbours)
+            if definition and name == "body" and _first_def(chain):
+                self.docstring(old_inner, new_inner or [], (*steps, step), chain)
             self.block(old_inner, new_inner, (*steps, step), chain)
+
+    def docstring(
+        self,
+        old_block: Sequence[ast.stmt],
+        new_block: Sequence[ast.stmt],
+        steps: tuple[Step, ...],
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+    ) -> None:
+        """A docstring the fix edits in a definition of a function or
+        method it changes: an edit of its own, carried as text (it never
+        counts for recognition)."""
+        old, new = _docstring(old_block), _docstring(new_block)
+        texts = (
+            shapes.statements_code(self.before_lines, old),
+            shapes.statements_code(self.after_lines, new),
+        )
+        if texts[0] != texts[1]:
+            edit = Edit("docstring", steps, removed=texts[0], inserted=texts[1])
+            self.found.append(_Found(edit, chain))
 
     def header_edit(
         self,
@@ -250,6 +271,10 @@ class _Differ:
             return Anchor(shapes.header_code(node), "header")
         code = shapes.statements_code(self.before_lines, [node])
         return Anchor(code.rstrip("\n"), "statement")
+
+
+def _docstring(block: Sequence[ast.stmt]) -> list[ast.stmt]:
+    return list(block[:1]) if block and shapes.is_docstring(block[0]) else []
 
 
 def _region_code(

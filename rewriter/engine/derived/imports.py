@@ -1,0 +1,86 @@
+"""A derived patch's imports edit recognised: names added where the file
+lacks them, and dropped where the fix dropped them and nothing uses them
+once the fix is in; imports never drift (docs/derive.md)."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from typing import Any
+
+from deepstack_patch.engine.derived import names, shapes
+from deepstack_patch.engine.derived.match import (
+    CompiledEdit,
+    ShapeCache,
+    bound_name,
+    import_aliases,
+    name_uses,
+)
+from deepstack_patch.engine.protocol import PatchState
+
+
+def recognise_imports(
+    compiled: CompiledEdit,
+    tree: ast.Module,
+    shapes_of: ShapeCache,
+    uses_after_fix: Counter[str] | None,
+) -> tuple[PatchState, str, tuple[int, int], dict[str, Any]]:
+    """Imports are added where missing and dropped where the fix dropped them
+    and nothing uses them once the fix is in (``uses_after_fix``: what the
+    needed units' rewrites take away and bring); they never drift."""
+    edit = compiled.edit
+    wanted = names.wanted_imports(edit)  # never a name of a context line
+    dropped = [
+        alias
+        for alias in import_aliases(shapes.parse_statements(edit.removed))
+        if alias not in import_aliases(shapes.parse_statements(edit.inserted))
+    ]
+    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    present = set(import_aliases(imports))
+    missing = [alias for alias in wanted if alias not in present]
+    unused = []
+    if dropped and uses_after_fix is not None:
+        used = name_uses([tree])
+        used.update(uses_after_fix)  # update adds negative counts too
+        unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
+    leading = _leading_imports(tree)
+    if leading:
+        # With the blank and comment lines after them, up to the next
+        # statement: a new group of imports goes there (rewrite.py).
+        last = leading[-1].end_lineno or leading[-1].lineno
+        following = [_first_line(n) for n in tree.body if _first_line(n) > last]
+        span = (leading[0].lineno, max(last, min(following, default=1) - 1))
+    else:
+        span = (1, (tree.body[0].end_lineno or 1) if tree.body else 1)
+    if not missing and not unused:
+        return PatchState.APPLIED, "", span, {}
+    anchor = compiled.before_anchor
+    after_statement = ""
+    if anchor is not None:
+        matches = [n for n in leading if anchor.matches(n, shapes_of)]
+        if len(matches) == 1:
+            after_statement = ast.unparse(matches[0])
+    if not after_statement and leading:
+        after_statement = ast.unparse(leading[-1])
+    details = {
+        "add": [list(a) for a in missing],
+        "drop": [list(a) for a in unused],
+        "after": after_statement,
+    }
+    return PatchState.NEEDED, "", span, details
+
+
+def _leading_imports(tree: ast.Module) -> list[ast.stmt]:
+    """The module's top-level imports before its first definition."""
+    found: list[ast.stmt] = []
+    for node in tree.body:
+        if isinstance(node, shapes.DEFINITIONS):
+            break
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+    return found
+
+
+def _first_line(node: ast.stmt) -> int:
+    decorators = getattr(node, "decorator_list", [])
+    return min([node.lineno, *(d.lineno for d in decorators)])

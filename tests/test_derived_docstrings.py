@@ -1,0 +1,161 @@
+"""Docstrings a fix edits (issue 34 item 5, engine/derived/docstrings.py).
+
+Upstream often rewords a docstring in the fix that changes its function
+(vllm#52005); derive's self-check refused such fixes, since the rewrite left
+the docstring as the base had it. A docstring edit is carried as text where
+the target's docstring is the one the fix edits, left as it is with a note
+where it is another, and never counts for recognition. A new method's
+docstring keeps its indentation (vllm#52419's shape). The modules here are
+made up.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from pathlib import Path
+
+from deepstack_patch.authoring.derive import derive_patch_from_text
+from deepstack_patch.engine.derived import DerivedPatch
+from deepstack_patch.engine.plan import rewrite_text
+from deepstack_patch.engine.protocol import Finding, PatchState
+from deepstack_patch.engine.tree import VllmTree
+
+PATH = "vllm/rope.py"
+
+BEFORE = '''"""Rotary helpers."""
+
+
+def interleave(x, sections):
+    """Reorganise the layout.
+
+    From chunked [TTT...HHH] to interleaved [THTHWH...TT].
+    """
+    out = x.clone()
+    out[0] = x[1]
+    return out
+
+
+class Cache:
+    """A cache."""
+
+    def get(self, key):
+        return self.store[key]
+
+    def size(self):
+        """How many.
+
+        Counts keys.
+        """
+        return len(self.store)
+'''
+
+#: The fix: interleave's code and its docstring.
+AFTER = BEFORE.replace("[THTHWH...TT]", "[THWTHW...TT]").replace(
+    "    out[0] = x[1]\n", "    out[0] = x[1].clone()\n"
+)
+
+#: A new method, with a docstring of several lines.
+NEW_METHOD = '''
+    def clear(self):
+        """Drop every key.
+
+        Keeps the store itself.
+        """
+        self.store.clear()
+'''
+
+
+def derive(tmp_path: Path, before: str, after: str) -> tuple[DerivedPatch, str, list]:
+    root = tmp_path / "base"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm/__init__.py").write_text("")
+    (root / "PKG-INFO").write_text(
+        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.0.1\n"
+    )
+    (root / PATH).write_text(before)
+    diff = "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            f"a/{PATH}",
+            f"b/{PATH}",
+        )
+    )
+    result = derive_patch_from_text(diff, VllmTree.open(root), "local#52005")
+    return result.patch, result.round_trip, result.notes
+
+
+def finding(patch: DerivedPatch, source: str) -> Finding:
+    (found,) = patch.recognise(ast.parse(source), PATH)
+    return found
+
+
+def test_a_docstring_edited_with_the_code_is_carried_as_text(tmp_path: Path) -> None:
+    patch, round_trip, notes = derive(tmp_path, BEFORE, AFTER)
+    assert (round_trip, notes) == ("text", [])
+    (unit,) = patch.units
+    assert [edit.kind for edit in unit.edits] == ["docstring", "body"]
+    assert rewrite_text(patch, BEFORE, PATH) == AFTER
+    assert finding(patch, AFTER).state is PatchState.APPLIED
+
+
+def test_a_docstring_that_is_another_is_left_as_it_is_with_a_note(
+    tmp_path: Path,
+) -> None:
+    patch, _, _ = derive(tmp_path, BEFORE, AFTER)
+    vendor = BEFORE.replace("Reorganise the layout.", "Reorganise (vendor's words).")
+    needed = finding(patch, vendor)
+    assert (needed.state, needed.reason) == (
+        PatchState.NEEDED,
+        "its docstring is not the one the fix edits: left as it is",
+    )
+    fixed = rewrite_text(patch, vendor, PATH)
+    assert fixed == vendor.replace("    out[0] = x[1]\n", "    out[0] = x[1].clone()\n")
+    # Docstrings never count: the fix's docstring with the old code is
+    # needed, and only the code is written.
+    worded = AFTER.replace("    out[0] = x[1].clone()\n", "    out[0] = x[1]\n")
+    assert (finding(patch, worded).state, finding(patch, worded).reason) == (
+        PatchState.NEEDED,
+        "",
+    )
+    assert rewrite_text(patch, worded, PATH) == AFTER
+    # Without a docstring, none is added: it is not the one the fix edits.
+    bare = BEFORE.replace(
+        '    """Reorganise the layout.\n\n'
+        '    From chunked [TTT...HHH] to interleaved [THTHWH...TT].\n    """\n',
+        "",
+    )
+    assert "Reorganise" not in rewrite_text(patch, bare, PATH)
+
+
+def test_a_new_methods_docstring_keeps_its_indentation(tmp_path: Path) -> None:
+    marker = "        return self.store[key]\n"
+    after = BEFORE.replace(marker, marker + NEW_METHOD)
+    patch, round_trip, _ = derive(tmp_path, BEFORE, after)
+    assert round_trip == "text"
+    assert rewrite_text(patch, BEFORE, PATH) == after
+
+
+def test_a_docstring_changed_alone_is_left_out_with_a_note(tmp_path: Path) -> None:
+    """A docstring of a definition the fix does not otherwise change (and a
+    class's, the module's): no unit carries it, derive says so, and the
+    round trip compares the code."""
+    after = AFTER.replace("Counts keys.", "Counts the keys.").replace(
+        '"""A cache."""', '"""A cache of keys."""'
+    )
+    patch, round_trip, notes = derive(tmp_path, BEFORE, after)
+    assert [unit.name for unit in patch.units] == ["interleave"]
+    assert round_trip == "ast"
+    assert notes[:2] == [
+        f"{PATH}: the docstring of {name} changes alone; left out (docstrings "
+        "never count for a derived patch)"
+        for name in ("Cache", "Cache.size")
+    ]
+    # and the round trip's own note, on the lines whose text differs
+    assert notes[2:] == [
+        f"{PATH}: the rewrite's text differs from the diff's result at line(s) "
+        "15, 23 of the result (the same code: a comment, docstring or blank "
+        "line the fix changes away from the statements it changes is not "
+        "carried)"
+    ]
