@@ -185,13 +185,15 @@ def write_data(data: dict) -> None:
 
 
 def release_trees(versions: list[str], work: Path) -> dict[str, Path]:
-    """Each release's ``vllm/**.py`` and PKG-INFO, extracted once."""
+    """Each release's ``vllm/**.py`` (and ``.pyi``), PKG-INFO and
+    pyproject.toml, extracted once: with pyproject.toml the tree is whole, as
+    a user's extraction is, so the engine's runtime-name checks run there."""
     from deepstack_patch.fetch.archives import extract_release
     from deepstack_patch.fetch.releases import release_archive
 
     trees = {}
     for version in versions:
-        out = work / "releases" / version
+        out = work / "trees" / version
         if not (out / "vllm" / "__init__.py").is_file():
             say(f"extracting vLLM {version} (vllm/**.py) into {out}")
         archive = release_archive(version, None, say)
@@ -201,8 +203,8 @@ def release_trees(versions: list[str], work: Path) -> dict[str, Path]:
 
 
 def _python_of_vllm(relpath: str) -> bool:
-    return relpath == "PKG-INFO" or (
-        relpath.startswith("vllm/") and relpath.endswith(".py")
+    return relpath in ("PKG-INFO", "pyproject.toml") or (
+        relpath.startswith("vllm/") and relpath.endswith((".py", ".pyi"))
     )
 
 

@@ -193,6 +193,51 @@ def test_an_argument_the_patch_gives_its_callee_in_another_file_is_there(
     assert "[unknown-argument]" in report_of(root, alone).reason
 
 
+# -- where the checks run: a tree that holds the whole package ---------------------
+
+#: ``self.model`` is untyped (a torch module in vLLM): only the release's
+#: names can tell that nothing defines ``fc_norm`` (vllm#43482's kind).
+MODEL = """class Head:
+    def __init__(self, model):
+        self.model = model
+
+    def combine(self, hidden):
+        return hidden
+"""
+NORMED = MODEL.replace("return hidden", "return self.model.fc_norm(hidden)")
+
+
+@pytest.mark.parametrize(
+    ("layout", "state"),
+    [
+        ("checkout", PatchState.DRIFTED),  # pyproject.toml: a checkout, an sdist
+        ("installed", PatchState.DRIFTED),  # vllm-*.dist-info: site-packages
+        ("bare", PatchState.NEEDED),  # vllm/ alone: not known whole, not run
+    ],
+)
+def test_the_checks_run_on_every_tree_that_holds_the_whole_package(
+    tmp_path: Path, layout: str, state: PatchState
+) -> None:
+    """An installed vLLM (its dist-info's RECORD) is whole, as a checkout is:
+    an attribute its package defines nowhere drifts there (apply --installed
+    and wheel would otherwise write it); a folder that only holds ``vllm/``
+    may lack files, so nothing is judged missing there (docs/derive.md)."""
+    root = whole_tree(tmp_path, {"vllm/head.py": MODEL})
+    if layout != "checkout":
+        (root / "pyproject.toml").unlink()
+    if layout == "installed":
+        info = root / "vllm-0.0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.4\nName: vllm\n")
+        (info / "RECORD").write_text("vllm/__init__.py,,\nvllm/head.py,,\n")
+    report = report_of(root, patch_of("local#h", "vllm/head.py", MODEL, NORMED))
+    assert report.state is state, report.reason
+    if state is PatchState.DRIFTED:
+        assert "`self.model.fc_norm`, which nothing in this release defines" in (
+            report.reason
+        )
+
+
 # -- verify: a test that stubs what the fix reads proves nothing ----------------
 
 

@@ -214,6 +214,9 @@ def dist_info_beside(root: Path) -> Path | None:
 #: A tree with one of these files is whole: a file it lacks is not in the release.
 _WHOLE_TREE = ("pyproject.toml", "setup.py")
 
+#: So is an installed vLLM (site-packages): its wheel put every file there.
+_INSTALLED = "vllm-*.dist-info"
+
 #: The file in which a partial extraction lists the globs it was asked for,
 #: one a line (written by ``fetch.archives.extract_release``): a file that
 #: matches one and is not there is not in the release.
@@ -249,9 +252,11 @@ class TreeContext:
 
 def _asked_for(root: Path) -> Callable[[str], bool] | None:
     """What the tree at ``root`` was asked to hold: None for a whole tree
-    (every file of the release), else a matcher of the paths a partial
+    (every file of the release: a checkout, an sdist, an installed vLLM), else a matcher of the paths a partial
     extraction was asked for (nothing, where it lists none)."""
-    if any((root / name).is_file() for name in _WHOLE_TREE):
+    if any((root / name).is_file() for name in _WHOLE_TREE) or any(
+        (found / "RECORD").is_file() for found in root.glob(_INSTALLED)
+    ):
         return None
     try:
         listed = (root / ASKED_FOR).read_text().split("\n")
