@@ -252,8 +252,9 @@ class TreeContext:
 
 def _asked_for(root: Path) -> Callable[[str], bool] | None:
     """What the tree at ``root`` was asked to hold: None for a whole tree
-    (every file of the release: a checkout, an sdist, an installed vLLM), else a matcher of the paths a partial
-    extraction was asked for (nothing, where it lists none)."""
+    (every file of the release: a checkout, an sdist, an installed vLLM),
+    else a matcher of the paths a partial extraction was asked for (nothing,
+    where it lists none)."""
     if any((root / name).is_file() for name in _WHOLE_TREE) or any(
         (found / "RECORD").is_file() for found in root.glob(_INSTALLED)
     ):
