@@ -30,6 +30,7 @@ import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from deepstack_patch.engine.derived.units import statement_name
 from deepstack_patch.engine.protocol import Patch, PatchReport
 from deepstack_patch.engine.source import code_lines
 from deepstack_patch.engine.syntax import FunctionNode, iter_classes, iter_functions
@@ -178,25 +179,8 @@ def named_unit(module: ast.Module, symbol: str) -> ast.AST | None:
     index = int(number.rstrip(")")) - 1 if number.rstrip(")").isdigit() else 0
     if not scope and name == "imports":
         return None
-    named = [node for node in body if _statement_name(node) == name]
+    named = [node for node in body if statement_name([node]) == name]
     return named[index] if index < len(named) else None
-
-
-def _statement_name(node: ast.stmt) -> str:
-    """A statement's name, as derive names a unit (derived/units.py)."""
-    match node:
-        case ast.Assign(targets=[ast.Name(id=name), *_]):
-            return name
-        case (
-            ast.AnnAssign(target=ast.Name(id=name))
-            | ast.AugAssign(target=ast.Name(id=name))
-        ):
-            return name
-        case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
-            return name
-        case ast.ClassDef(name=name):
-            return name
-    return type(node).__name__.lower()
 
 
 def unit_kind(node: ast.AST) -> str:

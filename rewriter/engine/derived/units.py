@@ -414,13 +414,16 @@ def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]
         else:
             kind = "method" if in_class else "function"
         return kind, f"{prefix}.{name}" if prefix else name, texts
-    name = _statement_name(statements)
+    name = statement_name(statements)
     if in_class:
         return "class-attribute", f"{prefix}.{name}", texts
     return "module-statement", f"{prefix}.{name}" if prefix else name, texts
 
 
-def _statement_name(statements: Sequence[ast.stmt]) -> str:
+def statement_name(statements: Sequence[ast.stmt]) -> str:
+    """The name a unit of module or class statements goes by: the first
+    name they bind (``x = …``, ``x: int``, a definition), else their kind
+    (``expr``); ``engine/footprint.py`` finds a unit again by it."""
     for node in statements:
         match node:
             case ast.Assign(targets=[ast.Name(id=name), *_]):
@@ -430,7 +433,11 @@ def _statement_name(statements: Sequence[ast.stmt]) -> str:
                 | ast.AugAssign(target=ast.Name(id=name))
             ):
                 return name
-            case ast.FunctionDef(name=name) | ast.ClassDef(name=name):
+            case (
+                ast.FunctionDef(name=name)
+                | ast.AsyncFunctionDef(name=name)
+                | ast.ClassDef(name=name)
+            ):
                 return name
     return type(statements[0]).__name__.lower() if statements else "statement"
 
