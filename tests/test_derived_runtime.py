@@ -163,6 +163,28 @@ def test_a_typed_attribute_the_release_lacks_drifts_in_ty_s_words_once(
     assert len(runs) == 2
 
 
+HEAD = """class Head:
+    def __init__(self):
+        self.limit = 4
+
+    def combine(self, hidden):
+        return hidden
+"""
+
+
+def test_an_attribute_of_self_is_named_by_its_class(tmp_path: Path) -> None:
+    """ty types ``self`` in ``combine`` as ``Self@combine``: the reason names
+    the class the unit is a method of, ``Head``, beside ty's own words."""
+    fixed = HEAD.replace("return hidden", "return hidden if self.strict else 0")
+    root = whole_tree(tmp_path, {"vllm/head.py": HEAD, "vllm/sched.py": ELSEWHERE})
+    report = report_of(root, patch_of("local#s", "vllm/head.py", HEAD, fixed))
+    assert report.state is PatchState.DRIFTED
+    assert report.reason == (
+        "the fix reads `Head.strict`, which this release lacks (ty: Object of "
+        "type `Self@combine` has no attribute `strict` [missing-attribute])"
+    )
+
+
 NORM = "class Norm:\n    def __init__(self, size):\n        self.size = size\n"
 USER = "from vllm.norm import Norm\n\n\ndef build():\n    return Norm(4)\n"
 

@@ -337,7 +337,7 @@ def typed_problem(
             and _cannot_run(diagnostic)
             and not _about_its_own(diagnostic, own)
         ):
-            found = worded(diagnostic, path)
+            found = worded(diagnostic, path, units)
             break
     _store(key, found)
     return found
@@ -363,9 +363,11 @@ _MISSING = re.compile(
 )
 
 
-def worded(diagnostic: Diagnostic, path: str) -> str:
+def worded(diagnostic: Diagnostic, path: str, units: Sequence[Unit] = ()) -> str:
     """A drift reason in ty's words (``the fix reads `A.b`, which this
-    release lacks``, where the diagnostic names an attribute)."""
+    release lacks``, where the diagnostic names an attribute). ty calls the
+    type of ``self`` in a method ``Self@method``: the reason names the
+    method's class, as the unit does (``Head.combine``)."""
     said = f"ty: {diagnostic.message} [{diagnostic.rule}]"
     missing = _MISSING.search(diagnostic.message)
     if missing and diagnostic.message.startswith("Module"):
@@ -374,14 +376,30 @@ def worded(diagnostic: Diagnostic, path: str) -> str:
             f"this release lacks ({said})"
         )
     if missing:
+        owner = _class_of_self(missing["owner"], units)
         return (
-            f"the fix reads `{missing['owner']}.{missing['name']}`, which this "
+            f"the fix reads `{owner}.{missing['name']}`, which this "
             f"release lacks ({said})"
         )
     return (
         f"the fix's code cannot run in this release ({said}, at line "
         f"{diagnostic.line} of the fixed {path})"
     )
+
+
+def _class_of_self(owner: str, units: Sequence[Unit]) -> str:
+    """``Self@combine`` as the class whose method ``combine`` a unit is
+    (``Head``), where exactly one is; else ``owner`` as ty wrote it."""
+    match owner.partition("@"):
+        case ("Self", "@", method):
+            classes = {
+                unit.name.rpartition(".")[0]
+                for unit in units
+                if unit.name.rpartition(".")[2] == method and "." in unit.name
+            }
+            if len(classes) == 1:
+                return classes.pop()
+    return owner
 
 
 def _fixed_bytes(
