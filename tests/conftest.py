@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +25,35 @@ from deepstack_patch.fetch.releases import (
 )
 from deepstack_patch.proof import envs
 
-from tests.support import TARGETS, link_copy
+from tests.support import TARGETS, budget, facts, link_copy
+
+#: The session's clock: each tier's tests and time (tests/support/budget.py).
+CLOCK = budget.RunClock()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    CLOCK.started = time.monotonic()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    CLOCK.add(report.nodeid, report.keywords, report.duration)
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    """The run's wall time, each tier's share, its budget; the facts asserted."""
+    whole = config.args_source is pytest.Config.ArgsSource.TESTPATHS
+    limit = budget.budget_for(whole, config.option.markexpr, config.option.keyword)
+    terminalreporter.section("time budget (docs/testing.md)")
+    for line in CLOCK.lines(limit):
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(
+        f"release x patch facts asserted: {len(facts.FACTS)} "
+        f"({facts.FACTS_FILE}=FILE lists them)"
+    )
+    if (path := facts.facts_file()) is not None:
+        facts.write_facts(path)
 
 
 @pytest.fixture(scope="session")

@@ -71,6 +71,7 @@ from deepstack_patch.proof import envs
 from deepstack_patch.proof.proofs import run_proofs
 
 from tests.support import TARGETS
+from tests.support.facts import asserted
 from tests.support.upstream import FIXES, restricted_tree, upstream_diff
 from tests.test_drift import (
     KINDS,
@@ -406,6 +407,7 @@ def test_upstream_diff_is_the_restricted_change(
     for rel, text in expected.items():
         assert (tmp_path / rel).read_text() == text, rel
     assert len(expected) == len(fix.files) + len(fix.new_tests)
+    asserted("git apply takes the upstream diff", fix.before, fix_id)
 
 
 @pytest.fixture(scope="session")
@@ -457,6 +459,9 @@ def test_derived_is_the_series_code_or_refuses(
     assert correct >= CORRECT_SHARE * len(cells), (
         f"{fix_id}: the hand-written code on {correct} of {len(cells)} cells"
     )
+    for case in cases:
+        check = f"derived vs series {case.corpus} {case.name}: {case.verdict}"
+        asserted(check, case.release, fix_id)
 
 
 @pytest.mark.release
@@ -473,6 +478,7 @@ def test_derived_writes_the_series_code_on_80_percent_of_its_cells(
     assert correct >= CORRECT_SHARE * writes, (
         f"the hand-written code on {correct} of {writes} cells: {shares}"
     )
+    asserted("derived: the series' code on 80% of its cells", "every release", "all")
 
 
 def correct_share(cases: list[Case]) -> tuple[int, int]:
@@ -548,6 +554,7 @@ def test_derived_vllm49397_on_0_20_2_passes_the_proof(
 
     result = run_proofs(proof_env, tree, ["vllm#49397"])["vllm#49397"]
     assert (result.status, result.message) == ("passed", "")
+    asserted("the derived patch passes the proof", "0.20.2", "vllm#49397")
 
 
 #: The files vllm#49397 changes (the three ``__init__``s).

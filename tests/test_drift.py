@@ -62,6 +62,8 @@ from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
 
+from tests.support.facts import asserted
+
 TARGETS = load_targets()
 KINDS = ("format-120", "format-60", "comments", "rename", "vendor")
 #: Kinds that change no code: the patch has no excuse to refuse them.
@@ -611,6 +613,8 @@ def test_drift(
     if kind in MUST_APPLY:
         refused = [f"{c.name}: {c.detail}" for c in cases if c.verdict != "applied"]
         assert not refused, "refused code-preserving drift:\n" + "\n".join(refused)
+    for case in cases:
+        asserted(f"drift {case.name}: {case.verdict}", release, patch_id)
 
 
 RELEASES_WITH_REWRITES = sorted({release for _, release in needed_cells()})
@@ -642,6 +646,7 @@ def test_skeleton_rewrite_equals_whole_module(
     ]
     assert [r.state for r in fast.reports] == [r.state for r in whole.reports]
     assert any(result is not None for result in used), "the fast path never ran"
+    asserted("the skeleton rewrite equals the whole module's", release, "series")
 
 
 # -- hand edits around a recognised target ----------------------------------------
@@ -808,6 +813,7 @@ def test_hand_edit_around_the_target(
     if edit.state is PatchState.APPLIED:
         assert result.exit_code == 0, result.output
         assert snapshot(root)[edit.relpath] == before[edit.relpath]
+        asserted(f"hand edit: {edit.name}", edit.release, edit.patch_id)
         return
     assert result.exit_code == 2, result.output
     assert snapshot(root) == before, "a refused apply wrote something"
@@ -823,6 +829,7 @@ def test_hand_edit_around_the_target(
     if edit.patch_id == "vllm#40917":
         # What was found is named at its own line, not only its function's.
         assert [loc.finding.line for loc in drifted] == [line]
+    asserted(f"hand edit: {edit.name}", edit.release, edit.patch_id)
 
 
 # -- the table --------------------------------------------------------------------

@@ -21,6 +21,7 @@ from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
 
 from tests.support import TARGETS
+from tests.support.facts import asserted
 
 pytestmark = pytest.mark.release
 RELEASES = [pytest.param(v, id=v) for v in TARGETS.releases]
@@ -52,6 +53,8 @@ def test_status_matches_targets(
     assert tree.version == version
     plan = plan_tree(tree, SERIES, rewrite=False)
     assert states(plan) == TARGETS.expected(version), _describe(plan)
+    for patch_id in states(plan):
+        asserted("status equals targets.toml", version, patch_id)
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -65,6 +68,8 @@ def test_apply(
     before = plan_tree(tree, SERIES)
     # The plan that writes agrees with `status`, which skips most rewrites.
     assert states(before) == TARGETS.expected(version), _describe(before)
+    for patch_id in states(before):
+        asserted("the writing plan equals targets.toml", version, patch_id)
     pristine = {edit.relpath: edit.old for edit in before.edits}
     inodes = _inodes(root)
 
@@ -84,13 +89,16 @@ def test_apply(
     original = release_tree(version)
     for relpath, old in pristine.items():  # the hard-linked original is intact
         assert (original / relpath).read_bytes() == old
+    asserted("apply writes the targets only", version, "series")
 
     after = plan_tree(tree, SERIES)
     for report in after.reports:
         was = before.report(report.patch.id).state
         want = PatchState.APPLIED if was is PatchState.NEEDED else was
         assert report.state is want, f"{report.patch.id}: {report.state} after apply"
+        asserted("the state after apply", version, report.patch.id)
     assert after.edits == [], "a second apply would write again"
+    asserted("a second apply writes nothing", version, "series")
 
 
 @pytest.mark.parametrize("version", RELEASES_NEEDING_PATCHES)
@@ -139,12 +147,14 @@ def test_rewrites_equal_upstream(
                 if name not in fixed:
                     continue  # upstream moved or renamed it: nothing to compare
                 compared += 1
-                if _dump(patched.get(name)) == _dump(fixed[name]):
-                    continue
-                assert _dump(seen.get(name)) != _dump(base_functions.get(name)), (
-                    f"{patch.id}: {loc.path} {name} was upstream's base in {version} "
-                    f"but differs from vLLM {patch.fixed_in}'s after the rewrite"
-                )
+                if _dump(patched.get(name)) != _dump(fixed[name]):
+                    assert _dump(seen.get(name)) != _dump(base_functions.get(name)), (
+                        f"{patch.id}: {loc.path} {name} was upstream's base in "
+                        f"{version} but differs from vLLM {patch.fixed_in}'s after "
+                        "the rewrite"
+                    )
+                check = f"the rewrite of {loc.path} {name} is upstream's"
+                asserted(check, version, patch.id)
         earlier.add(patch.id)
         previous = current
     assert compared or without_upstream, (
