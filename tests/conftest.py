@@ -26,6 +26,8 @@ from deepstack_patch.fetch.releases import (
 from deepstack_patch.proof import envs
 
 from tests.support import TARGETS, budget, facts, link_copy
+from tests.support.drift import DriftCorpus
+from tests.support.plans import ReleasePlans
 
 #: The session's clock: each tier's tests and time (tests/support/budget.py).
 CLOCK = budget.RunClock()
@@ -77,6 +79,26 @@ def release_tree(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pa
     return get
 
 
+@pytest.fixture(scope="session")
+def release_plan(release_tree: Callable[[str], Path]) -> ReleasePlans:
+    """``release_plan("0.20.2", selected, rewrite=True)``: the built-in series
+    planned on a pristine release, once per run (tests/support/plans.py);
+    read it, never change it."""
+    return ReleasePlans(release_tree)
+
+
+@pytest.fixture(scope="session")
+def drift_corpus(
+    release_tree: Callable[[str], Path],
+    release_plan: ReleasePlans,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> DriftCorpus:
+    """``drift_corpus(patch_id, release)``: the drifted copies of the patch's
+    target files on that release, and the series' plan of each, built once
+    per run for every file that judges them (tests/support/drift.py)."""
+    return DriftCorpus(release_tree, release_plan, tmp_path_factory.mktemp("drift"))
+
+
 @pytest.fixture
 def patched_copy(
     release_tree: Callable[[str], Path], tmp_path: Path
@@ -87,6 +109,18 @@ def patched_copy(
         return link_copy(release_tree(version), tmp_path / f"vllm-{version}")
 
     return get
+
+
+@pytest.fixture(scope="session")
+def official_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with the official vLLM 0.20.2 wheel installed, once per run for
+    every file that needs one; never written to: a test that changes it takes
+    a hard-link copy (``tests.support.installed.link_copy_venv``)."""
+    from tests.support.installed import install_wheel, make_venv, official_wheel
+
+    root = tmp_path_factory.mktemp("installed") / "venv"
+    install_wheel(make_venv(root), official_wheel())
+    return root
 
 
 @pytest.fixture(scope="session")
