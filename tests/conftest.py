@@ -25,7 +25,7 @@ from deepstack_patch.fetch.releases import (
 )
 from deepstack_patch.proof import envs
 
-from tests.support import TARGETS, budget, facts, link_copy
+from tests.support import TARGETS, budget, facts, link_copy, workers
 from tests.support.drift import DriftCorpus
 from tests.support.plans import ReleasePlans
 
@@ -33,8 +33,30 @@ from tests.support.plans import ReleasePlans
 CLOCK = budget.RunClock()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The whole suite on two workers (tests/support/workers.py)."""
+    count = workers.workers_for(config)
+    if count:
+        config.option.numprocesses = count
+        config.option.dist = "loadgroup"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    if workers.is_worker(config):
+        workers.order_for_workers(items)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     CLOCK.started = time.monotonic()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker leaves the facts it asserted for the run's summary."""
+    config = session.config
+    if workers.is_worker(config):
+        folder = workers.shared_folder(config._tmp_path_factory, config)
+        workers.write_facts(folder, config.workerinput["workerid"], facts.FACTS)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -50,6 +72,8 @@ def pytest_terminal_summary(
     terminalreporter.section("time budget (docs/testing.md)")
     for line in CLOCK.lines(limit):
         terminalreporter.write_line(line)
+    folder = workers.shared_folder(config._tmp_path_factory, config)
+    facts.FACTS.update(workers.read_facts(folder))
     terminalreporter.write_line(
         f"release x patch facts asserted: {len(facts.FACTS)} "
         f"({facts.FACTS_FILE}=FILE lists them)"
@@ -64,10 +88,15 @@ def targets() -> Targets:
 
 
 @pytest.fixture(scope="session")
-def release_tree(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """``release_tree("0.20.2")``: a pristine extracted release; do not write."""
+def release_tree(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Callable[[str], Path]:
+    """``release_tree("0.20.2")``: a pristine extracted release; do not write.
+
+    Extracted once per run, into a folder every worker shares (the
+    extraction takes a lock and reuses a finished one)."""
     trees: dict[str, Path] = {}
-    root = tmp_path_factory.mktemp("releases")
+    root = workers.shared_folder(tmp_path_factory, pytestconfig) / "releases"
 
     def get(version: str) -> Path:
         if version not in trees:
