@@ -59,8 +59,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         workers.write_facts(folder, config.workerinput["workerid"], facts.FACTS)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Each report names its test's tier, from its markers (the report
+    travels from an xdist worker with its attributes)."""
+    report = yield
+    report.tier = budget.tier_of(mark.name for mark in item.iter_markers())
+    return report
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    CLOCK.add(report.nodeid, report.keywords, report.duration)
+    CLOCK.add(report.nodeid, getattr(report, "tier", "fast"), report.duration)
 
 
 def pytest_terminal_summary(

@@ -29,15 +29,25 @@ def test_a_run_is_held_to_its_tiers_budget() -> None:
 
 def test_a_test_is_in_the_tier_its_markers_name() -> None:
     assert budget.tier_of(["parametrize", "release", "verify"]) == "verify"
-    assert budget.tier_of({"release": 1, "test_drift.py": 1}) == "release"
-    assert budget.tier_of(["test_x", "usefixtures"]) == "fast"
+    assert budget.tier_of(["release", "skipif"]) == "release"
+    assert budget.tier_of(["parametrize", "usefixtures"]) == "fast"
+
+
+def test_the_summary_counts_tiers_by_markers_not_by_names() -> None:
+    """A test whose id says ``verify`` (a parametrized command) is in the
+    fast tier unless it is marked: the tier comes from the markers."""
+    named = "tests/test_closed_pipe.py::test_every_commands_help_takes_a_closed_pipe"
+    out = pytest_in(f"{named}[verify]", f"{named}[apply]", workers_env=None)
+    (passed,) = re.findall(r"(\d+) passed", out)
+    assert re.search(rf"^  fast +{passed} tests", out, re.M), out
+    assert not re.search(r"^  (verify|release) ", out, re.M), out
 
 
 def test_the_summary_counts_each_test_once_and_says_over_budget() -> None:
     clock = budget.RunClock(started=budget.time.monotonic() - 125)
     for _phase in ("setup", "call", "teardown"):
-        clock.add("t.py::slow", ["release"], 20.0)
-        clock.add("t.py::quick", [], 0.5)
+        clock.add("t.py::slow", "release", 20.0)
+        clock.add("t.py::quick", "fast", 0.5)
     lines = clock.lines(budget_s=60)
     assert lines[0] == "wall time 2m05s for 2 tests", lines
     assert lines[1] == "  fast         1 tests       2s (2% of the tests' time)", lines

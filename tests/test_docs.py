@@ -527,7 +527,7 @@ def test_testing_md_counts_the_tests_collection_reports() -> None:
     """docs/testing.md states the suite's size and the fast tier's as
     collection counts them, in one sentence; README states no count (it
     points to docs/testing.md), so no figure there can go stale.
-    ``python tests/test_docs.py --update`` rewrites the sentence."""
+    ``python tests/test_docs.py --counts`` rewrites the sentence."""
     assert stated_counts(TESTING.read_text(encoding="utf-8")) == [collected_counts()]
     readme = README.read_text(encoding="utf-8")
     assert not re.search(r"\b\d[\d,]* tests\b", readme), "README counts tests"
@@ -565,12 +565,19 @@ def test_installed_md_counts_the_files_the_series_changes(
     assert said == (str(files), str(files))
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--update"]:
-        sys.exit("usage: python tests/test_docs.py --update")
-    print(f"{update(every_generated_block())} example(s) rewritten")
+def update_counts() -> tuple[int, int]:
+    """Write what collection counts into docs/testing.md's sentence."""
     counts = collected_counts()
-    TESTING.write_text(
-        update_counts_in(TESTING.read_text(encoding="utf-8"), counts), encoding="utf-8"
-    )
-    print(f"docs/testing.md: {counts[0]:,} tests, {counts[1]:,} in the fast tier")
+    text = TESTING.read_text(encoding="utf-8")
+    TESTING.write_text(update_counts_in(text, counts), encoding="utf-8")
+    return counts
+
+
+if __name__ == "__main__":
+    # --update: every generated example and the counts; --counts: the counts.
+    if sys.argv[1:] not in (["--update"], ["--counts"]):
+        sys.exit("usage: python tests/test_docs.py --update | --counts")
+    if sys.argv[1] == "--update":
+        print(f"{update(every_generated_block())} example(s) rewritten")
+    total, fast = update_counts()
+    print(f"docs/testing.md: {total:,} tests, {fast:,} in the fast tier")

@@ -52,9 +52,9 @@ class RunClock:
     )
     seen: set[str] = field(default_factory=set)
 
-    def add(self, nodeid: str, markers: Iterable[str], took: float) -> None:
-        """One phase (setup, call or teardown) of one test."""
-        tier = self.tiers[tier_of(markers)]
+    def add(self, nodeid: str, tier_name: str, took: float) -> None:
+        """One phase (setup, call or teardown) of one test in a tier."""
+        tier = self.tiers[tier_name]
         tier.seconds += took
         if nodeid not in self.seen:
             self.seen.add(nodeid)
