@@ -39,7 +39,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     count = workers.workers_for(config)
     if count:
         config.option.numprocesses = count
-        config.option.dist = "loadgroup"
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
+        config.option.dist = "loadgroup"  # also for -n N given by hand
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:

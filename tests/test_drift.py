@@ -527,6 +527,11 @@ def test_every_patch_has_a_hand_edit() -> None:
 def test_hand_edit_around_the_target(
     edit: HandEdit, patched_copy: Callable[[str], Path]
 ) -> None:
+    """A vendor's edit right around what the patch recognises: ``drifted``
+    at the edited line, saying what it found, and ``apply`` refusing and
+    writing nothing; a vendor's own form of the fix ``applied`` and left
+    alone. One fact per edit, this test's alone (the drift corpus changes
+    no code, or only a name)."""
     # Imported here: `python tests/test_drift.py` (the table) runs without
     # the repository root on sys.path.
     from tests.support import snapshot
