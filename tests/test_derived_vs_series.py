@@ -7,6 +7,11 @@ series, on every release in ``targets.toml`` and on the drift corpus
 (``tests/test_drift.py``'s drifted copies of the hand-written patch's target
 files: reformatted, commented, a local renamed, a vendor's unrelated change).
 
+The inputs are built once per test run and shared: the drift corpus and the
+series' plan of each drifted copy (``tests/support/drift.py``, the plans
+``test_drift`` judges), the series' plan of each release
+(``tests/support/plans.py``), the derived patch once per fix.
+
 Each side plans the same input alone: the hand-written patch, or the derived
 one, after the series' patches it requires (vllm#43617 requires vllm#40932:
 the built-in vllm#40932 comes first on both sides). Each cell is one of
@@ -71,17 +76,11 @@ from deepstack_patch.proof import envs
 from deepstack_patch.proof.proofs import run_proofs
 
 from tests.support import TARGETS
+from tests.support.drift import KINDS, MUST_APPLY, DriftCorpus, canonical, selection
+from tests.support.facts import asserted
+from tests.support.plans import ReleasePlans
+from tests.support.same_ast import same_code as same_ast
 from tests.support.upstream import FIXES, restricted_tree, upstream_diff
-from tests.test_drift import (
-    KINDS,
-    MUST_APPLY,
-    canonical,
-    drift_function,
-    functions_at,
-    light_copy,
-    rename_local,
-    renamed_locals,
-)
 
 #: The least share of cells where the hand-written patch writes that the
 #: derived one gets right (issue 26), held on the releases a derived patch takes.
@@ -131,11 +130,6 @@ def side(plan: Plan, patch_id: str) -> Side:
         report.reason,
         frozenset(edit.relpath for edit in plan.edits if patch_id in edit.patch_ids),
     )
-
-
-def hand_side(root: Path, fix_id: str) -> Side:
-    selected = {fix_id, *patch_by_id(fix_id).requires}
-    return side(plan_tree(VllmTree.open(root), SERIES, selected), fix_id)
 
 
 def derived_side(root: Path, fix_id: str, derived: Patch) -> Side:
@@ -199,9 +193,11 @@ def same_code(
     if set(hand) != set(derived):
         return f"files differ: {sorted(hand)} != {sorted(derived)}"
     for relpath in hand:
-        want, got = ast.parse(hand[relpath]), ast.parse(derived[relpath])
-        if ast.dump(want) == ast.dump(got):
+        if hand[relpath] == derived[relpath] or same_ast(
+            hand[relpath].decode(), derived[relpath].decode()
+        ):
             continue
+        want, got = ast.parse(hand[relpath]), ast.parse(derived[relpath])
         if not (up_to_locals and same_up_to_locals(want, got)):
             return f"{relpath}: the written AST differs"
     return ""
@@ -257,9 +253,15 @@ def verdict(
 
 
 def compare(
-    fix_id: str, derived: Patch, root: Path, corpus: str, release: str, name: str
+    fix_id: str,
+    derived: Patch,
+    hand: Side,
+    root: Path,
+    where: tuple[str, str, str],
 ) -> Case:
-    hand = hand_side(root, fix_id)
+    """One case: the hand-written side (from the shared plan) against the
+    derived patch planned on ``root``; ``where`` is (corpus, release, name)."""
+    corpus, release, name = where
     other = derived_side(root, fix_id, derived)
     result, detail = verdict(hand, other, derived.paths, corpus == "rename")
     return Case(
@@ -279,65 +281,36 @@ def compare(
 
 
 def release_cases(
-    fix_id: str, derived: Patch, release_root: Callable[[str], Path]
+    fix_id: str,
+    derived: Patch,
+    release_root: Callable[[str], Path],
+    plans: ReleasePlans,
 ) -> Iterator[Case]:
+    selected = selection(patch_by_id(fix_id))
     for release in TARGETS.releases:
-        yield compare(fix_id, derived, release_root(release), "release", release, "")
+        hand = side(plans(release, selected), fix_id)
+        where = ("release", release, "")
+        yield compare(fix_id, derived, hand, release_root(release), where)
 
 
-def drift_inputs(
-    fix_id: str, pristine: Path
-) -> Iterator[tuple[str, str, dict[str, str]]]:
-    """``(kind, case, files)``: test_drift's drifted copies of one release."""
-    selected = {fix_id, *patch_by_id(fix_id).requires}
-    plan = plan_tree(VllmTree.open(pristine), SERIES, selected)
-    targets: dict[str, tuple[set[str], set[int]]] = {}
-    for loc in plan.report(fix_id).locations:
-        if loc.state is PatchState.NEEDED:
-            names, lines = targets.setdefault(loc.path, (set(), set()))
-            names.update({loc.finding.symbol, *loc.finding.rewrites})
-            lines.add(loc.finding.line)
-    patched = {e.relpath: e.new.decode() for e in plan.edits}
-    original = {rel: (pristine / rel).read_text() for rel in targets}
-    for kind in KINDS:
-        if kind != "rename":
-            drift = drift_function(kind, targets)
-            yield kind, kind, {rel: drift(rel, text) for rel, text in original.items()}
-            continue
-        for rel, (names, lines) in targets.items():
-            for qualname, function in functions_at(original[rel], names, lines):
-                for old in renamed_locals(function, original[rel], patched[rel]):
-                    new = f"{old}_vendor"
-                    renamed = rename_local(original[rel], qualname, old, new)
-                    if renamed is None or new in original[rel]:
-                        continue
-                    yield kind, f"{qualname}:{old}", {**original, rel: renamed}
-
-
-def drift_cases(
-    fix_id: str, derived: Patch, release_root: Callable[[str], Path], work: Path
-) -> Iterator[Case]:
+def drift_cases(fix_id: str, derived: Patch, corpus: DriftCorpus) -> Iterator[Case]:
+    """test_drift's drifted copies of every release where the fix is needed."""
     for release, state in TARGETS.patches[fix_id].expected.items():
         if state is not PatchState.NEEDED:
             continue
-        pristine = release_root(release)
-        for kind, case, files in drift_inputs(fix_id, pristine):
-            root = work / f"case{sum(1 for _ in work.iterdir())}"
-            light_copy(pristine, root, list(files))
-            for rel, text in files.items():
-                (root / rel).unlink()
-                (root / rel).write_text(text)
-            yield compare(fix_id, derived, root, kind, release, case)
+        for drift in corpus(fix_id, release).inputs:
+            hand = side(corpus.hand_plan(drift), fix_id)
+            where = (drift.kind, release, drift.case)
+            yield compare(fix_id, derived, hand, drift.root, where)
 
 
 def fix_cases(
-    fix_id: str, release_root: Callable[[str], Path], work: Path
+    fix_id: str, release_root: Callable[[str], Path], corpus: DriftCorpus
 ) -> list[Case]:
     derived = derive(fix_id, release_root)
-    work.mkdir(parents=True, exist_ok=True)
     return [
-        *release_cases(fix_id, derived, release_root),
-        *drift_cases(fix_id, derived, release_root, work),
+        *release_cases(fix_id, derived, release_root, corpus.plans),
+        *drift_cases(fix_id, derived, corpus),
     ]
 
 
@@ -406,19 +379,19 @@ def test_upstream_diff_is_the_restricted_change(
     for rel, text in expected.items():
         assert (tmp_path / rel).read_text() == text, rel
     assert len(expected) == len(fix.files) + len(fix.new_tests)
+    asserted("git apply takes the upstream diff", fix.before, fix_id)
 
 
 @pytest.fixture(scope="session")
 def comparison(
-    release_tree: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+    release_tree: Callable[[str], Path], drift_corpus: DriftCorpus
 ) -> Callable[[str], list[Case]]:
     """``comparison(fix_id)``: every case of one fix, computed once a session."""
     cases: dict[str, list[Case]] = {}
 
     def get(fix_id: str) -> list[Case]:
         if fix_id not in cases:
-            work = tmp_path_factory.mktemp(fix_id.replace("#", ""))
-            cases[fix_id] = fix_cases(fix_id, release_tree, work)
+            cases[fix_id] = fix_cases(fix_id, release_tree, drift_corpus)
         return cases[fix_id]
 
     return get
@@ -457,6 +430,9 @@ def test_derived_is_the_series_code_or_refuses(
     assert correct >= CORRECT_SHARE * len(cells), (
         f"{fix_id}: the hand-written code on {correct} of {len(cells)} cells"
     )
+    for case in cases:
+        check = f"derived vs series {case.corpus} {case.name}: {case.verdict}"
+        asserted(check, case.release, fix_id)
 
 
 @pytest.mark.release
@@ -473,6 +449,7 @@ def test_derived_writes_the_series_code_on_80_percent_of_its_cells(
     assert correct >= CORRECT_SHARE * writes, (
         f"the hand-written code on {correct} of {writes} cells: {shares}"
     )
+    asserted("derived: the series' code on 80% of its cells", "every release", "all")
 
 
 def correct_share(cases: list[Case]) -> tuple[int, int]:
@@ -548,6 +525,7 @@ def test_derived_vllm49397_on_0_20_2_passes_the_proof(
 
     result = run_proofs(proof_env, tree, ["vllm#49397"])["vllm#49397"]
     assert (result.status, result.message) == ("passed", "")
+    asserted("the derived patch passes the proof", "0.20.2", "vllm#49397")
 
 
 #: The files vllm#49397 changes (the three ``__init__``s).
@@ -580,8 +558,9 @@ def table(release_root: Callable[[str], Path], work: Path) -> Iterator[str]:
     """A row per fix and corpus, the fix's total, the refused cases, then the
     rename cases one by one (a rename cell is the same only if all are)."""
     every: list[Cell] = []
+    corpus = DriftCorpus(release_root, ReleasePlans(release_root), work)
     for fix_id in FIXES:
-        cases = fix_cases(fix_id, release_root, work / fix_id.replace("#", ""))
+        cases = fix_cases(fix_id, release_root, corpus)
         cells = cells_of(cases)
         every += cells
         for corpus in ("release", *KINDS):

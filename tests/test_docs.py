@@ -22,8 +22,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.support.plans import ReleasePlans
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -474,21 +478,86 @@ def test_readme_names_the_fast_tier_and_it_leaves_out_the_slow_tests() -> None:
 
 
 def test_pytest_prints_the_30_slowest_tests() -> None:
-    """README's ``python -m pytest`` (CI's) ends with the 30 slowest tests."""
+    """README's ``python -m pytest`` (CI's) ends with the 30 slowest tests,
+    and with the run's wall time and each tier's tests and time
+    (tests/support/budget.py: the guard docs/testing.md names)."""
     result = pytest_run("tests/test_docs.py::test_readme_stays_short")
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"=+ slowest 30 durations =+", result.stdout), result.stdout
+    budget = result.stdout.partition("time budget (docs/testing.md)")[2]
+    assert re.search(r"^wall time (\d+m)?\d+s for 1 tests$", budget, re.M), (
+        result.stdout
+    )
+    assert re.search(r"^  fast +1 tests +(\d+m)?\d+s \(100% ", budget, re.M), budget
+    assert "release x patch facts asserted: 0" in budget, budget
+
+
+# --- the suite's size, stated once (issue 36 item 8) --------------------------
+
+TESTING = ROOT / "docs" / "testing.md"
+#: docs/testing.md's sentence with the suite's size (the one place it is said).
+COUNTS = re.compile(
+    r"The\s+suite\s+holds\s+\*\*([\d,]+)\s+tests\*\*;\s+the\s+fast\s+tier\s+runs\s+"
+    r"\*\*([\d,]+)\*\*\s+of\s+them"
+)
+
+
+def collected_counts() -> tuple[int, int]:
+    """(every test, the fast tier's tests), as ``pytest --collect-only``
+    counts them: one collection, the slow tiers selected."""
+    result = pytest_run("--co", "-q", "-m", "release or verify")
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = re.search(
+        r"^(\d+)/(\d+) tests collected \((\d+) deselected\)", result.stdout, re.M
+    )
+    assert found, result.stdout[-2000:]
+    slow, total, fast = map(int, found.groups())
+    assert slow + fast == total and slow and fast
+    return total, fast
+
+
+def stated_counts(text: str) -> list[tuple[int, int]]:
+    return [
+        (int(a.replace(",", "")), int(b.replace(",", "")))
+        for a, b in COUNTS.findall(text)
+    ]
+
+
+def test_testing_md_counts_the_tests_collection_reports() -> None:
+    """docs/testing.md states the suite's size and the fast tier's as
+    collection counts them, in one sentence; README states no count (it
+    points to docs/testing.md), so no figure there can go stale.
+    ``python tests/test_docs.py --counts`` rewrites the sentence."""
+    assert stated_counts(TESTING.read_text(encoding="utf-8")) == [collected_counts()]
+    readme = README.read_text(encoding="utf-8")
+    assert not re.search(r"\b\d[\d,]* tests\b", readme), "README counts tests"
+    assert "docs/testing.md" in readme
+
+
+def test_a_stale_count_is_caught() -> None:
+    text = "The suite holds **1,339 tests**; the fast tier runs **850** of them.\n"
+    assert stated_counts(text) == [(1339, 850)]
+    assert stated_counts(update_counts_in(text, (1402, 871))) == [(1402, 871)]
+    assert stated_counts("the suite holds 1,339 tests") == []
+    wrapped = "The suite holds **1,339\ntests**; the fast tier runs **850**\nof them"
+    assert stated_counts(wrapped) == [(1339, 850)]
+
+
+def update_counts_in(text: str, counts: tuple[int, int]) -> str:
+    total, fast = counts
+    return COUNTS.sub(
+        f"The suite holds **{total:,} tests**; the fast tier runs **{fast:,}** of them",
+        text,
+    )
 
 
 @pytest.mark.release
 def test_installed_md_counts_the_files_the_series_changes(
-    release_tree: Callable[[str], Path],
+    release_plan: ReleasePlans,
 ) -> None:
-    from deepstack_patch.engine.plan import plan_tree
-    from deepstack_patch.engine.tree import VllmTree
-    from deepstack_patch.patches import SERIES
-
-    plan = plan_tree(VllmTree.open(release_tree("0.20.2")), SERIES)
+    """docs/installed.md's count of the files (and ``.pyc``) the series
+    changes in the 0.20.2 wheel is the plan's: a fact about the page."""
+    plan = release_plan("0.20.2")
     files = len(plan.edits)
     assert files
     text = (ROOT / "docs" / "installed.md").read_text(encoding="utf-8")
@@ -496,7 +565,19 @@ def test_installed_md_counts_the_files_the_series_changes(
     assert said == (str(files), str(files))
 
 
+def update_counts() -> tuple[int, int]:
+    """Write what collection counts into docs/testing.md's sentence."""
+    counts = collected_counts()
+    text = TESTING.read_text(encoding="utf-8")
+    TESTING.write_text(update_counts_in(text, counts), encoding="utf-8")
+    return counts
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--update"]:
-        sys.exit("usage: python tests/test_docs.py --update")
-    print(f"{update(every_generated_block())} example(s) rewritten")
+    # --update: every generated example and the counts; --counts: the counts.
+    if sys.argv[1:] not in (["--update"], ["--counts"]):
+        sys.exit("usage: python tests/test_docs.py --update | --counts")
+    if sys.argv[1] == "--update":
+        print(f"{update(every_generated_block())} example(s) rewritten")
+    total, fast = update_counts()
+    print(f"docs/testing.md: {total:,} tests, {fast:,} in the fast tier")

@@ -13,7 +13,6 @@ import os
 import py_compile
 import subprocess
 import sys
-import venv
 from importlib.util import cache_from_source
 from pathlib import Path
 
@@ -290,19 +289,19 @@ def test_a_program_that_is_no_python_is_named_in_one_line(
 
 
 @pytest.mark.release
-def test_official_wheel_doctor_before_and_after_apply(tmp_path: Path) -> None:
-    from tests.support.installed import official_wheel
+def test_official_wheel_doctor_before_and_after_apply(
+    official_venv: Path, tmp_path: Path
+) -> None:
+    """doctor on the official wheel as pip installed it (its bytecode
+    compiled, as in a real image): fixes not live, then live after ``apply
+    --installed``, the change record read back; ``--import`` without torch
+    is an error about the environment. The doctor facts on a real install
+    are this test's alone."""
+    from tests.support.installed import link_copy_venv, official_wheel
 
     wheel = official_wheel("0.20.2")
-    env = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False).create(env)
-    python = env / "bin" / "python"
-    # pip compiles bytecode as it installs, as in a real image.
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-         "--no-deps", str(wheel)],
-        check=True,
-    )  # fmt: skip
+    python = link_copy_venv(official_venv, tmp_path / "venv")
+    env = python.parent.parent
     site = next((env / "lib").glob("python3*/site-packages"))
     before = CliRunner().invoke(main, ["doctor", "--python", str(python)])
     assert before.exit_code == 1, before.output

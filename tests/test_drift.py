@@ -34,18 +34,16 @@ The verdict of each case is one of:
 Formatting, comments and unrelated changes leave the code's AST unchanged, so
 the patch must apply there (``drifted`` is accepted only for ``rename``).
 
-Run ``python tests/test_drift.py`` for the table of verdicts per patch,
-release and drift kind.
+The corpus itself (the drifts, the drifted copies, the series' plan of each)
+is built once per test run in ``tests/support/drift.py`` and shared with
+``tests/test_derived_vs_series.py``, which judges the derived patches on the
+same inputs. Run ``python tests/test_drift.py`` for the table of verdicts per
+patch, release and drift kind.
 """
 
 from __future__ import annotations
 
 import ast
-import difflib
-import os
-import subprocess
-import sys
-import tokenize
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,265 +55,37 @@ from deepstack_patch.cli import main
 from deepstack_patch.engine.plan import Plan, plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.syntax import iter_functions
-from deepstack_patch.engine.targets import load_targets
 from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
-from deepstack_patch.patches import SERIES
+from deepstack_patch.patches import SERIES, patch_by_id
 
-TARGETS = load_targets()
-KINDS = ("format-120", "format-60", "comments", "rename", "vendor")
-#: Kinds that change no code: the patch has no excuse to refuse them.
-MUST_APPLY = {"format-120", "format-60", "comments", "vendor"}
-COMMENT = "# vendor-drift: reviewed"
-VENDOR_HELPER = '''
-
-def _vendor_telemetry(event: str) -> None:
-    """A vendor's own addition, unrelated to any fix."""
-    return None
-'''
-VENDOR_TAIL = '\n_VENDOR_BUILD = "vendor-1"\n'
-
-
-def needed_cells() -> list[tuple[str, str]]:
-    """(patch id, release) for every patch targets.toml expects needed."""
-    return [
-        (patch.id, release)
-        for patch in SERIES
-        if patch.id in TARGETS.patches
-        for release, state in TARGETS.patches[patch.id].expected.items()
-        if state is PatchState.NEEDED
-    ]
-
+from tests.support import TARGETS, link_copy
+from tests.support.drift import (
+    COMMENT,
+    KINDS,
+    MUST_APPLY,
+    DriftCorpus,
+    DriftInput,
+    DriftSet,
+    add_comments,
+    add_vendor_change,
+    canonical,
+    local_names,
+    needed_cells,
+    rename_local,
+    ruff_format,
+    selection,
+    without_vendor_change,
+)
+from tests.support.facts import asserted
+from tests.support.plans import ReleasePlans
+from tests.support.same_ast import Source, same_code, same_node, same_statements
 
 CELLS = [
     pytest.param(patch_id, release, kind, id=f"{patch_id}-{release}-{kind}")
     for patch_id, release in needed_cells()
     for kind in KINDS
 ]
-
-
-# -- the drifts -------------------------------------------------------------------
-
-
-def functions_at(
-    text: str, names: set[str], lines: set[int]
-) -> list[tuple[str, ast.AST]]:
-    """Target functions: named by a finding, or holding a finding's line.
-
-    Only the innermost function holding a line is taken, so a finding on a
-    method does not make its whole class (or outer function) the target.
-    """
-    found = []
-    functions = list(iter_functions(ast.parse(text)))
-    for qualname, node in functions:
-        inner = [
-            line
-            for line in lines
-            if node.lineno <= line <= node.end_lineno
-            and not any(
-                other is not node
-                and node.lineno <= other.lineno <= line <= other.end_lineno
-                for _, other in functions
-            )
-        ]
-        if qualname in names or inner:
-            found.append((qualname, node))
-    return found
-
-
-def ruff_format(text: str, *options: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", *options, "--stdin-filename", "x.py"],
-        input=text,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return result.stdout
-
-
-def string_interior_lines(text: str) -> set[int]:
-    """Lines inside a multi-line string token (never edit these)."""
-    inside: set[int] = set()
-    readline = iter(text.splitlines(keepends=True)).__next__
-    for token in tokenize.generate_tokens(readline):
-        if token.type == tokenize.STRING and token.end[0] > token.start[0]:
-            inside.update(range(token.start[0] + 1, token.end[0] + 1))
-    return inside
-
-
-def bracket_continuation_lines(text: str) -> set[int]:
-    """Lines ending inside brackets (a comment line may follow them)."""
-    readline = iter(text.splitlines(keepends=True)).__next__
-    return {
-        token.start[0]
-        for token in tokenize.generate_tokens(readline)
-        if token.type == tokenize.NL and token.line.strip()
-    }
-
-
-def add_comments(text: str, functions: list[ast.AST]) -> str:
-    """A comment line before each statement and bracket line; no blank lines."""
-    lines = text.splitlines(keepends=True)
-    in_string = string_interior_lines(text)
-    continued = bracket_continuation_lines(text)
-    before: set[int] = set()
-    after: set[int] = set()
-    drop: set[int] = set()
-    for function in functions:
-        body = range(function.body[0].lineno, function.end_lineno + 1)
-        for node in ast.walk(function):
-            if (
-                isinstance(node, ast.stmt)
-                and node is not function
-                and node.lineno in body
-                and node.lineno not in in_string
-            ):
-                before.add(node.lineno)
-        after.update(n for n in continued if n in body and n + 1 in body)
-        drop.update(n for n in body if not lines[n - 1].strip() and n not in in_string)
-    out = []
-    for number, line in enumerate(lines, start=1):
-        if number in drop:
-            continue
-        indent = line[: len(line) - len(line.lstrip())]
-        if number in before:
-            out.append(f"{indent}{COMMENT}\n")
-        out.append(line)
-        if number in after and number not in before:
-            following = lines[number]
-            out.append(following[: len(following) - len(following.lstrip())])
-            out[-1] += f"{COMMENT}\n"
-    return "".join(out)
-
-
-def add_vendor_change(text: str) -> str:
-    """A helper after the last top-level import and a constant at the end."""
-    module = ast.parse(text)
-    imports = [n for n in module.body if isinstance(n, ast.Import | ast.ImportFrom)]
-    at = imports[-1].end_lineno if imports else 0
-    lines = text.splitlines(keepends=True)
-    return "".join(lines[:at]) + VENDOR_HELPER + "".join(lines[at:]) + VENDOR_TAIL
-
-
-def without_vendor_change(module: ast.Module) -> ast.Module:
-    def vendor(node: ast.stmt) -> bool:
-        return (
-            isinstance(node, ast.FunctionDef) and node.name == "_vendor_telemetry"
-        ) or (
-            isinstance(node, ast.Assign)
-            and any(
-                isinstance(t, ast.Name) and t.id == "_VENDOR_BUILD"
-                for t in node.targets
-            )
-        )
-
-    assert sum(map(vendor, module.body)) == 2, "the vendor change is gone"
-    module.body = [node for node in module.body if not vendor(node)]
-    return module
-
-
-def local_names(function: ast.AST) -> list[str]:
-    """Names the function binds itself: its locals, parameters excluded.
-
-    Names used by a nested function or class, or declared global/nonlocal,
-    are left out: renaming those is not a local change.
-    """
-    args = function.args
-    params = {
-        a.arg
-        for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]
-        + [a for a in (args.vararg, args.kwarg) if a]
-    }
-    excluded = set(params)
-    for node in ast.walk(function):
-        if isinstance(node, ast.Global | ast.Nonlocal):
-            excluded.update(node.names)
-        if node is not function and isinstance(
-            node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef
-        ):
-            excluded.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
-    stored = []
-    for node in ast.walk(function):
-        if (
-            isinstance(node, ast.Name)
-            and isinstance(node.ctx, ast.Store)
-            and node.id not in excluded
-            and node.id not in stored
-        ):
-            stored.append(node.id)
-    return stored
-
-
-class Rename(ast.NodeTransformer):
-    def __init__(self, mapping: dict[str, str]) -> None:
-        self.mapping = mapping
-
-    def visit_Name(self, node: ast.Name) -> ast.Name:  # noqa: N802 - ast's name
-        node.id = self.mapping.get(node.id, node.id)
-        return node
-
-
-def rename_local(text: str, qualname: str, old: str, new: str) -> str | None:
-    """Rename ``old`` to ``new`` in one function, every use, by position.
-
-    Returns None if the text edit cannot be proven to be exactly that rename
-    (the parse of the result must equal the original AST with the names
-    changed), so a faulty corpus case is never used.
-    """
-    module = ast.parse(text)
-    function = dict(iter_functions(module))[qualname]
-    uses = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == old]
-    lines = [line.encode() for line in text.splitlines(keepends=True)]
-    for use in sorted(uses, key=lambda n: (n.lineno, n.col_offset), reverse=True):
-        line = lines[use.lineno - 1]
-        if line[use.col_offset : use.end_col_offset] != old.encode():
-            return None
-        lines[use.lineno - 1] = (
-            line[: use.col_offset] + new.encode() + line[use.end_col_offset :]
-        )
-    renamed = b"".join(lines).decode()
-    Rename({old: new}).visit(function)
-    try:
-        if ast.dump(ast.parse(renamed)) != ast.dump(module):
-            return None
-    except SyntaxError:
-        return None
-    return renamed
-
-
-#: Locals renamed per target function (one case each): enough to cover the
-#: names the fix reads or writes, without a case for every loop index.
-RENAMES_PER_FUNCTION = 4
-
-
-def renamed_locals(function: ast.AST, before: str, after: str) -> list[str]:
-    """The locals to rename, those on lines the fix changes first."""
-    changed: set[int] = set()
-    matcher = difflib.SequenceMatcher(
-        a=before.splitlines(), b=after.splitlines(), autojunk=False
-    )
-    for tag, i1, i2, _j1, _j2 in matcher.get_opcodes():
-        if tag != "equal":
-            changed.update(range(i1, max(i2, i1 + 1) + 2))  # and the next line
-    near_fix = {
-        node.id
-        for node in ast.walk(function)
-        if isinstance(node, ast.Name) and node.lineno in changed
-    }
-    names = local_names(function)
-    ranked = sorted(names, key=lambda name: (name not in near_fix, names.index(name)))
-    return ranked[:RENAMES_PER_FUNCTION]
-
-
-def canonical(function: ast.AST, merge: dict[str, str] | None = None) -> str:
-    """The function with its locals renamed by order of first appearance."""
-    function = ast.parse(ast.unparse(function)).body[0]  # a private copy
-    if merge:
-        Rename(merge).visit(function)
-    names = {name: f"_local{i}" for i, name in enumerate(local_names(function))}
-    Rename(names).visit(function)
-    return ast.dump(function)
 
 
 # -- one cell ---------------------------------------------------------------------
@@ -330,151 +100,66 @@ class Case:
     detail: str = ""
 
 
-def light_copy(source: Path, destination: Path, relpaths: list[str]) -> Path:
-    """A tree of just the drifted files plus what opens it: fast to make.
-
-    The other files a patch globs only add findings on code the drift did
-    not touch, which the pristine plan already covered.
-    """
-    for relpath in ["vllm/__init__.py", "PKG-INFO", "vllm/_version.py", *relpaths]:
-        if (source / relpath).is_file():
-            (destination / relpath).parent.mkdir(parents=True, exist_ok=True)
-            os.link(source / relpath, destination / relpath)
-    return destination
-
-
-def selection(patch: Patch) -> set[str]:
-    return {patch.id, *patch.requires}
-
-
 def run_cell(
-    patch_id: str, release: str, kind: str, pristine: Path, work: Path
+    drift_set: DriftSet, kind: str, corpus: DriftCorpus, work: Path
 ) -> list[Case]:
-    patch = next(p for p in SERIES if p.id == patch_id)
-    selected = selection(patch)
-    plan = plan_tree(VllmTree.open(pristine), SERIES, selected)
-    report = plan.report(patch_id)
-    assert report.state is PatchState.NEEDED, f"{patch_id} not needed on {release}"
-    targets: dict[str, tuple[set[str], set[int]]] = {}
-    for loc in report.locations:
-        if loc.state is PatchState.NEEDED:
-            names, lines = targets.setdefault(loc.path, (set(), set()))
-            names.update({loc.finding.symbol, *loc.finding.rewrites})
-            lines.add(loc.finding.line)
-    patched = {e.relpath: e.new.decode() for e in plan.edits}
-    original = {rel: (pristine / rel).read_text() for rel in targets}
-
-    if kind != "rename":
-        drift = drift_function(kind, targets)
-        drifted = {rel: drift(rel, text) for rel, text in original.items()}
-        reference = {rel: drift(rel, patched[rel]) for rel in targets}
-        return [judge(patch, kind, drifted, reference, kind, selected, pristine, work)]
-
-    cases = []
-    for rel, (names, lines) in targets.items():
-        for qualname, function in functions_at(original[rel], names, lines):
-            for old in renamed_locals(function, original[rel], patched[rel]):
-                new = f"{old}_vendor"
-                renamed = rename_local(original[rel], qualname, old, new)
-                if renamed is None or new in original[rel]:
-                    continue
-                drifted = {**original, rel: renamed}
-                name = f"rename {qualname}:{old}"
-                cases.append(
-                    judge(
-                        patch,
-                        name,
-                        drifted,
-                        patched,
-                        kind,
-                        selected,
-                        pristine,
-                        work,
-                        rename=(rel, qualname, old, new),
-                    )
-                )
-    assert cases, f"{patch_id} on {release}: no local variable to rename"
+    """Every input of one kind: the series' plan of it (made once a run, by
+    the corpus), applied to a copy, and judged."""
+    cases = [
+        judge(drift, corpus.hand_plan(drift), work) for drift in drift_set.of_kind(kind)
+    ]
+    if kind == "rename":
+        assert cases, (
+            f"{drift_set.patch_id} on {drift_set.release}: no local variable to rename"
+        )
     return cases
 
 
-def drift_function(
-    kind: str, targets: dict[str, tuple[set[str], set[int]]]
-) -> Callable[[str, str], str]:
-    def drift(rel: str, text: str) -> str:
-        if kind == "format-120":
-            return ruff_format(
-                text, "--line-length", "120", "--config", "format.quote-style='single'"
-            )
-        if kind == "format-60":
-            return ruff_format(text, "--line-length", "60")
-        if kind == "comments":
-            names, lines = targets[rel]
-            # The reference (the patched file) has moved lines: find the
-            # functions by name there, and by line in the original.
-            functions = [node for _, node in functions_at(text, names, lines)]
-            return add_comments(text, functions)
-        if kind == "vendor":
-            return add_vendor_change(text)
-        raise AssertionError(kind)
-
-    return drift
-
-
-def judge(
-    patch: Patch,
-    name: str,
-    drifted: dict[str, str],
-    reference: dict[str, str],
-    kind: str,
-    selected: set[str],
-    pristine: Path,
-    work: Path,
-    rename: tuple[str, str, str, str] | None = None,
-) -> Case:
-    """Plan the drifted files in a fresh tree, apply, and give the verdict."""
-    root = work / f"case{len(list(work.iterdir()))}"
-    light_copy(pristine, root, list(drifted))
-    for rel, text in drifted.items():
-        (root / rel).unlink()
-        (root / rel).write_text(text)
-    plan = plan_tree(VllmTree.open(root), SERIES, selected)
+def judge(drift: DriftInput, plan: Plan, work: Path) -> Case:
+    """The verdict on one drifted input, from the series' ``plan`` of it:
+    a refusal is judged where it points; a rewrite is written into a copy of
+    the input, planned again, and compared with the reference."""
+    patch = patch_by_id(drift.patch_id)
+    name = drift.case if drift.rename is None else f"rename {drift.case}"
     report = plan.report(patch.id)
 
     if report.state is PatchState.DRIFTED:
-        return judge_drifted(plan, patch, name, drifted)
+        return judge_drifted(plan, patch, name, drift.files)
     if report.state is not PatchState.NEEDED:
         return Case(name, "wrong", f"{report.state} after drift: {report.reason}")
 
+    root = link_copy(drift.root, work / f"case{len(list(work.iterdir()))}")
     write_edits(root, plan.edits)
-    if plan_tree(VllmTree.open(root), SERIES, selected).edits:
+    if plan_tree(VllmTree.open(root), SERIES, selection(patch)).edits:
         return Case(name, "wrong", "a second apply would write again")
-    for rel in drifted:
-        got = ast.parse((root / rel).read_text())
-        want = ast.parse(reference[rel])
-        if kind == "vendor":
-            got, want = without_vendor_change(got), without_vendor_change(want)
-        if rename is None:
-            if ast.dump(got) != ast.dump(want):
+    for rel in drift.files:
+        got = Source((root / rel).read_text())
+        want = Source(drift.reference[rel])
+        if drift.kind == "vendor":
+            without_vendor_change(got.module)
+            without_vendor_change(want.module)
+        if drift.rename is None:
+            if not same_statements(got, got.module.body, want, want.module.body):
                 return Case(name, "wrong", f"{rel}: the patched AST differs")
             continue
-        verdict = judge_rename(got, want, rel, rename)
+        verdict = judge_rename(got, want, rel, drift.rename)
         if verdict:
             return Case(name, "wrong", verdict)
     return Case(name, "applied")
 
 
 def judge_rename(
-    got: ast.Module, want: ast.Module, rel: str, rename: tuple[str, str, str, str]
+    got: Source, want: Source, rel: str, rename: tuple[str, str, str, str]
 ) -> str:
     """Empty if ``got`` is the fix up to the vendor's rename, else why not."""
     renamed_rel, qualname, old, new = rename
-    got_functions = dict(iter_functions(got))
-    want_functions = dict(iter_functions(want))
+    got_functions = dict(iter_functions(got.module))
+    want_functions = dict(iter_functions(want.module))
     if set(got_functions) != set(want_functions):
         return f"{rel}: the functions differ"
     for function_name, want_function in want_functions.items():
         got_function = got_functions[function_name]
-        if ast.dump(got_function) == ast.dump(want_function):
+        if same_node(got, got_function, want, want_function):
             continue
         # Renaming a local changes nothing, in whatever function the fix put
         # the vendor's code (a new helper may take over the renamed local).
@@ -491,10 +176,10 @@ def judge_rename(
             continue
         return f"{rel}: {function_name} is not the fix up to renaming {old}"
     # Everything outside functions must be untouched.
-    for tree in (got, want):
+    for tree in (got.module, want.module):
         for _, function in iter_functions(tree):
             function.body = [ast.Pass()]
-    if ast.dump(got) != ast.dump(want):
+    if ast.dump(got.module) != ast.dump(want.module):
         return f"{rel}: code outside the functions differs"
     return ""
 
@@ -583,7 +268,7 @@ def test_rename_verdict_tells_renames_from_wrong_code() -> None:
     rename = ("m.py", "M.f", "n", "n_vendor")
 
     def verdict(got: str) -> str:
-        return judge_rename(ast.parse(got), ast.parse(fixed), "m.py", rename)
+        return judge_rename(Source(got), Source(fixed), "m.py", rename)
 
     assert verdict(fixed.replace("out", "result")) == ""
     # The fix's own `n` is fresh next to the vendor's renamed one: accepted.
@@ -596,21 +281,72 @@ def test_rename_verdict_tells_renames_from_wrong_code() -> None:
     assert verdict(fixed.replace("return out, n", "return n, out")) != ""
 
 
+def test_same_code_is_ast_dump_equality() -> None:
+    """The corpus's cheap comparison (tests/support/same_ast.py) answers as
+    ``ast.dump`` does, on pairs built to catch a comparison by text: other
+    formatting, a decorator, two statements on a line, a class whose header
+    or one method differs, characters beyond ASCII."""
+    base = (
+        "import os\n\n"
+        "@dec(1)\n"
+        "class A(Base):\n"
+        '    """Doc."""\n'
+        "    x = 'é'; y = 2\n\n"
+        "    @property\n"
+        "    def f(self):\n"
+        "        return [\n            1,\n        ]\n\n"
+        "    def g(self): return 1\n\n"
+        "def h(a, b):\n"
+        "    if a:\n"
+        "        return b\n"
+        "    return a\n"
+    )
+    variants = [
+        base,
+        base.replace("return [\n            1,\n        ]", "return [1]"),
+        base.replace("# ", "#") + "# a comment\n",
+        base.replace("'é'", '"é"'),
+        base.replace("y = 2", "y = 3"),
+        base.replace("@dec(1)", "@dec(2)"),
+        base.replace("@property\n    ", ""),
+        base.replace("class A(Base)", "class A(Other)"),
+        base.replace("return 1\n", "return 2\n"),
+        base.replace("        return b\n", "        return a\n"),
+        base.replace("'é'", "'e'"),
+        base.replace("def h(a, b):\n", "def h(a, b):\n    pass\n"),
+        base.replace("import os\n", "import os; import sys\n"),
+    ]
+    verdicts = []
+    for other in variants:
+        expected = ast.dump(ast.parse(base)) == ast.dump(ast.parse(other))
+        assert same_code(base, other) is expected, other
+        assert same_code(other, base) is expected, other
+        verdicts.append(expected)
+    assert verdicts.count(True) == 4 and verdicts.count(False) == len(variants) - 4
+
+
 @pytest.mark.release
 @pytest.mark.parametrize(("patch_id", "release", "kind"), CELLS)
 def test_drift(
     patch_id: str,
     release: str,
     kind: str,
-    release_tree: Callable[[str], Path],
+    drift_corpus: DriftCorpus,
     tmp_path: Path,
 ) -> None:
-    cases = run_cell(patch_id, release, kind, release_tree(release), tmp_path)
+    """One patch on one release, drifted one way: no wrong rewrite, a
+    refusal only where the code changed, and a rewrite that is the fix and
+    that a second apply leaves alone. The fact per patch, release and kind
+    (and per renamed local) is this test's alone; the inputs and the series'
+    plan of each are shared with test_derived_vs_series."""
+    cases = run_cell(drift_corpus(patch_id, release), kind, drift_corpus, tmp_path)
     wrong = [f"{c.name}: {c.detail}" for c in cases if c.verdict == "wrong"]
     assert not wrong, "wrong rewrites:\n" + "\n".join(wrong)
     if kind in MUST_APPLY:
         refused = [f"{c.name}: {c.detail}" for c in cases if c.verdict != "applied"]
         assert not refused, "refused code-preserving drift:\n" + "\n".join(refused)
+    for case in cases:
+        asserted(f"drift {case.name}: {case.verdict}", release, patch_id)
 
 
 RELEASES_WITH_REWRITES = sorted({release for _, release in needed_cells()})
@@ -642,6 +378,7 @@ def test_skeleton_rewrite_equals_whole_module(
     ]
     assert [r.state for r in fast.reports] == [r.state for r in whole.reports]
     assert any(result is not None for result in used), "the fast path never ran"
+    asserted("the skeleton rewrite equals the whole module's", release, "series")
 
 
 # -- hand edits around a recognised target ----------------------------------------
@@ -790,6 +527,11 @@ def test_every_patch_has_a_hand_edit() -> None:
 def test_hand_edit_around_the_target(
     edit: HandEdit, patched_copy: Callable[[str], Path]
 ) -> None:
+    """A vendor's edit right around what the patch recognises: ``drifted``
+    at the edited line, saying what it found, and ``apply`` refusing and
+    writing nothing; a vendor's own form of the fix ``applied`` and left
+    alone. One fact per edit, this test's alone (the drift corpus changes
+    no code, or only a name)."""
     # Imported here: `python tests/test_drift.py` (the table) runs without
     # the repository root on sys.path.
     from tests.support import snapshot
@@ -808,6 +550,7 @@ def test_hand_edit_around_the_target(
     if edit.state is PatchState.APPLIED:
         assert result.exit_code == 0, result.output
         assert snapshot(root)[edit.relpath] == before[edit.relpath]
+        asserted(f"hand edit: {edit.name}", edit.release, edit.patch_id)
         return
     assert result.exit_code == 2, result.output
     assert snapshot(root) == before, "a refused apply wrote something"
@@ -823,6 +566,7 @@ def test_hand_edit_around_the_target(
     if edit.patch_id == "vllm#40917":
         # What was found is named at its own line, not only its function's.
         assert [loc.finding.line for loc in drifted] == [line]
+    asserted(f"hand edit: {edit.name}", edit.release, edit.patch_id)
 
 
 # -- the table --------------------------------------------------------------------
@@ -830,11 +574,12 @@ def test_hand_edit_around_the_target(
 
 def corpus_table(release_root: Callable[[str], Path], work: Path) -> Iterator[str]:
     """Rows ``patch release kind applied drifted wrong`` for every cell."""
+    corpus = DriftCorpus(release_root, ReleasePlans(release_root), work / "corpus")
     for patch_id, release in needed_cells():
         for kind in KINDS:
             cell = work / f"{patch_id.replace('#', '')}-{release}-{kind}"
             cell.mkdir(parents=True)
-            cases = run_cell(patch_id, release, kind, release_root(release), cell)
+            cases = run_cell(corpus(patch_id, release), kind, corpus, cell)
             counts = Counter(case.verdict for case in cases)
             yield (
                 f"{patch_id:11} {release:7} {kind:10} {counts['applied']:7} "

@@ -68,18 +68,11 @@ def assert_refused(result: Result, *fragments: str) -> None:
 # --- the official wheel in a venv ------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def pristine_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with the official vLLM wheel installed; never written to."""
-    root = tmp_path_factory.mktemp("installed") / "venv"
-    install_wheel(make_venv(root), official_wheel())
-    return root
-
-
 @pytest.fixture
-def venv(pristine_venv: Path, tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """A hard-link copy of the pristine venv: (its python, its site-packages)."""
-    python = link_copy_venv(pristine_venv, tmp_path / "venv")
+def venv(official_venv: Path, tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A hard-link copy of the run's pristine venv with the official wheel
+    (tests/conftest.py): (its python, its site-packages)."""
+    python = link_copy_venv(official_venv, tmp_path / "venv")
     yield python, site_packages(python)
     # Thousands of links per copy: gone now rather than in a later session's
     # clean-up of old temporary folders.

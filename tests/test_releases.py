@@ -4,6 +4,10 @@ For each release: `status` equals targets.toml; `apply` to a copy leaves
 every needed patch applied; a second `apply` writes nothing; no file other
 than the targets changes; and each rewritten function equals upstream's fixed
 function wherever the release's code was upstream's base.
+
+These are the release states' one place: other files take a release's plan
+from the same ``release_plan`` fixture (``tests/support/plans.py``), made
+once per run, rather than assert these states again.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES
 
 from tests.support import TARGETS
+from tests.support.facts import asserted
+from tests.support.plans import ReleasePlans
 
 pytestmark = pytest.mark.release
 RELEASES = [pytest.param(v, id=v) for v in TARGETS.releases]
@@ -36,6 +42,8 @@ def states(plan: Plan) -> dict[str, PatchState]:
 
 
 def test_every_patch_has_rows_for_every_release() -> None:
+    """targets.toml names an expected state for every patch on every
+    release: what makes the release tests below complete (no release read)."""
     for patch in SERIES:
         assert patch.id in TARGETS.patches, (
             f"targets.toml has no [patches.{patch.id!r}]"
@@ -46,12 +54,17 @@ def test_every_patch_has_rows_for_every_release() -> None:
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_status_matches_targets(
-    version: str, release_tree: Callable[[str], Path]
+    version: str, release_tree: Callable[[str], Path], release_plan: ReleasePlans
 ) -> None:
+    """The state of every patch on the release, as ``status`` reads it
+    (recognition only, nothing rewritten), is targets.toml's: the one test
+    of each release's expected states."""
     tree = VllmTree.open(release_tree(version))
     assert tree.version == version
-    plan = plan_tree(tree, SERIES, rewrite=False)
+    plan = release_plan(version, rewrite=False)
     assert states(plan) == TARGETS.expected(version), _describe(plan)
+    for patch_id in states(plan):
+        asserted("status equals targets.toml", version, patch_id)
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -59,12 +72,20 @@ def test_apply(
     version: str,
     patched_copy: Callable[[str], Path],
     release_tree: Callable[[str], Path],
+    release_plan: ReleasePlans,
 ) -> None:
+    """The plan that writes (every rewrite made) agrees with ``status``;
+    writing it into a copy changes exactly the files it names and leaves the
+    pristine release intact; after it every needed patch is ``applied`` and a
+    second plan writes nothing. The plan is the run's shared one: the copy
+    has the release's bytes."""
     root = patched_copy(version)
     tree = VllmTree.open(root)
-    before = plan_tree(tree, SERIES)
+    before = release_plan(version)
     # The plan that writes agrees with `status`, which skips most rewrites.
     assert states(before) == TARGETS.expected(version), _describe(before)
+    for patch_id in states(before):
+        asserted("the writing plan equals targets.toml", version, patch_id)
     pristine = {edit.relpath: edit.old for edit in before.edits}
     inodes = _inodes(root)
 
@@ -84,18 +105,21 @@ def test_apply(
     original = release_tree(version)
     for relpath, old in pristine.items():  # the hard-linked original is intact
         assert (original / relpath).read_bytes() == old
+    asserted("apply writes the targets only", version, "series")
 
     after = plan_tree(tree, SERIES)
     for report in after.reports:
         was = before.report(report.patch.id).state
         want = PatchState.APPLIED if was is PatchState.NEEDED else was
         assert report.state is want, f"{report.patch.id}: {report.state} after apply"
+        asserted("the state after apply", version, report.patch.id)
     assert after.edits == [], "a second apply would write again"
+    asserted("a second apply writes nothing", version, "series")
 
 
 @pytest.mark.parametrize("version", RELEASES_NEEDING_PATCHES)
 def test_rewrites_equal_upstream(
-    version: str, release_tree: Callable[[str], Path]
+    version: str, release_tree: Callable[[str], Path], release_plan: ReleasePlans
 ) -> None:
     """Each patch's functions are upstream's, where its input was upstream's base.
 
@@ -106,7 +130,6 @@ def test_rewrites_equal_upstream(
     the release has its own shape and identity cannot be asked for.
     """
     pristine = release_tree(version)
-    tree = VllmTree.open(pristine)
     earlier: set[str] = set()
     previous: dict[str, bytes] = {}
     compared = 0
@@ -114,7 +137,7 @@ def test_rewrites_equal_upstream(
     # fixes by its shape, added after upstream's fix): nothing to compare.
     without_upstream: list[str] = []
     for patch in SERIES:
-        plan = plan_tree(tree, SERIES, earlier | {patch.id})
+        plan = release_plan(version, earlier | {patch.id})
         current = {edit.relpath: edit.new for edit in plan.edits}
         base = _upstream_base(patch.id, patch.fixed_in)
         for loc in plan.report(patch.id).locations:
@@ -139,12 +162,14 @@ def test_rewrites_equal_upstream(
                 if name not in fixed:
                     continue  # upstream moved or renamed it: nothing to compare
                 compared += 1
-                if _dump(patched.get(name)) == _dump(fixed[name]):
-                    continue
-                assert _dump(seen.get(name)) != _dump(base_functions.get(name)), (
-                    f"{patch.id}: {loc.path} {name} was upstream's base in {version} "
-                    f"but differs from vLLM {patch.fixed_in}'s after the rewrite"
-                )
+                if _dump(patched.get(name)) != _dump(fixed[name]):
+                    assert _dump(seen.get(name)) != _dump(base_functions.get(name)), (
+                        f"{patch.id}: {loc.path} {name} was upstream's base in "
+                        f"{version} but differs from vLLM {patch.fixed_in}'s after "
+                        "the rewrite"
+                    )
+                check = f"the rewrite of {loc.path} {name} is upstream's"
+                asserted(check, version, patch.id)
         earlier.add(patch.id)
         previous = current
     assert compared or without_upstream, (

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 from deepstack_patch.distribution.matrix import ReleaseResult
-from deepstack_patch.engine.plan import plan_tree
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.plan import Plan
 from deepstack_patch.output import tables
 from deepstack_patch.output.plain import PlainConsole
 from deepstack_patch.patches import SERIES
 from rich.console import Console
 
 from tests.support import TARGETS, link_copy, site_of
+from tests.support.plans import ReleasePlans
 
 WIDTH = 80
 BOX_DRAWING = re.compile("[\u2500-\u257f]")
@@ -157,8 +157,7 @@ def test_piped_text_is_never_padded_boxed_or_ruled(
     assert result.stdout.strip(), f"{name} printed nothing"
 
 
-def ends_of_locations(root: Path) -> list[str]:
-    plan = plan_tree(VllmTree.open(root), SERIES)
+def ends_of_locations(plan: Plan) -> list[str]:
     found = [
         f"{loc.path}:{loc.finding.line}"
         for report in plan.reports
@@ -175,6 +174,7 @@ def test_an_80_column_terminal_splits_no_field(
     name: str,
     runs: dict[str, tuple[list[str], dict[str, str]]],
     release_tree: Callable[[str], Path],
+    release_plan: ReleasePlans,
     tmp_path: Path,
 ) -> None:
     """Under a pseudo-terminal of 80 columns: no line is wider, no whitespace
@@ -207,7 +207,7 @@ def test_an_80_column_terminal_splits_no_field(
     # The progress lines a terminal gets on stderr are not in the pipe.
     assert [token for token in tokens if token not in shown_tokens] == []
     if name.startswith("status"):
-        for location in ends_of_locations(release_tree("0.20.2")):
+        for location in ends_of_locations(release_plan("0.20.2")):
             assert any(location in line.split() for line in lines), location
 
 
@@ -224,17 +224,19 @@ def shown_lines(console: Console) -> list[str]:
 
 @pytest.mark.release
 def test_rich_at_80_columns_keeps_every_location_whole(
-    release_tree: Callable[[str], Path],
+    release_plan: ReleasePlans,
 ) -> None:
-    root = release_tree("0.20.2")
-    plan = plan_tree(VllmTree.open(root), SERIES)
+    """The table code itself (not a command) at 80 columns keeps every
+    ``file:line`` of the 0.20.2 plan whole: this test's fact; the plan is
+    the run's shared one."""
+    plan = release_plan("0.20.2")
     console = rich_at(WIDTH)
     tables.print_tree_header(console, plan.tree)
     tables.print_plan_table(console, plan)
     tables.print_series(console, SERIES)
     lines = shown_lines(console)
     assert [line for line in lines if len(line) > WIDTH] == []
-    locations = ends_of_locations(root)
+    locations = ends_of_locations(plan)
     for location in locations:
         assert any(location in line.split() for line in lines), location
     # the long Qwen3-Omni location the issue saw cut at `:17` / `73`

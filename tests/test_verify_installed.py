@@ -36,7 +36,6 @@ from tests.support.installed import (
     WHEEL_VERSION,
     dist_info,
     layered_venv,
-    official_wheel,
     site_packages,
     snapshot,
 )
@@ -293,9 +292,13 @@ def verify_json(python: Path, *extra: str) -> tuple[int, dict]:
 @pytest.mark.release
 @pytest.mark.verify
 def test_official_wheel_proofs_fail_before_apply_and_verify_passes_after(
-    proof_env, tmp_path: Path
+    proof_env, official_venv: Path, tmp_path: Path
 ) -> None:
-    python = layered_venv(proof_env.python, tmp_path / "venv", official_wheel())
+    """verify --installed on the official wheel in a venv layered on the
+    proof environment: the proofs fail before apply, verify passes after it
+    with the release's own tests, and --gpu says what it did: the one test of
+    verify against a real install."""
+    python = layered_venv(proof_env.python, tmp_path / "venv", official_venv)
     site = site_packages(python)
     needed = needed_on(WHEEL_VERSION)
     assert needed, f"targets.toml lists no patch needed on {WHEEL_VERSION}"

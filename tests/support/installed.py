@@ -3,7 +3,8 @@
 The official vLLM wheel is fetched once into the cache by the tool's own
 ``deepstack_patch.fetch.wheels`` (pip's configuration: index, proxy,
 certificates; sha256 checked; under a file lock), and installed with
-``pip install --no-deps`` into one pristine venv per session.
+``pip install --no-deps`` into one pristine venv per session (the
+``official_venv`` fixture of tests/conftest.py), for every file that needs it.
 Tests that write get a copy of that venv made of hard links (``cp -al``): the
 tool only ever replaces files (a new file, then a rename) and pip uninstall
 only unlinks them, so the pristine venv keeps its bytes. A test that changes a
@@ -59,29 +60,46 @@ def install_wheel(python: Path, wheel: Path) -> None:
     )
 
 
-def layered_venv(base_python: Path, path: Path, wheel: Path) -> Path:
+def layered_venv(base_python: Path, path: Path, pristine: Path) -> Path:
     """A venv whose packages come from ``base_python``'s environment, with
-    ``wheel`` installed (``--no-deps``) on top; returns its python.
+    the official wheel on top; returns its python.
 
     ``venv --system-site-packages`` would reach the base interpreter's
     packages, not a venv's, so a ``.pth`` file adds the base environment's
     site-packages (and runs its own ``.pth`` files) after the new venv's own:
     vllm comes from the wheel, torch, pytest and the rest from the base.
+    Where the base is a venv of the same Python as the ``pristine`` venv (the
+    official wheel installed once a run), the venv is a hard-link copy of
+    that one; otherwise the wheel is installed (``--no-deps``) afresh.
     """
-    subprocess.run(
-        [str(base_python), "-m", "venv", "--without-pip", str(path)], check=True
-    )
-    python = path / "bin" / "python"
+    if python_version(base_python) == python_version(pristine / "bin" / "python"):
+        python = link_copy_venv(pristine, path)
+    else:
+        subprocess.run(
+            [str(base_python), "-m", "venv", "--without-pip", str(path)], check=True
+        )
+        python = path / "bin" / "python"
+        subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
+            + ["--no-deps", "--disable-pip-version-check", str(official_wheel())],
+            check=True,
+        )
     base_site = site_packages(base_python)
     (site_packages(python) / "deepstack_test_layer.pth").write_text(
         f"import site; site.addsitedir({str(base_site)!r})\n"
     )
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
-        + ["--no-deps", "--disable-pip-version-check", str(wheel)],
+    return python
+
+
+def python_version(python: Path) -> str:
+    """The interpreter's ``sys.version`` (bytecode is only shared between equals)."""
+    done = subprocess.run(
+        [str(python), "-c", "import sys; print(sys.version)"],
+        capture_output=True,
+        text=True,
         check=True,
     )
-    return python
+    return done.stdout.strip()
 
 
 def site_packages(python: Path) -> Path:
