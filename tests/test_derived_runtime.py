@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import apply_tree
-from deepstack_patch.engine.derived import DerivedPatch, write_derived
-from deepstack_patch.engine.derived import runtime as runtime_module
+from deepstack_patch.engine.derived import DerivedPatch, typecheck, write_derived
 from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
@@ -133,13 +132,13 @@ def test_a_typed_attribute_the_release_lacks_drifts_in_ty_s_words_once(
     verdict from the cache; a changed file of the package is a new key."""
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
     runs: list[Path] = []
-    real = runtime_module._diagnostics
+    real = typecheck.diagnostics
 
     def counted(root: Path, *args: object):
         runs.append(root)
         return real(root, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runtime_module, "_diagnostics", counted)
+    monkeypatch.setattr(typecheck, "diagnostics", counted)
     files = {
         "vllm/config.py": CONFIG,
         "vllm/sched.py": ELSEWHERE,

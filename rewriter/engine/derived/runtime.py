@@ -24,8 +24,9 @@ here, for a unit that is otherwise ``needed``:
 
 Both need the release's whole ``vllm`` package; where the tree cannot tell
 (a partial extraction not asked for it: a derived patch asks, ``also_reads``)
-they are not run, never guessed. The typed check's verdict is cached
-(``runtime-names/`` in the cache folder) under a digest of everything it
+they are not run, never guessed. ty is run by :mod:`.typecheck`, and the
+typed check's verdict is cached (``runtime-names/`` in the cache folder,
+:mod:`.typecheck` too) under a digest of everything it
 depends on: every file of the tree's ``vllm`` package, the file, the
 patch's data, this package's code and ty's version.
 
@@ -38,19 +39,15 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import functools
 import hashlib
-import json
 import os
 import re
-import subprocess
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from deepstack_patch.engine.derived import typecheck
 from deepstack_patch.engine.derived.data import Unit
 from deepstack_patch.engine.derived.match import code_nodes, import_aliases
 from deepstack_patch.engine.derived.names import (
@@ -86,12 +83,6 @@ RUNTIME = "runtime_names"
 #: The files the checks read: the release's whole ``vllm`` package (what a
 #: partial extraction holds for a derived patch, ``also_reads``).
 PACKAGE_FILES = ("vllm/**/*.py", "vllm/**/*.pyi")
-
-#: The Python version the target is checked for (vLLM's oldest supported).
-PYTHON_VERSION = "3.10"
-
-#: How long ty may take on one file before the check gives up (refusing).
-TIMEOUT_S = 120
 
 
 def settle_runtime(
@@ -289,13 +280,6 @@ def _known(name: str, package: Package) -> bool:
 # -- the type checker ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Diagnostic:
-    line: int
-    rule: str
-    message: str
-
-
 def typed_problem(
     patch: DerivedPatch,
     units: Sequence[Unit],
@@ -312,16 +296,18 @@ def typed_problem(
             raw = (context.root / path).read_bytes()
         except OSError:
             return ""
-    key = _cache_key(patch, path, raw, package)
-    cached = _cached(key)
+    key = typecheck.cache_key(
+        getattr(patch, "data_fingerprint", b""), path, raw, package.digest
+    )
+    cached = typecheck.cached(key)
     if cached is not None:
         return cached
     fixed = _fixed_bytes(patch, units, states, path, raw)
     if fixed is None:  # the rewrite refused: apply says so, with its reason
         return ""
     try:
-        before, after = _diagnostics(context.root, path, raw, fixed)
-    except _CheckerFailed as failed:
+        before, after = typecheck.diagnostics(context.root, path, raw, fixed)
+    except typecheck.CheckerFailed as failed:
         return f"the type checker could not check the fixed {path}: {failed}"
     lines = _written_lines(raw, fixed)
     own = _defined_by_patch(patch)
@@ -339,11 +325,11 @@ def typed_problem(
         ):
             found = worded(diagnostic, path, units)
             break
-    _store(key, found)
+    typecheck.store(key, found)
     return found
 
 
-def _cannot_run(diagnostic: Diagnostic) -> bool:
+def _cannot_run(diagnostic: typecheck.Diagnostic) -> bool:
     if diagnostic.rule not in CANNOT_RUN:
         return False
     if diagnostic.rule == "import-not-found":  # third-party packages are absent
@@ -351,7 +337,7 @@ def _cannot_run(diagnostic: Diagnostic) -> bool:
     return True
 
 
-def _about_its_own(diagnostic: Diagnostic, own: set[str]) -> bool:
+def _about_its_own(diagnostic: typecheck.Diagnostic, own: set[str]) -> bool:
     """Whether the diagnostic names what the patch defines itself in one of
     its other files (the type checker sees them as the tree has them)."""
     return any(word in own for word in re.findall(r"`(\w+)`", diagnostic.message))
@@ -363,7 +349,9 @@ _MISSING = re.compile(
 )
 
 
-def worded(diagnostic: Diagnostic, path: str, units: Sequence[Unit] = ()) -> str:
+def worded(
+    diagnostic: typecheck.Diagnostic, path: str, units: Sequence[Unit] = ()
+) -> str:
     """A drift reason in ty's words (``the fix reads `A.b`, which this
     release lacks``, where the diagnostic names an attribute). ty calls the
     type of ``self`` in a method ``Self@method``: the reason names the
@@ -443,166 +431,3 @@ def _written_lines(before: bytes, after: bytes) -> set[int]:
         if tag != "equal"
         for line in range(j1, j2)
     }
-
-
-class _CheckerFailed(Exception):
-    pass
-
-
-def _diagnostics(
-    root: Path, path: str, raw: bytes, fixed: bytes
-) -> tuple[list[Diagnostic], list[Diagnostic]]:
-    """ty on ``path`` as it is and as fixed, each in a folder of links to
-    the tree's ``vllm`` package (the fixed file in place of its own), run
-    side by side."""
-    binary = _ty_binary()
-    with tempfile.TemporaryDirectory(prefix="deepstack-runtime-") as scratch:
-        work = Path(scratch)
-        # No third-party package: their types are unknown, never errors.
-        (work / "env" / "lib" / f"python{PYTHON_VERSION}" / "site-packages").mkdir(
-            parents=True
-        )
-        (work / "ty.toml").write_text("")  # not the tree's [tool.ty]
-        runs = []
-        for name, text in (("before", raw), ("after", fixed)):
-            _overlay(root, work / name, path, text)
-            command = [
-                binary, "check", "--config-file", str(work / "ty.toml"),
-                "--python", str(work / "env"), "--python-version", PYTHON_VERSION,
-                "--output-format", "concise", "--no-progress", "--color", "never",
-                path,
-            ]  # fmt: skip
-            runs.append(
-                subprocess.Popen(
-                    command,
-                    cwd=work / name,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    stdin=subprocess.DEVNULL,
-                )
-            )
-        return _read(runs[0], path), _read(runs[1], path)
-
-
-def _read(run: subprocess.Popen[bytes], path: str) -> list[Diagnostic]:
-    try:
-        out, err = run.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        run.kill()
-        run.communicate()
-        raise _CheckerFailed(f"ty took more than {TIMEOUT_S} s") from None
-    if run.returncode not in (0, 1):  # 1: diagnostics found
-        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
-        raise _CheckerFailed(f"ty exited {run.returncode}: {tail[0]}")
-    pattern = re.compile(re.escape(path) + r":(\d+):\d+: \w+\[([\w-]+)\] (.*)")
-    return [
-        Diagnostic(int(m[1]), m[2], m[3])
-        for line in out.decode(errors="replace").splitlines()
-        if (m := pattern.fullmatch(line))
-    ]
-
-
-def _overlay(root: Path, out: Path, path: str, text: bytes) -> None:
-    """``out`` as the tree with ``path`` holding ``text``: links to every
-    other entry of the folders on the way (a few hundred links at most)."""
-    parts = path.split("/")
-    source, target = root, out
-    target.mkdir(parents=True)
-    for depth, part in enumerate(parts):
-        # At the tree's root, its package alone.
-        entries = [part] if depth == 0 else sorted(os.listdir(source))
-        for entry in entries:
-            if entry != part:
-                (target / entry).symlink_to(source / entry)
-        source, target = source / part, target / part
-        if depth < len(parts) - 1:
-            target.mkdir()
-    target.write_bytes(text)
-
-
-def _ty_binary() -> str:
-    try:
-        from ty import find_ty_bin
-    except ImportError:
-        raise _CheckerFailed(
-            "ty is not installed (pip install deepstack-patch brings it)"
-        ) from None
-    try:
-        return os.fsdecode(find_ty_bin())
-    except FileNotFoundError as exc:
-        raise _CheckerFailed(f"ty's binary is missing: {exc}") from None
-
-
-# -- the cache ---------------------------------------------------------------------
-
-
-#: Bump when what is stored changes meaning.
-_CACHE_SCHEMA = "1"
-
-
-def _cache_key(patch: DerivedPatch, path: str, raw: bytes, package: Package) -> str:
-    digest = hashlib.sha256()
-    for piece in (
-        _CACHE_SCHEMA,
-        _ty_version(),
-        _engine_digest(),
-        package.digest,
-        path,
-        getattr(patch, "data_fingerprint", b"").hex(),
-    ):
-        digest.update(piece.encode() + b"\0")
-    digest.update(raw)
-    return digest.hexdigest()
-
-
-@functools.cache
-def _ty_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ty")
-    except PackageNotFoundError:
-        return "absent"
-
-
-@functools.cache
-def _engine_digest() -> str:
-    """The engine's code: a rewrite or a check that changed makes new keys."""
-    digest = hashlib.sha256()
-    engine = Path(__file__).resolve().parents[1]
-    for file in sorted(engine.rglob("*.py")):
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
-
-
-def _cache_file(key: str) -> Path | None:
-    from deepstack_patch.engine.cache import cache_dir
-    from deepstack_patch.engine.errors import DeepstackError
-
-    try:
-        return cache_dir() / "runtime-names" / key[:2] / f"{key}.json"
-    except DeepstackError:
-        return None  # no cache folder: check every time
-
-
-def _cached(key: str) -> str | None:
-    file = _cache_file(key)
-    try:
-        stored: Any = json.loads(file.read_text()) if file else None
-    except (OSError, ValueError):
-        return None
-    problem = stored.get("problem") if isinstance(stored, dict) else None
-    return problem if isinstance(problem, str) else None
-
-
-def _store(key: str, problem: str) -> None:
-    file = _cache_file(key)
-    if file is None:
-        return
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        partial = file.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"problem": problem}))
-        partial.replace(file)
-    except OSError:
-        pass  # a cache that cannot be written only costs time
