@@ -214,6 +214,34 @@ def test_an_argument_the_patch_gives_its_callee_in_another_file_is_there(
     assert "[unknown-argument]" in report_of(root, alone).reason
 
 
+SCHED = """from vllm.config import ToyConfig
+
+
+class Scheduler:
+    def __init__(self, config: ToyConfig):
+        self.limit = config.limit
+"""
+
+
+def test_an_attribute_the_patch_assigns_from_one_the_release_lacks_drifts(
+    tmp_path: Path,
+) -> None:
+    """The fix assigns ``self.strict`` from ``config.strict`` in the same
+    file (vllm#50275's ``self.is_encoder_only = vllm_config.is_encoder_only``
+    on 0.18.0-0.25.0): the name it defines is no excuse for the config's
+    field it reads, which the release lacks."""
+    fixed = SCHED + "        self.strict = config.strict\n"
+    root = whole_tree(
+        tmp_path, {"vllm/config.py": CONFIG, "vllm/sched.py": SCHED, "vllm/x.py": ""}
+    )
+    report = report_of(root, patch_of("local#a", "vllm/sched.py", SCHED, fixed))
+    assert report.state is PatchState.DRIFTED
+    assert report.reason == (
+        "the fix reads `ToyConfig.strict`, which this release lacks (ty: "
+        "Object of type `ToyConfig` has no attribute `strict` [missing-attribute])"
+    )
+
+
 # -- where the checks run: a tree that holds the whole package ---------------------
 
 #: ``self.model`` is untyped (a torch module in vLLM): only the release's

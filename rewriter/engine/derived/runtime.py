@@ -241,12 +241,15 @@ def _imported_names(nodes: Iterable[ast.AST]) -> set[str]:
     }
 
 
-def _defined_by_patch(patch: DerivedPatch) -> set[str]:
+def _defined_by_patch(patch: DerivedPatch, outside: str = "") -> set[str]:
     """What the patch's own code defines (not what it imports): attributes
     it assigns, definitions, names and parameters it binds (a new method, a
-    field, a parameter its callers in another file pass)."""
+    field, a parameter its callers in another file pass); with ``outside``,
+    in its files other than that one."""
     found: set[str] = set()
     for unit in patch.units:
+        if unit.path == outside:
+            continue
         for edit in unit.edits:
             for root in code_nodes(edit.inserted, edit.header_after):
                 for node in ast.walk(root):
@@ -310,7 +313,9 @@ def typed_problem(
     except typecheck.CheckerFailed as failed:
         return f"the type checker could not check the fixed {path}: {failed}"
     lines = _written_lines(raw, fixed)
-    own = _defined_by_patch(patch)
+    # ty sees this file as fixed, so what the patch defines here is there
+    # already; only its other files are seen as the tree has them.
+    own = _defined_by_patch(patch, outside=path)
     old = Counter((d.rule, d.message) for d in before)
     found = ""
     for diagnostic in after:
@@ -339,7 +344,9 @@ def _cannot_run(diagnostic: typecheck.Diagnostic) -> bool:
 
 def _about_its_own(diagnostic: typecheck.Diagnostic, own: set[str]) -> bool:
     """Whether the diagnostic names what the patch defines itself in one of
-    its other files (the type checker sees them as the tree has them)."""
+    its other files (the type checker sees them as the tree has them). Never
+    a name it defines in the file checked: ``self.only = config.only`` in
+    one ``__init__`` (vllm#50275) still reads ``config.only``."""
     return any(word in own for word in re.findall(r"`(\w+)`", diagnostic.message))
 
 
