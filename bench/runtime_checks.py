@@ -12,6 +12,7 @@ output only. ty is a bench requirement (``pip install ty``).
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import shutil
@@ -79,6 +80,7 @@ def _ty_errors(root: Path, path: str) -> Counter:
     their lines; an unresolved import of a module outside vllm left out."""
     result = subprocess.run(
         [sys.executable, "-m", "ty", "check", "--project", str(root),
+         "--config-file", str(_empty_config()),
          "--python", sys.executable, "--output-format", "gitlab",
          "--exit-zero", "--color", "never", path],
         cwd=root, capture_output=True, text=True,
@@ -104,6 +106,16 @@ def _ty_errors(root: Path, path: str) -> Counter:
             continue  # torch and the other third-party packages are absent
         errors[(rule, message)] += 1
     return errors
+
+
+@functools.cache
+def _empty_config() -> Path:
+    """A ty.toml with ty's defaults, for every release alike: not the tree's
+    own ``[tool.ty]``, whose settings are about vLLM's checkout (a ``.venv``,
+    ignore files) and which ty 0.0.108 cannot load on 0.13.0 (``src.root``)."""
+    path = Path(tempfile.mkdtemp(prefix="judge-ty-")) / "ty.toml"
+    path.write_text("")
+    return path
 
 
 def _ignored(lines: list[str], positions: dict) -> bool:
