@@ -242,6 +242,40 @@ def test_an_attribute_the_patch_assigns_from_one_the_release_lacks_drifts(
     )
 
 
+PARSER = """class Parser:
+    engine: bool = True
+
+
+def flush(parser: Parser | None, engine_based: bool):
+    if engine_based:
+        return parser.finish()  # type: ignore[union-attr, attr-defined]
+    return None
+"""
+
+
+@pytest.mark.parametrize(
+    ("read", "state"),
+    [("finish", PatchState.NEEDED), ("close", PatchState.DRIFTED)],
+)
+def test_a_read_the_release_makes_only_narrowed_from_none_is_no_new_diagnostic(
+    tmp_path: Path, read: str, state: PatchState
+) -> None:
+    """The release reads ``finish`` off ``Parser | None`` under mypy's
+    ignore; the fix reads it under ``is not None`` (vllm#47606 on 0.25.0),
+    so ty's ``Parser | None`` becomes ``Parser``: the same read, no new
+    diagnostic. A name the release does not read there still drifts."""
+    fixed = PARSER.replace(
+        "    if engine_based:\n        return parser.finish()",
+        "    if parser is not None and parser.engine:\n"
+        f"        flushed = parser.{read}()",
+    ).replace("    return None", "        return flushed\n    return None")
+    root = whole_tree(tmp_path, {"vllm/parse.py": PARSER})
+    report = report_of(root, patch_of("local#p", "vllm/parse.py", PARSER, fixed))
+    assert report.state is state, report.reason
+    if state is PatchState.DRIFTED:
+        assert report.reason.startswith("the fix reads `Parser.close`")
+
+
 # -- where the checks run: a tree that holds the whole package ---------------------
 
 #: ``self.model`` is untyped (a torch module in vLLM): only the release's

@@ -316,10 +316,10 @@ def typed_problem(
     # ty sees this file as fixed, so what the patch defines here is there
     # already; only its other files are seen as the tree has them.
     own = _defined_by_patch(patch, outside=path)
-    old = Counter((d.rule, d.message) for d in before)
+    old = Counter(_identity(d) for d in before)
     found = ""
     for diagnostic in after:
-        identity = (diagnostic.rule, diagnostic.message)
+        identity = _identity(diagnostic)
         if old[identity] > 0:
             old[identity] -= 1
             continue
@@ -332,6 +332,20 @@ def typed_problem(
             break
     typecheck.store(key, found)
     return found
+
+
+#: ``| None`` in a type ty names: a fix that tests ``x is not None`` before
+#: it reads ``x.a`` turns ``X | None`` into ``X`` in the message.
+_OR_NONE = re.compile(r" \| None\b|\bNone \| ")
+
+
+def _identity(diagnostic: typecheck.Diagnostic) -> tuple[str, str]:
+    """What makes a diagnostic the same before and after the fix: its rule
+    and its words, not its line, and a type the fix only narrowed from
+    ``X | None`` to ``X`` the same type (vllm#47606 moves a read of
+    ``reasoning_parser.finish_streaming()`` under ``is not None``, which
+    0.25.0's own file already makes)."""
+    return diagnostic.rule, _OR_NONE.sub("", diagnostic.message)
 
 
 def _cannot_run(diagnostic: typecheck.Diagnostic) -> bool:
