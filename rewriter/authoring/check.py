@@ -48,9 +48,15 @@ def self_check(
         for location in where:
             finding = location.finding
             if finding.state is not PatchState.NEEDED:
+                # An applied unit has no reason of its own: say what it means.
+                why = finding.reason or (
+                    "the base has what it adds already"
+                    if finding.state is PatchState.APPLIED
+                    else ""
+                )
                 raise _check_failed(
                     f"on the base {unit.description} is {finding.state}, not "
-                    f"needed: {finding.reason}"
+                    f"needed" + (f": {why}" if why else "")
                 )
             first, last = finding.span
             if not any(
