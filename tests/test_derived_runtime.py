@@ -162,6 +162,38 @@ def test_a_typed_attribute_the_release_lacks_drifts_in_ty_s_words_once(
     assert len(runs) == 2
 
 
+def test_apply_says_the_fix_cannot_run_here_not_that_the_shape_is_unknown(
+    tmp_path: Path,
+) -> None:
+    """The shape is recognised; what the fix reads is missing. ``apply``
+    names the place, what is missing and what to do, in text and JSON."""
+    root = whole_tree(
+        tmp_path / "tree",
+        {"vllm/config.py": CONFIG, "vllm/sched.py": ELSEWHERE, "vllm/toy.py": TOY},
+    )
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    write_derived(patch_of("local#t", "vllm/toy.py", TOY, FIXED), folder)
+    command = [sys.executable, "-m", "deepstack_patch", "apply", "--vllm-src"]
+    command += [str(root), "--patches", str(folder), "--only", "local#t"]
+    text = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert text.returncode == 2, text.stderr
+    assert (
+        "error: vllm/toy.py:4: local#t drifted: the fix's code cannot run on this "
+        "release: the fix reads `ToyConfig.strict`, which this release lacks"
+    ) in text.stderr
+    assert "carry that change first (derive it too)" in text.stderr
+    assert "--skip local#t" in text.stderr
+    assert (root / "vllm/toy.py").read_text() == TOY
+    json_run = subprocess.run(
+        [*command, "--format", "json"], capture_output=True, text=True, timeout=120
+    )
+    assert json_run.returncode == 2
+    error = json.loads(json_run.stdout)["error"]
+    assert error["message"].startswith("local#t drifted: the fix's code cannot run")
+    assert (error["path"], error["line"]) == ("vllm/toy.py", 4)
+
+
 HEAD = """class Head:
     def __init__(self):
         self.limit = 4

@@ -550,6 +550,7 @@ def refuse_drifted(
 def drift_error(plan: Plan) -> DeepstackError:
     """The refusal of a plan with drifted selected patches, at the first
     drifted location (the table, or the JSON patches, show every one)."""
+    from deepstack_patch.engine.derived.runtime import RUNTIME
     from deepstack_patch.engine.protocol import PatchState
 
     drifted = selected_drifted(plan)
@@ -563,12 +564,25 @@ def drift_error(plan: Plan) -> DeepstackError:
         None,
     )
     names = ", ".join(r.patch.id for r in drifted)
+    skip = f"--skip {drifted[0].patch.id}"
+    place = {
+        "path": where.path if where else None,
+        "line": where.finding.line if where else None,
+    }
+    if where and RUNTIME in where.finding.details:
+        # The shape was recognised; what the fix reads is not there.
+        return DeepstackError(
+            f"{names} drifted: the fix's code cannot run on this release: "
+            f"{where.finding.details[RUNTIME]}; nothing was written",
+            "the fix reads what a later upstream change added: carry that "
+            f"change first (derive it too), or leave the patch out with {skip}",
+            **place,
+        )
     reason = f" ({where.finding.reason})" if where and where.finding.reason else ""
     return DeepstackError(
         f"{names} drifted: the target code has a shape this tool does not "
         f"recognise{reason}; nothing was written",
         "each drifted location in the table says what was expected; check the "
-        f"code there, or leave the patch out with --skip {drifted[0].patch.id}",
-        path=where.path if where else None,
-        line=where.finding.line if where else None,
+        f"code there, or leave the patch out with {skip}",
+        **place,
     )
