@@ -393,6 +393,13 @@ def test_verify_never_proves_a_fix_whose_runtime_names_fail(tmp_path: Path) -> N
     assert verdict.problems[0].startswith(
         "runtime names: the fix reads `ToyConfig.strict`, which this release lacks"
     )
+    # The table quotes ty's words whole, its [rule] too (not taken as markup).
+    from deepstack_patch.output.tables import print_verify_report
+    from rich.console import Console
+
+    console = Console(record=True, width=400, color_system=None)
+    print_verify_report(console, report)
+    assert "[missing-attribute]" in console.export_text()
     document = json.loads(json.dumps(verify_json(report)))
     assert schema_errors("verify", document) == []
     (patch,) = document["patches"]

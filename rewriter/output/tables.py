@@ -129,7 +129,7 @@ def patch_relations(patch: Patch, reports: Sequence[PatchReport]) -> str:
 def print_series(console: Console, series: Sequence[Patch]) -> None:
     """``list``: each patch's metadata, in series order."""
     for patch in series:
-        console.print(f"[bold]{patch.id}[/]  {patch.title}")
+        console.print(f"[bold]{patch.id}[/]  {escape(patch.title)}")
         console.print(f"  upstream: {escape(upstream_words(patch))}")
         # Escaped: prose quotes code such as `self._ds_buffers[lvl][:n]`.
         if patch.symptom:
@@ -247,7 +247,7 @@ def print_verify_report(console: Console, report: Any) -> None:
             cells += [_style(before, failed_ok=True), verdict.fail_to_pass or "-"]
         problems = verdict.problems
         verdict_cell = (
-            "[red]" + "; ".join(problems) + "[/]"
+            "[red]" + escape("; ".join(problems)) + "[/]"
             if problems
             else "[dim]not applicable[/]"
             if verdict.state.value == "not-applicable"
@@ -281,7 +281,9 @@ def _print_verify_messages(console: Console, report: Any) -> None:
             ("pristine", verdict.pristine_proof),
         ):
             if proof and proof.status != "passed" and proof.message:
-                console.print(f"[bold]{verdict.patch.id} {label}:[/] {proof.message}")
+                console.print(
+                    f"[bold]{verdict.patch.id} {label}:[/] {escape(proof.message)}"
+                )
     run = report.cpu_tests
     if run.selected or run.absent:
         console.print(
@@ -290,12 +292,15 @@ def _print_verify_messages(console: Console, report: Any) -> None:
             f"{run.count('skipped')} skipped ({run.seconds} s)"
         )
         for nodeid in run.absent:
-            console.print(f"  not run: {nodeid}")
+            console.print(f"  not run: {escape(nodeid)}")
         for case in run.cases:
             if case.outcome in ("failed", "error"):
-                console.print(f"  [red]{case.outcome}[/] {case.nodeid}: {case.message}")
+                console.print(
+                    f"  [red]{case.outcome}[/] {escape(case.nodeid)}: "
+                    f"{escape(case.message)}"
+                )
         if run.error:
-            console.print(f"[red]pytest:[/] {run.error}")
+            console.print(f"[red]pytest:[/] {escape(run.error)}")
     if report.gpu.requested:
         gpu_run = report.gpu.run
         if report.gpu.status == "ran" and gpu_run is not None:
@@ -304,7 +309,7 @@ def _print_verify_messages(console: Console, report: Any) -> None:
                 f"{gpu_run.count('passed')} passed, {gpu_run.count('skipped')} skipped"
             )
         else:
-            console.print(f"[yellow]GPU tests skipped:[/] {report.gpu.reason}")
+            console.print(f"[yellow]GPU tests skipped:[/] {escape(report.gpu.reason)}")
     verdict_text = "[green]verified[/]" if report.ok else "[red]not verified[/]"
     console.print(f"{verdict_text} in {report.seconds} s")
 
@@ -399,7 +404,7 @@ def print_matrix(
     console.print(table)
     errors = [r for r in results if r.error]
     for result in errors:
-        console.print(f"[bold red]error:[/] {result.version}: {result.error}")
+        console.print(f"[bold red]error:[/] {result.version}: {escape(result.error)}")
     for result in results:
         if result.verify_code:
             console.print(f"[red]verify failed on {result.version}:[/]")
