@@ -16,9 +16,8 @@ import ast
 import inspect
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import libcst as cst
 from deepstack_patch.engine.derived import shapes
 from deepstack_patch.engine.derived.data import Edit, Unit
 from deepstack_patch.engine.derived.match import (
@@ -29,6 +28,9 @@ from deepstack_patch.engine.derived.match import (
     with_block,
 )
 from deepstack_patch.engine.errors import RewriteRefused
+
+if TYPE_CHECKING:  # libcst is imported where a rewrite runs, not by status
+    import libcst as cst
 
 #: What the rewrite does with the target's docstring.
 REPLACE, ADD, REMOVE = "replace", "add", "remove"
@@ -66,6 +68,8 @@ def rewrite(module: cst.Module, compiled: CompiledEdit) -> cst.Module:
     writes it, where it is the one the fix edits (as recognition found it);
     nothing where it is upstream's already (the edits before may have
     brought it, a definition made its ``after`` whole)."""
+    import libcst as cst
+
     before, after = _text(compiled.edit.removed), _text(compiled.edit.inserted)
 
     def change(block: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
@@ -121,7 +125,9 @@ def _walk(
     node = statements[at]
     field_name = compiled.steps[index][1]
     holder: Any = node if field_name == "body" else getattr(node, field_name, None)
-    if holder is None or not isinstance(holder.body, cst.IndentedBlock):
+    from libcst import IndentedBlock
+
+    if holder is None or not isinstance(holder.body, IndentedBlock):
         raise RewriteRefused(f"no indented {field_name} block to change")
     inner = list(holder.body.body)
     changed = _walk(module, inner, compiled, index + 1, shapes_of, change)
