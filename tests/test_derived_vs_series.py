@@ -51,7 +51,7 @@ fixes together: the hand-written code on at least 80% of all the cells
 where the hand-written patch writes (a derived patch follows a vendor's
 renamed locals, ``engine/derived/rename.py``; vllm#49397 alone stays below,
 its hand-written patch also fixing releases and a class its upstream diff
-never saw). ``python tests/test_derived_vs_series.py`` prints that share per
+never saw). ``python -m tests.test_derived_vs_series`` prints that share per
 fix, the table, and the refused cases one by one (docs/derived-vs-series.md).
 """
 
@@ -563,8 +563,8 @@ def table(release_root: Callable[[str], Path], work: Path) -> Iterator[str]:
         cases = fix_cases(fix_id, release_root, corpus)
         cells = cells_of(cases)
         every += cells
-        for corpus in ("release", *KINDS):
-            yield counts_row(fix_id, corpus, [c for c in cells if c.corpus == corpus])
+        for kind in ("release", *KINDS):
+            yield counts_row(fix_id, kind, [c for c in cells if c.corpus == kind])
         yield counts_row(fix_id, "all", cells)
         correct, writes = correct_share(cases)
         yield f"    correct where the series writes: {correct} of {writes} cells"
@@ -585,7 +585,7 @@ def table(release_root: Callable[[str], Path], work: Path) -> Iterator[str]:
 
 
 if __name__ == "__main__":
-    # python tests/test_derived_vs_series.py [FOLDER]: the releases are
+    # python -m tests.test_derived_vs_series [FOLDER]: the releases are
     # extracted into FOLDER (kept for the next run) or a temporary folder.
     import tempfile
 
