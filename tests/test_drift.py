@@ -1,19 +1,10 @@
 """The drift corpus: real releases, drifted the way vendor trees drift.
 
 For every patch of the series and every release where targets.toml expects it
-``needed``, the patch's target files are drifted in one of these ways:
-
-``format-120``  reformatted by ruff at line length 120 with single quotes;
-``format-60``   reformatted by ruff at line length 60 (many lines re-wrapped);
-``comments``    a comment line before every statement and inside every bracket
-                continuation of each target function, its blank lines removed;
-``rename``      one local variable of a target function renamed, every use of
-                it (one sub-case per local variable of each target function);
-``vendor``      an unrelated vendor change elsewhere in the file: a helper
-                after the imports (every line below shifts) and a constant at
-                the end.
-
-The verdict of each case is one of:
+``needed``, the patch's target files are drifted in each of the kinds
+``tests/support/drift.py`` lists (reformatted at two line lengths, commented,
+a local renamed, a vendor's unrelated change), and the patch must still do the
+right thing. The verdict of each case is one of:
 
 ``applied``  the patch is still ``needed`` on the drifted file, and the file it
              writes is the fix: its module AST equals the pristine patched
@@ -37,7 +28,7 @@ the patch must apply there (``drifted`` is accepted only for ``rename``).
 The corpus itself (the drifts, the drifted copies, the series' plan of each)
 is built once per test run in ``tests/support/drift.py`` and shared with
 ``tests/test_derived_vs_series.py``, which judges the derived patches on the
-same inputs. Run ``python tests/test_drift.py`` for the table of verdicts per
+same inputs. Run ``python -m tests.test_drift`` for the table of verdicts per
 patch, release and drift kind.
 """
 
@@ -59,7 +50,7 @@ from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.patches import SERIES, patch_by_id
 
-from tests.support import TARGETS, link_copy
+from tests.support import TARGETS, link_copy, snapshot
 from tests.support.drift import (
     COMMENT,
     KINDS,
@@ -532,10 +523,6 @@ def test_hand_edit_around_the_target(
     writing nothing; a vendor's own form of the fix ``applied`` and left
     alone. One fact per edit, this test's alone (the drift corpus changes
     no code, or only a name)."""
-    # Imported here: `python tests/test_drift.py` (the table) runs without
-    # the repository root on sys.path.
-    from tests.support import snapshot
-
     root = patched_copy(edit.release)
     line = hand_edit(root, edit)
     report = plan_tree(VllmTree.open(root), SERIES).report(edit.patch_id)

@@ -358,12 +358,10 @@ class DriftInput:
 
 @dataclass(frozen=True)
 class DriftSet:
-    """One patch on one release: its pristine plan and every drifted input."""
+    """One patch on one release: every drifted input."""
 
     patch_id: str
     release: str
-    pristine: Path
-    plan: Plan
     inputs: tuple[DriftInput, ...]
 
     def of_kind(self, kind: str) -> list[DriftInput]:
@@ -424,7 +422,7 @@ class DriftCorpus:
                 patch_id, release, kind, case, files, reference, root, rename
             )
             inputs.append(drift)
-        return DriftSet(patch_id, release, pristine, plan, tuple(inputs))
+        return DriftSet(patch_id, release, tuple(inputs))
 
 
 def drifts(

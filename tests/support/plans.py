@@ -28,20 +28,13 @@ class ReleasePlans:
     def __init__(self, release_root: Callable[[str], Path]) -> None:
         self._release_root = release_root
         self._plans: dict[tuple[str, frozenset[str], bool], Plan] = {}
-        #: How many plans were asked for, and how many were made (the summary).
-        self.asked = 0
 
     def __call__(
         self, version: str, selected: Iterable[str] | None = None, *, rewrite=True
     ) -> Plan:
         chosen = ALL if selected is None else frozenset(selected)
         key = (version, chosen, rewrite)
-        self.asked += 1
         if key not in self._plans:
             tree = VllmTree.open(self._release_root(version))
             self._plans[key] = plan_tree(tree, SERIES, set(chosen), rewrite=rewrite)
         return self._plans[key]
-
-    @property
-    def made(self) -> int:
-        return len(self._plans)
