@@ -309,7 +309,7 @@ def test_verify_runs_the_pull_requests_tests_and_says_what_could_not_run(
     assert "not-proven" not in row and "failed" not in row
     assert "acme#6 pristine: could not run here: no network" in text
     assert "acme#6 proof: could not run here: no network" in text
-    assert rows["acme#5"].split()[3:] == ["passed", "failed", "proven", "-", "ok"]
+    assert rows["acme#5"].split()[3:] == ["passed", "failed", "proven", "-", "proven"]
 
 
 # -- the hint of a derived patch without tests ----------------------------------------

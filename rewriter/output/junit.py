@@ -33,7 +33,11 @@ def junit_xml(report: Any) -> str:
                 tag = "failure" if imports.status == "failed" else "error"
                 ET.SubElement(element, tag, message=imports.problem[:2000])
         proof = verdict.proof
+        said = verdict.verdict
         element = case(f"proof.{version}", pid, proof.seconds if proof else 0.0)
+        # The patch's one verdict, in the words of the text and JSON.
+        properties = ET.SubElement(element, "properties")
+        ET.SubElement(properties, "property", name="verdict", value=said.word)
         # Imports, fail-to-pass and tree tests have test cases of their own.
         own = [
             p
@@ -42,9 +46,13 @@ def junit_xml(report: Any) -> str:
             and "tree test(s)" not in p
         ]
         if own:
-            failed = proof is not None and proof.status in ("failed", "passed")
+            # Partly proven: nothing failed, some of the fix was not shown.
+            failed = not said.partial and (
+                proof is not None and proof.status in ("failed", "passed")
+            )
+            message = said.text if said.partial else "; ".join(own)
             sub = ET.SubElement(
-                element, "failure" if failed else "error", message="; ".join(own)
+                element, "failure" if failed else "error", message=message[:2000]
             )
             sub.text = proof.message if proof else ""
         if verdict.pristine_state is not None and verdict.fail_to_pass:

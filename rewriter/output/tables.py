@@ -245,14 +245,11 @@ def print_verify_report(console: Console, report: Any) -> None:
         if report.pristine is not None:
             before = verdict.pristine_proof.status if verdict.pristine_proof else "-"
             cells += [_style(before, failed_ok=True), verdict.fail_to_pass or "-"]
-        problems = verdict.problems
-        verdict_cell = (
-            "[red]" + escape("; ".join(problems)) + "[/]"
-            if problems
-            else "[dim]not applicable[/]"
-            if verdict.state.value == "not-applicable"
-            else "[green]ok[/]"
-        )
+        said = verdict.verdict  # the words of JSON's and JUnit's verdict
+        colour = "green" if said.ok else "red"
+        if verdict.state.value == "not-applicable":
+            colour = "dim"
+        verdict_cell = f"[{colour}]{escape(said.text)}[/]"
         table.add_row(*cells, tests, verdict_cell)
     console.print(table)
     _print_verify_messages(console, report)

@@ -90,3 +90,38 @@ def failure_summary(message: str, limit: int = 300) -> str:
         told = [line for line in lines if any(c.isalnum() for c in line)]
         summary = " | ".join(told[-3:])
     return summary if len(summary) <= limit else summary[: limit - 1] + "…"
+
+
+#: A call or a lookup the release's code does not answer: the test was
+#: written for a later release (an argument, an attribute or a name it added).
+_RELEASE_LACKS = (
+    (
+        re.compile(r"TypeError: .*got an unexpected keyword argument '(\w+)'"),
+        "an argument",
+    ),
+    (re.compile(r"AttributeError: .*has no attribute '(\w+)'"), "an attribute"),
+    (re.compile(r"ImportError: cannot import name '(\w+)'"), "a name"),
+)
+
+
+def release_lacks(summary: str) -> str:
+    """What the release's own code lacks, where a failure's summary says a
+    test called or looked up something it does not have (``"an argument
+    ('engine_id')"``); ``""`` for any other failure."""
+    for pattern, kind in _RELEASE_LACKS:
+        match pattern.search(summary):
+            case re.Match() as found:
+                return f"{kind} ({found[1]!r})"
+    return ""
+
+
+#: A path in parentheses, as ImportError names the module's file: the trees
+#: compared live in different folders.
+_PATH_IN_PARENTHESES = re.compile(r" \((?:/|[A-Za-z]:\\)[^)]*\)")
+
+
+def same_failure(one: str, other: str) -> bool:
+    """Two failures' messages say the same, wherever their trees are."""
+    return _PATH_IN_PARENTHESES.sub("", failure_summary(one)) == (
+        _PATH_IN_PARENTHESES.sub("", failure_summary(other))
+    )

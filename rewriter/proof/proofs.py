@@ -11,7 +11,7 @@ import json
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.proof import runner
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
+from deepstack_patch.proof.results import TestCase
 
 #: Default limit for one proof process or one pytest run.
 TIMEOUT_S = 1800
@@ -54,6 +55,9 @@ class ProofResult:
     status: str
     message: str = ""
     seconds: float = 0.0
+    #: The test cases the proof ran, where it is a patch's recorded tests:
+    #: what its verdict counts (a ``prove`` of the patch's own has none).
+    cases: list[TestCase] = field(default_factory=list)
 
     def json(self) -> dict[str, Any]:
         return {"status": self.status, "message": self.message, "seconds": self.seconds}

@@ -30,12 +30,18 @@ Fail-to-pass is then the proof's: failing on the pristine tree, passing after
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.tree import link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
-from deepstack_patch.proof.failures import environment_cause, failure_summary
+from deepstack_patch.proof.failures import (
+    environment_cause,
+    failure_summary,
+    release_lacks,
+    same_failure,
+)
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.proofs import COULD_NOT_RUN, ProofResult, has_proof
 from deepstack_patch.proof.results import TestCase
@@ -146,9 +152,15 @@ def run_recorded_tests(
     return result
 
 
-def verdict(run: TestRun, patch_id: str, pristine: bool = False) -> ProofResult:
-    """The proof result of one run of a patch's recorded tests."""
-    sorted_cases = _sort_cases(run.cases, pristine)
+def verdict(
+    run: TestRun,
+    patch_id: str,
+    pristine: bool = False,
+    misfits: Mapping[str, str] | None = None,
+) -> ProofResult:
+    """The proof result of one run of a patch's recorded tests; ``misfits``:
+    the tests that do not fit this release, and why (:func:`misfits_of`)."""
+    sorted_cases = sort_cases(run.cases, pristine, misfits or {})
     summary = ", ".join(
         f"{len(cases)} {label}" for label, cases in sorted_cases.items() if cases
     )
@@ -164,14 +176,59 @@ def verdict(run: TestRun, patch_id: str, pristine: bool = False) -> ProofResult:
     failed = sorted_cases["failed"] + sorted_cases[_FAILED_AT_IMPORT]
     passed, broken = sorted_cases["passed"], sorted_cases[_NOT_IMPORTED]
     if failed:
-        return ProofResult(patch_id, "failed", message)
+        return ProofResult(patch_id, "failed", message, cases=run.cases)
     if passed and not broken:
-        return ProofResult(patch_id, "passed", message)
+        return ProofResult(patch_id, "passed", message, cases=run.cases)
     error = f"\n{run.error}" if run.error and not run.cases else ""
-    why = could_not_run_reason(sorted_cases)
+    why = could_not_run_reason(sorted_cases, misfits or {})
     return ProofResult(
-        patch_id, COULD_NOT_RUN, f"could not run here: {why}; {message}{error}"
+        patch_id,
+        COULD_NOT_RUN,
+        f"could not run here: {why}; {message}{error}",
+        cases=run.cases,
     )
+
+
+#: A recorded test that fails the same way before the fix and after it, on
+#: something the release's own code lacks: written for a later release, it
+#: shows nothing about the fix on this one, either way.
+DOES_NOT_FIT = "does not fit this release"
+
+
+def misfits_of(after: ProofResult, before: ProofResult) -> dict[str, str]:
+    """The recorded tests that do not fit this release, each with what the
+    release lacks: they fail on the patched and the pristine tree alike (the
+    fix did not change the failure), on a call or a lookup the release's
+    code does not answer (``failures.release_lacks``)."""
+    on_pristine = {case.nodeid: case for case in before.cases}
+    found = {}
+    for case in after.cases:
+        match case, on_pristine.get(case.nodeid):
+            case TestCase(outcome="failed" | "error"), TestCase(
+                outcome="failed" | "error"
+            ) as other if same_failure(case.message, other.message):
+                lacks = release_lacks(failure_summary(case.message))
+                if lacks and not environment_cause(case.message):
+                    found[case.nodeid] = lacks
+    return found
+
+
+def fit_to_release(
+    patch: Patch, after: ProofResult, before: ProofResult
+) -> tuple[ProofResult, ProofResult]:
+    """The recorded tests' results on both trees judged again without the
+    tests that do not fit this release (:func:`misfits_of`): neither a
+    failure of the fix nor the bug shown on the pristine tree."""
+    misfits = misfits_of(after, before)
+    if not misfits:
+        return after, before
+    judged = []
+    for result, pristine in ((after, False), (before, True)):
+        again = verdict(TestRun([], cases=result.cases), patch.id, pristine, misfits)
+        again.message += left_out(patch)
+        again.seconds = result.seconds
+        judged.append(again)
+    return judged[0], judged[1]
 
 
 #: On the pristine tree: a test that cannot import the tree's code it tests
@@ -181,14 +238,18 @@ _FAILED_AT_IMPORT = "failed at import"
 _NOT_IMPORTED = "could not import vLLM's code"
 
 
-def _sort_cases(cases: list[TestCase], pristine: bool) -> dict[str, list[TestCase]]:
+def sort_cases(
+    cases: list[TestCase], pristine: bool, misfits: Mapping[str, str]
+) -> dict[str, list[TestCase]]:
     """The cases by what they say about the fix, in the order they are told."""
     labels = ("passed", "failed", _FAILED_AT_IMPORT, _NOT_IMPORTED)
     found: dict[str, list[TestCase]] = {label: [] for label in labels}
-    found["could not run"], found["skipped"] = [], []
+    found["could not run"], found["skipped"], found[DOES_NOT_FIT] = [], [], []
     for case in cases:
         cause = environment_cause(case.message)
         match case.outcome:
+            case _ if case.nodeid in misfits:
+                found[DOES_NOT_FIT].append(case)
             case "passed" | "skipped":
                 found[case.outcome].append(case)
             case "failed" | "error" if cause:
@@ -200,11 +261,16 @@ def _sort_cases(cases: list[TestCase], pristine: bool) -> dict[str, list[TestCas
     return found
 
 
-def could_not_run_reason(sorted_cases: dict[str, list[TestCase]]) -> str:
+def could_not_run_reason(
+    sorted_cases: dict[str, list[TestCase]], misfits: Mapping[str, str]
+) -> str:
     """Why none of the recorded tests could run here, in a few words."""
     causes = dict.fromkeys(
         environment_cause(case.message) for case in sorted_cases["could not run"]
     )
+    for case in sorted_cases[DOES_NOT_FIT]:
+        why = f"it uses {misfits[case.nodeid]} the release's own code lacks"
+        causes[f"{DOES_NOT_FIT} ({why}, the same before the fix)"] = None
     if sorted_cases[_NOT_IMPORTED]:
         causes["a test cannot import vLLM's code"] = None
     if sorted_cases["skipped"]:
