@@ -16,6 +16,7 @@ trees, as tests/test_recorded_test_words.py does.
 
 from __future__ import annotations
 
+import copy
 import io
 import sys
 import xml.etree.ElementTree as ET
@@ -231,6 +232,10 @@ def test_verdicts_on_derived_patches_in_text_json_and_junit(tmp_path: Path) -> N
 
     document = verify_json(report)
     assert errors("verify", document) == []
+    unsaid = copy.deepcopy(document)
+    unsaid["patches"][0]["verdict"]["word"] = "ok"  # not one of the words
+    del unsaid["patches"][1]["verdict"]
+    assert len(errors("verify", unsaid)) == 2, errors("verify", unsaid)
     patches = {p["id"]: p for p in document["patches"]}
     assert patches["acme#10"]["ok"] is False
     assert patches["acme#10"]["verdict"]["word"] == "partly proven"
@@ -431,3 +436,58 @@ def test_built_in_fixes_keep_their_verdicts() -> None:
         not_shown.verdict.word,
         needed.verdict.word,
     } <= set(WORDS)
+
+
+#: acme#13 is carried on top of another fix (which adds ``check`` to
+#: ``vllm/helpers.py``): drifted on the release as released, where its
+#: recorded tests still run, to tell those that fail alike before the fix.
+HELPERS = "def other():\n    return 0\n"
+CHECKED = HELPERS + "\n\ndef check(size):\n    return size\n"
+CARRIED = REGION
+CARRIED_FIXED = "from vllm.helpers import check\n\n\n" + REGION.replace(
+    "self.size = size", "self.size = check(size)"
+)
+
+
+def test_a_fix_drifted_on_the_pristine_tree_tells_tests_that_do_not_fit(
+    tmp_path: Path,
+) -> None:
+    from deepstack_patch.proof import envs, verify
+
+    def tree(root: Path, helpers: str) -> Path:
+        (root / "vllm").mkdir(parents=True)
+        (root / "vllm" / "__init__.py").write_text("")
+        (root / "vllm" / "helpers.py").write_text(helpers)
+        (root / "vllm" / "carried.py").write_text(CARRIED)
+        (root / "PKG-INFO").write_text(
+            "Metadata-Version: 2.4\nName: vllm\nVersion: 0.20.2\n"
+        )
+        return root
+
+    base = tree(tmp_path / "base", CHECKED)  # the other fix's result upstream
+    pristine = tree(tmp_path / "pristine", HELPERS)
+    fixed = tree(tmp_path / "fixed", CHECKED)  # the other fix carried
+    diff = git_diff("vllm/carried.py", CARRIED, CARRIED_FIXED) + git_diff(
+        "tests/test_carried.py", "", SHM_TEST.replace("vllm.shm", "vllm.carried")
+    )
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    made = derive_patch_from_text(diff, VllmTree.open(base), "acme#13")
+    write_derived(made.patch, folder)
+    series = assemble_series(SERIES, patches_from_folder(folder))
+    apply_tree(VllmTree.open(fixed), series, {"acme#13"}, WRITE)
+    report = verify.verify_tree(
+        VllmTree.open(fixed),
+        series,
+        {"acme#13"},
+        envs.ProofEnv(Path(sys.executable)),
+        TARGETS,
+        pristine=VllmTree.open(pristine),
+    )
+    (carried,) = report.verdicts
+    assert carried.pristine_state is PatchState.DRIFTED
+    assert carried.pristine_proof is not None  # its tests ran there too
+    assert carried.proof.status == "could-not-run", carried.proof.message
+    assert carried.verdict.word == "not verified"
+    assert "does not fit this release" in carried.verdict.text
+    assert not any("proof failed" in problem for problem in carried.problems)

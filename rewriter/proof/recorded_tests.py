@@ -23,6 +23,11 @@ The verdict reads like a proof's:
   failed or could not import what the fix adds (the bug shows), ``passed``
   when they all passed, ``could-not-run`` when none could run.
 
+With both trees, a recorded test that fails the same way on each, on an
+argument, an attribute or a name the release's own code lacks, was written
+for a later release: it *does not fit this release* (:func:`fit_to_release`)
+and counts on neither side, as a test that could not run.
+
 Fail-to-pass is then the proof's: failing on the pristine tree, passing after
 ``apply``. Nothing here names a fix.
 """
