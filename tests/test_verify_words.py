@@ -214,8 +214,8 @@ def test_verdicts_on_derived_patches_in_text_json_and_junit(tmp_path: Path) -> N
     assert shm.proof.status == "could-not-run", shm.proof.message
     assert shm.verdict.text == (
         "not verified: could not run here: does not fit this release (it uses "
-        "an argument ('engine_id') the release's own code lacks, the same before "
-        "the fix); recorded tests: 1 does not fit this release"
+        "an argument ('engine_id') the release's own code lacks and the fix does "
+        "not change); recorded tests: 1 does not fit this release"
     )
     assert "failed" not in " ".join(shm.problems)
     assert report.exit_code == 1
@@ -275,14 +275,16 @@ def test_verdicts_on_derived_patches_in_text_json_and_junit(tmp_path: Path) -> N
     assert proofs["acme#12"].find("failure") is None
 
 
-def test_without_a_pristine_tree_passing_tests_say_passed(tmp_path: Path) -> None:
+def test_without_a_pristine_tree(tmp_path: Path) -> None:
     report = verified(tmp_path, pristine=False)
     partly, region, shm = report.verdicts
     assert partly.verdict.word == "partly proven"
-    # Without the pristine tree nothing tells a test that does not fit from a
-    # failure of the fix.
-    assert region.proof.status == "failed" and region.verdict.word == "failed"
-    assert shm.verdict.word == "failed"
+    # The fix's edits tell a test that does not fit without the pristine tree.
+    assert region.proof.status == "passed", region.proof.message
+    assert region.verdict.text == (
+        "passed: fail-to-pass not checked (no --against-pristine)"
+    )
+    assert shm.proof.status == "could-not-run" and shm.verdict.word == "not verified"
 
 
 # -- the verdict from synthetic outcomes -------------------------------------------
@@ -292,42 +294,62 @@ def case(nodeid: str, outcome: str, message: str = "") -> TestCase:
     return TestCase(nodeid, outcome, message)
 
 
-def test_a_test_that_does_not_fit_fails_alike_on_what_the_release_lacks() -> None:
+def test_does_not_fit_is_what_the_release_lacks_and_the_fix_does_not_change() -> None:
+    from deepstack_patch.engine.derived import DerivedPatch
+    from deepstack_patch.engine.derived.data import Edit, Unit
+
+    edit = Edit("body", removed="self.size = size\n", inserted="check(size)\n")
+    unit = Unit("vllm/region.py", "method", "Region.__init__", "", "", (edit,))
+    derived = DerivedPatch(
+        id="acme#20", title="t", symptom="", base="0.20.2",
+        paths=["vllm/region.py"], units=[unit],
+    )  # fmt: skip
     lacks = "E   TypeError: X.__init__() got an unexpected keyword argument 'engine_id'"
     attribute = "E   AttributeError: 'X' object has no attribute 'engine'"
+    added = "E   AttributeError: <module 'vllm.region'> has no attribute 'check'"
     wrong = "E   AssertionError: assert 41 == 42"
     name = "E   ImportError: cannot import name 'y' from 'vllm.z' (/tmp/a/vllm/z.py)"
-    other_name = name.replace("/tmp/a/", "/tmp/b/")
+    offline = "E   ModuleNotFoundError: No module named 'multiprocess'"
     after = ProofResult(
         "p",
         "failed",
         cases=[
             case("t.py::lacks", "failed", lacks),
             case("t.py::attribute", "failed", attribute),
+            case("t.py::added", "failed", added),
             case("t.py::wrong", "failed", wrong),
-            case("t.py::fixed", "failed", lacks),
             case("t.py::name", "error", name),
+            case("t.py::offline", "error", offline),
+            case("t.py::passes", "passed"),
         ],
     )
+    # A name the fix's edits name is the fix's (what it adds, absent on the
+    # pristine tree, shows the bug); an assertion is the fix's failure.
+    lacking = "the release's own code lacks and the fix does not change"
+    assert misfits_of(derived, after) == {
+        "t.py::lacks": f"an argument ('engine_id') {lacking}",
+        "t.py::attribute": f"an attribute ('engine') {lacking}",
+        "t.py::name": f"a name ('y') {lacking}",
+    }
+    # A patch that does not say what it changes: only a test that fails the
+    # same way on the pristine tree (wherever that tree is) does not fit.
+    written = SERIES[0]
+    assert misfits_of(written, after) == {}
     before = ProofResult(
         "p",
         "failed",
         cases=[
             case("t.py::lacks", "failed", lacks),
-            case("t.py::attribute", "failed", attribute),
-            case("t.py::wrong", "failed", wrong),
-            case("t.py::fixed", "passed"),
-            case("t.py::name", "error", other_name),
+            case("t.py::attribute", "passed"),
+            case("t.py::name", "error", name.replace("/tmp/a/", "/tmp/b/")),
         ],
     )
-    # An assertion failing alike is the fix's failure; a test that passed
-    # before the fix and fails after it is a regression, not a misfit.
-    assert misfits_of(after, before) == {
-        "t.py::lacks": "an argument ('engine_id')",
-        "t.py::attribute": "an attribute ('engine')",
-        "t.py::name": "a name ('y')",
+    alike = "the release's own code lacks, failing the same way before the fix"
+    assert misfits_of(written, after, before) == {
+        "t.py::lacks": f"an argument ('engine_id') {alike}",
+        "t.py::name": f"a name ('y') {alike}",
     }
-    assert release_lacks("AssertionError: assert 1 == 2") == ""
+    assert release_lacks("AssertionError: assert 1 == 2") is None
 
 
 def test_changed_files_are_matched_with_tests_by_import_and_by_name() -> None:
@@ -439,8 +461,8 @@ def test_built_in_fixes_keep_their_verdicts() -> None:
 
 
 #: acme#13 is carried on top of another fix (which adds ``check`` to
-#: ``vllm/helpers.py``): drifted on the release as released, where its
-#: recorded tests still run, to tell those that fail alike before the fix.
+#: ``vllm/helpers.py``), as vllm#50358 on vllm#48879: drifted on the release
+#: as released, so its recorded tests run on the patched tree alone.
 HELPERS = "def other():\n    return 0\n"
 CHECKED = HELPERS + "\n\ndef check(size):\n    return size\n"
 CARRIED = REGION
@@ -449,7 +471,7 @@ CARRIED_FIXED = "from vllm.helpers import check\n\n\n" + REGION.replace(
 )
 
 
-def test_a_fix_drifted_on_the_pristine_tree_tells_tests_that_do_not_fit(
+def test_a_fix_drifted_on_the_pristine_tree_tells_a_test_that_does_not_fit(
     tmp_path: Path,
 ) -> None:
     from deepstack_patch.proof import envs, verify
@@ -486,7 +508,7 @@ def test_a_fix_drifted_on_the_pristine_tree_tells_tests_that_do_not_fit(
     )
     (carried,) = report.verdicts
     assert carried.pristine_state is PatchState.DRIFTED
-    assert carried.pristine_proof is not None  # its tests ran there too
+    assert carried.pristine_proof is None
     assert carried.proof.status == "could-not-run", carried.proof.message
     assert carried.verdict.word == "not verified"
     assert "does not fit this release" in carried.verdict.text

@@ -104,15 +104,15 @@ _RELEASE_LACKS = (
 )
 
 
-def release_lacks(summary: str) -> str:
+def release_lacks(summary: str) -> tuple[str, str] | None:
     """What the release's own code lacks, where a failure's summary says a
-    test called or looked up something it does not have (``"an argument
-    ('engine_id')"``); ``""`` for any other failure."""
+    test called or looked up something it does not have: its kind and name
+    (``("an argument", "engine_id")``); None for any other failure."""
     for pattern, kind in _RELEASE_LACKS:
         match pattern.search(summary):
             case re.Match() as found:
-                return f"{kind} ({found[1]!r})"
-    return ""
+                return kind, found[1]
+    return None
 
 
 #: A path in parentheses, as ImportError names the module's file: the trees

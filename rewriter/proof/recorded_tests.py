@@ -23,10 +23,10 @@ The verdict reads like a proof's:
   failed or could not import what the fix adds (the bug shows), ``passed``
   when they all passed, ``could-not-run`` when none could run.
 
-With both trees, a recorded test that fails the same way on each, on an
-argument, an attribute or a name the release's own code lacks, was written
-for a later release: it *does not fit this release* (:func:`fit_to_release`)
-and counts on neither side, as a test that could not run.
+A recorded test that fails on an argument, an attribute or a name the
+release's own code lacks, which the fix does not change, was written for a
+later release: it *does not fit this release* (:func:`fit_to_release`) and
+counts on neither tree, as a test that could not run.
 
 Fail-to-pass is then the proof's: failing on the pristine tree, passing after
 ``apply``. Nothing here names a fix.
@@ -34,6 +34,7 @@ Fail-to-pass is then the proof's: failing on the pristine tree, passing after
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -194,46 +195,77 @@ def verdict(
     )
 
 
-#: A recorded test that fails the same way before the fix and after it, on
-#: something the release's own code lacks: written for a later release, it
-#: shows nothing about the fix on this one, either way.
+#: A recorded test that fails on something the release's own code lacks and
+#: the fix does not change: written for a later release, it shows nothing
+#: about the fix on this one, either way.
 DOES_NOT_FIT = "does not fit this release"
 
 
-def misfits_of(after: ProofResult, before: ProofResult) -> dict[str, str]:
-    """The recorded tests that do not fit this release, each with what the
-    release lacks: they fail on the patched and the pristine tree alike (the
-    fix did not change the failure), on a call or a lookup the release's
-    code does not answer (``failures.release_lacks``)."""
-    on_pristine = {case.nodeid: case for case in before.cases}
+def misfits_of(
+    patch: Patch, after: ProofResult, before: ProofResult | None = None
+) -> dict[str, str]:
+    """The recorded tests that do not fit this release, each with why: on the
+    patched tree (``after``) a test fails on an argument, an attribute or a
+    name the release's code lacks (``failures.release_lacks``), and the fix
+    does not change it: none of the patch's edits names it (a derived patch),
+    or, for a patch that does not say what it changes, the test fails the
+    same way on the pristine tree (``before``)."""
+    edited = _edited_text(patch)
+    on_pristine = {case.nodeid: case for case in before.cases} if before else {}
     found = {}
     for case in after.cases:
-        match case, on_pristine.get(case.nodeid):
-            case TestCase(outcome="failed" | "error"), TestCase(
-                outcome="failed" | "error"
-            ) as other if same_failure(case.message, other.message):
-                lacks = release_lacks(failure_summary(case.message))
-                if lacks and not environment_cause(case.message):
-                    found[case.nodeid] = lacks
+        if case.outcome not in ("failed", "error") or environment_cause(case.message):
+            continue
+        lacks = release_lacks(failure_summary(case.message))
+        if lacks is None:
+            continue
+        kind, name = lacks
+        what = f"{kind} ({name!r}) the release's own code lacks"
+        other = on_pristine.get(case.nodeid)
+        if edited is not None and not re.search(rf"\b{re.escape(name)}\b", edited):
+            found[case.nodeid] = f"{what} and the fix does not change"
+        elif edited is None and other and same_failure(case.message, other.message):
+            found[case.nodeid] = f"{what}, failing the same way before the fix"
     return found
 
 
+def _edited_text(patch: Patch) -> str | None:
+    """Everything a derived patch's edits remove and insert (statements and
+    headers); None for a patch that does not say what it changes."""
+    units = getattr(patch, "units", None)
+    if units is None:
+        return None
+    return "\n".join(
+        text
+        for unit in units
+        for edit in unit.edits
+        for text in (
+            edit.removed,
+            edit.inserted,
+            edit.header_before,
+            edit.header_after,
+        )
+    )
+
+
 def fit_to_release(
-    patch: Patch, after: ProofResult, before: ProofResult
-) -> tuple[ProofResult, ProofResult]:
-    """The recorded tests' results on both trees judged again without the
-    tests that do not fit this release (:func:`misfits_of`): neither a
-    failure of the fix nor the bug shown on the pristine tree."""
-    misfits = misfits_of(after, before)
+    patch: Patch, after: ProofResult, before: ProofResult | None
+) -> tuple[ProofResult, ProofResult | None]:
+    """The recorded tests' results on the tree (and the pristine tree)
+    judged again without the tests that do not fit this release
+    (:func:`misfits_of`): neither a failure of the fix nor the bug shown on
+    the pristine tree."""
+    misfits = misfits_of(patch, after, before)
     if not misfits:
         return after, before
-    judged = []
-    for result, pristine in ((after, False), (before, True)):
-        again = verdict(TestRun([], cases=result.cases), patch.id, pristine, misfits)
-        again.message += left_out(patch)
-        again.seconds = result.seconds
-        judged.append(again)
-    return judged[0], judged[1]
+
+    def again(result: ProofResult, pristine: bool) -> ProofResult:
+        judged = verdict(TestRun([], cases=result.cases), patch.id, pristine, misfits)
+        judged.message += left_out(patch)
+        judged.seconds = result.seconds
+        return judged
+
+    return again(after, False), again(before, True) if before else None
 
 
 #: On the pristine tree: a test that cannot import the tree's code it tests
@@ -274,8 +306,7 @@ def could_not_run_reason(
         environment_cause(case.message) for case in sorted_cases["could not run"]
     )
     for case in sorted_cases[DOES_NOT_FIT]:
-        why = f"it uses {misfits[case.nodeid]} the release's own code lacks"
-        causes[f"{DOES_NOT_FIT} ({why}, the same before the fix)"] = None
+        causes[f"{DOES_NOT_FIT} (it uses {misfits[case.nodeid]})"] = None
     if sorted_cases[_NOT_IMPORTED]:
         causes["a test cannot import vLLM's code"] = None
     if sorted_cases["skipped"]:

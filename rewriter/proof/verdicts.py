@@ -173,9 +173,7 @@ class PatchVerdict:
         patch proven by them whose tests ran here; else empty."""
         if not proven_by_recorded_tests(self.patch) or self.proof is None:
             return []
-        misfits = (
-            misfits_of(self.proof, self.pristine_proof) if self.pristine_proof else {}
-        )
+        misfits = misfits_of(self.patch, self.proof, self.pristine_proof)
         return changed_files_exercised(
             self.changed_files, self.patch.recorded_tests, self.proof.cases, misfits
         )
@@ -303,8 +301,8 @@ class PatchVerdict:
         kinds = {kind for kind, _ in problems}
         cases = self.proof.cases if self.proof else []
         misfits = (
-            misfits_of(self.proof, self.pristine_proof)
-            if self.proof and self.pristine_proof
+            misfits_of(self.patch, self.proof, self.pristine_proof)
+            if self.proof
             else {}
         )
         recorded = tuple(

@@ -316,8 +316,8 @@ def verify_tree(
         verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
         verdict.pristine_proof = proofs_before.get(verdict.patch.id)
         verdict.tests = cpu_run.cases_of(verdict.patch.id)
-        if verdict.proof and verdict.pristine_proof:
-            # A recorded test written for a later release fails alike on both.
+        if verdict.proof and verdict.proof.cases:
+            # A recorded test written for a later release: not the fix's failure.
             verdict.proof, verdict.pristine_proof = fit_to_release(
                 verdict.patch, verdict.proof, verdict.pristine_proof
             )
@@ -353,12 +353,7 @@ def _recorded_runs(
         if not proven_by_recorded_tests(patch):
             continue
         trees = [(tree, False)] if _provable(verdict.state) else []
-        # Drifted there (it is carried on top of another fix the release
-        # lacks): its tests still tell those that fail alike before the fix.
-        before = verdict.pristine_state
-        if pristine is not None and (
-            _provable(before) or (trees and before is PatchState.DRIFTED)
-        ):
+        if pristine is not None and _provable(verdict.pristine_state):
             trees.append((pristine, True))
         for on, is_pristine in trees:
             where = "pristine " if is_pristine else ""
