@@ -421,6 +421,23 @@ def test_no_regression_from_the_tests_of_the_changed_units() -> None:
     assert nothing.verdict.word == "not verified"
 
 
+def test_not_verified_says_why_whatever_kept_it_from_being_shown() -> None:
+    from deepstack_patch.proof.imports import ImportStage, ModuleImport
+
+    patch = SERIES[0]
+    unknown = ModuleImport("vllm.c", "vllm/c.py", "ImportError: y", None)
+    verdict = PatchVerdict(patch, PatchState.APPLIED, "")
+    verdict.imports = ImportStage([unknown])
+    verdict.proof = ProofResult(patch.id, "passed", "recorded tests: 1 passed")
+    # Its tests passed, but its module's import proves nothing either way:
+    # the stage's words, never the proof's "1 passed" as if that were why.
+    assert verdict.verdict.word == "not verified"
+    assert verdict.verdict.why == verdict.imports.problem
+    assert verdict.verdict.why.startswith("import stage not provable: ")
+    verdict.proof = ProofResult(patch.id, "could-not-run", "could not run here: x\ny")
+    assert verdict.verdict.why == "could not run here: x"
+
+
 def test_built_in_fixes_keep_their_verdicts() -> None:
     """A fix with a proof of its own: the same ok and problems as before,
     and the word its fail-to-pass says."""

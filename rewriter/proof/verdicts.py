@@ -332,8 +332,11 @@ class PatchVerdict:
                 f"tests: {counts}); not exercised: {not_exercised}",
             )
         if "unshown" in kinds:
-            first = self.proof.message.splitlines()[0] if self.proof else ""
-            return said(NOT_VERIFIED, first or every)
+            # Why its own tests did not run, in the proof's first line.
+            ran = not self._nothing_of_its_own_ran or not self.proof.message
+            return said(
+                NOT_VERIFIED, every if ran else self.proof.message.split("\n")[0]
+            )
         if self._nothing_of_its_own_ran and self._no_regression:
             assert self.unit_tests is not None
             return said(
