@@ -229,6 +229,31 @@ def test_the_type_checker_sees_the_attribute_an_earlier_patch_adds(
     assert (tree.root / "vllm/alpha.py").read_text() == USE_FIXED
 
 
+#: local#strict gives ``Ring`` a parameter that local#passes passes (as
+#: vllm#41061 gives ``DeepseekV4DecoderLayer`` the ``aux_stream_list`` that
+#: vllm#41171 passes).
+RING_STRICT = RING.replace("size):", "size, strict=False):")
+PASS = USE.replace("Ring(size)", "Ring(size, strict=True)")
+
+
+def test_ty_s_verdict_names_the_patch_that_adds_the_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
+    tree = whole_tree(tmp_path / "tree", {"vllm/zshm.py": RING, "vllm/alpha.py": USE})
+    strict = derived("local#strict", "vllm/zshm.py", RING, RING_STRICT)
+    passes = derived("local#passes", "vllm/alpha.py", USE, PASS)
+    alone = plan_tree(tree, [strict, passes], {"local#passes"}, rewrite=False)
+    report = alone.report("local#passes")
+    assert report.state is PatchState.DRIFTED
+    assert "[unknown-argument]" in report.reason
+    assert report.reason.endswith(
+        "; local#strict, earlier in the series, adds `strict`: select local#strict too"
+    )
+    both = plan_tree(tree, [strict, passes], rewrite=False)
+    assert both.report("local#passes").state is PatchState.NEEDED
+
+
 def test_the_type_checker_s_folder_never_writes_through_into_the_tree(
     tmp_path: Path,
 ) -> None:

@@ -109,9 +109,12 @@ def settle_runtime(
     package = _package(context)
     modules = _module_names(context, path) | _imported_names(added_imports(patch, path))
     # ty's words first: they name the type (``ModelConfig.is_diffusion``).
-    why = typed_problem(
-        patch, units, states, path, context, package
-    ) or undefined_attribute(patch, needed, modules, package, context)
+    why = typed_problem(patch, units, states, path, context, package)
+    if why:  # cached without the series' words: they depend on the series
+        named = _NAMED.search(why)
+        why += _defined_elsewhere(context, patch, named[1]) if named else ""
+    else:
+        why = undefined_attribute(patch, needed, modules, package, context)
     if not why:
         return states
     return {  # the detail tells verify's runtime stage (proof/runtime_stage.py)
@@ -122,6 +125,11 @@ def settle_runtime(
         else state
         for part, state in states.items()
     }
+
+
+#: The name a "cannot run" diagnostic of ty is about: a missing attribute or
+#: member, an argument the callee does not take, a name not defined.
+_NAMED = re.compile(r"(?:has no (?:attribute|member)|Argument|Name) `(\w+)`")
 
 
 def package_is_whole(context: TreeContext) -> bool:
