@@ -161,6 +161,22 @@ def test_a_patch_later_in_the_series_is_named_with_the_order_to_apply(
     )
 
 
+def test_an_earlier_patch_that_drifted_is_named_with_its_state_to_see(
+    tmp_path: Path,
+) -> None:
+    tree = whole_tree(
+        tmp_path,
+        {"vllm/zshm.py": RING.replace("= size", "= size * 2"), "vllm/alpha.py": MAKE},
+    )
+    plan = plan_tree(tree, [ADDS, needs()], rewrite=False)
+    assert plan.report("local#adds").state is PatchState.DRIFTED
+    assert plan.report("local#needs").part_state("vllm/alpha.py::make")[1] == (
+        "the fix needs `check_free` from `vllm.zshm`, which this release lacks; "
+        "local#adds, earlier in the series, adds `check_free`, but has not added "
+        "it here (see its state)"
+    )
+
+
 def test_no_patch_adds_it_and_the_reason_says_nothing_more(tmp_path: Path) -> None:
     other = derived("local#other", "vllm/zshm.py", RING, RING + "\n\nLIMIT = 4\n")
     plan = plan_tree(ring_tree(tmp_path), [other, needs()], rewrite=False)

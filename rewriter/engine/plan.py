@@ -37,6 +37,7 @@ from deepstack_patch.engine.reading import (
 )
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.requirements import Selection, block_unmet_requirements
+from deepstack_patch.engine.series import series_segments
 from deepstack_patch.engine.source import SourceFile, code_lines
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.engine.whole import refuse_partial_patches
@@ -192,19 +193,6 @@ def _plan(
     return Plan(tree=tree, reports=list(reports.values()), edits=planning.all_edits())
 
 
-def series_segments(series: Sequence[Patch]) -> list[list[Patch]]:
-    """The series cut before every patch that reads other files of the tree
-    than its own (``reads_tree``: a derived patch), so that it is planned
-    after every earlier patch, in all files: the built-in series, which
-    reads no other file, stays one segment."""
-    segments: list[list[Patch]] = [[]]
-    for patch in series:
-        if getattr(patch, "reads_tree", False) and segments[-1]:
-            segments.append([])
-        segments[-1].append(patch)
-    return [segment for segment in segments if segment]
-
-
 @dataclass
 class _Planning:
     """A series being planned, segment by segment (:func:`series_segments`):
@@ -228,9 +216,11 @@ class _Planning:
         """Recognise (and with ``rewrite`` rewrite) ``patches`` in their files;
         lay what they rewrote over the tree the next segment reads.
         ``read_later``: a later segment reads the tree, so a needed patch
-        that reads it too is rewritten even without ``rewrite``."""
+        that reads it too is rewritten even without ``rewrite``, and a file
+        a drifted patch rewrote in part is read there as it was (``apply``
+        writes nothing of it)."""
         root = str(self.tree.root)
-        laid: dict[str, bytes] = {}
+        edits: list[FileEdit] = []
         for relpath in sorted(set().union(*(self.files_of[p.id] for p in patches))):
             touching = [p for p in patches if relpath in self.files_of[p.id]]
             source = self.current.get(relpath) or SourceFile(
@@ -255,14 +245,23 @@ class _Planning:
                 self.reports[patch.id].locations.extend(
                     Location(relpath, f) for f in findings
                 )
-            if edit is not None:
-                self.current[relpath] = SourceFile(relpath, edit.new)
-                laid[relpath] = edit.new
-                if rewrite:  # else computed for a later segment only
-                    self._add(edit)
+            edits += [edit] if edit is not None else []
+        drifted = {
+            p.id
+            for p in patches
+            if read_later
+            and any(
+                loc.state is PatchState.DRIFTED for loc in self.reports[p.id].locations
+            )
+        }
+        kept = [edit for edit in edits if not drifted.intersection(edit.patch_ids)]
+        for edit in kept:
+            self.current[edit.relpath] = SourceFile(edit.relpath, edit.new)
+            if rewrite:  # else computed for a later segment only
+                self._add(edit)
         context = tree_context()
         if context is not None:
-            context.lay_over(laid)
+            context.lay_over({edit.relpath: edit.new for edit in kept})
 
     def _add(self, edit: FileEdit) -> None:
         """``edit`` after what the earlier segments did to its file."""
@@ -318,9 +317,9 @@ def _plan_file(
             note_source(relpath, current.raw)  # what its runtime check rewrites
         findings = patch.recognise(current.ast, relpath)
         needed = [f for f in findings if f.state is PatchState.NEEDED]
-        # Without writing nothing is rewritten: a patch that requires
+        # Without writing nothing is rewritten (a patch that requires
         # another also recognises its target on the shape before the
-        # requirement's rewrite, so status never imports LibCST.
+        # requirement's rewrite), but for a derived patch a later one reads.
         if needed and patch.id in selected and (rewrite or read_later and reads_tree):
             rewritten = True
             try:
