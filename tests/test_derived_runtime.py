@@ -462,19 +462,22 @@ def test_each_kind_drifts_named_alike_on_the_whole_and_the_partial_release(
     whole vllm package) as on the whole tree, ``apply`` writes nothing, and a
     right fix of the same shape stays needed."""
     release = release_tree("0.20.2")
-    folder = tmp_path / "patches"
+    folder, last = tmp_path / "patches", tmp_path / "last"
     folder.mkdir()
+    last.mkdir()
     patches = []
     for patch_id, (path, old, new, _reason) in CASES.items():
         before = (release / path).read_text()
         assert before.count(old) >= 1, patch_id
         patches.append(patch_of(patch_id, path, before, before.replace(old, new, 1)))
-        write_derived(patches[-1], folder)
+        # local#right changes what local#typed changes: last in the series
+        # (as in this list), local#typed is judged on the file as it is.
+        write_derived(patches[-1], last if patch_id == "local#right" else folder)
     work = tmp_path / "work"  # no ./vllm-0.20.2 here: the cache's partial tree
     work.mkdir()
     status = subprocess.run(
         [sys.executable, "-m", "deepstack_patch", "status", "--release", "0.20.2"]
-        + ["--patches", str(folder), "--format", "json"]
+        + ["--patches", str(folder), "--patches", str(last), "--format", "json"]
         + [f"--only={patch_id}" for patch_id in CASES],
         capture_output=True,
         text=True,

@@ -3,8 +3,13 @@
 Nothing is written here. Each candidate file is read once; its CPython ast is
 built once per distinct content; the file is handed to every patch that
 touches it, in series order, so a patch sees the code as the patches before it
-left it. A rewrite is kept only if the patch recognises its own output as
-``applied`` and the change stays inside the lines its findings claimed.
+left it. A patch that reads other files of the tree (a derived patch: the
+names its fix imports, what it reads at run time) sees them as the patches
+before it left them too: the series is planned in segments, each beginning
+at such a patch, and what a segment rewrote is laid over the tree the next
+one reads (:mod:`deepstack_patch.engine.context`). A rewrite is kept only if
+the patch recognises its own output as ``applied`` and the change stays
+inside the lines its findings claimed.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from deepstack_patch.engine.context import note_source, recognising_in, tree_context
 from deepstack_patch.engine.errors import DeepstackError, RewriteRefused
 from deepstack_patch.engine.protocol import (
     Finding,
@@ -24,10 +30,16 @@ from deepstack_patch.engine.protocol import (
     PatchReport,
     PatchState,
 )
+from deepstack_patch.engine.reading import (
+    check_inside,
+    read_candidate,
+    refuse_unrecognised_tree,
+)
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.requirements import Selection, block_unmet_requirements
+from deepstack_patch.engine.series import series_segments
 from deepstack_patch.engine.source import SourceFile, code_lines
-from deepstack_patch.engine.tree import VllmTree, note_source, recognising_in
+from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.engine.whole import refuse_partial_patches
 
 
@@ -112,7 +124,10 @@ def plan_tree(
     With ``rewrite=False`` (status, ``apply --check``) nothing is rewritten:
     every patch is recognised on the file as the tree has it, and a patch
     that requires another (see ``Patch.requires``) recognises its target on
-    the shape before that requirement's rewrite as well as after it.
+    the shape before that requirement's rewrite as well as after it. The
+    exception is a needed patch that reads the tree (a derived one) with
+    another such patch after it: its rewrite is computed, never returned,
+    so that the later one is judged on the code as ``apply`` would leave it.
 
     With a ``cache`` (see :mod:`deepstack_patch.engine.cache`) a file whose
     exact bytes were recognised before by the same code is not parsed again,
@@ -121,8 +136,12 @@ def plan_tree(
     if selected is None:
         selected = {patch.id for patch in series}
     # Recognition may read other files of the tree (a derived patch checks
-    # the names its fix imports: engine/derived/names.py).
-    with _without_cycle_collection(), recognising_in(tree.root):
+    # the names its fix imports: engine/derived/names.py), as the earlier
+    # patches leave them, and rewrites a file to check it (runtime.py).
+    with (
+        _without_cycle_collection(),
+        recognising_in(tree.root, series, selected, rewritten_bytes),
+    ):
         return _plan(tree, series, selected, rewrite, progress, cache)
 
 
@@ -163,52 +182,102 @@ def _plan(
     }
     for patch in series:  # where a part's file is absent, its report says so
         reports[patch.id].tree_files = frozenset(files_of[patch.id])
-    candidates = sorted(set().union(*files_of.values()))
-    edits: list[FileEdit] = []
-    real_dirs: dict[str, str] = {}
-    root = str(tree.root)
-    for relpath in candidates:
-        touching = [p for p in series if relpath in files_of[p.id]]
-        raw = _read(root, relpath)
-        # Patches share markers (vllm#40932 and vllm#43617): search each once.
-        present = {m: m in raw for m in {m for p in touching for m in p.markers}}
-        touching = [p for p in touching if any(present[m] for m in p.markers)]
-        if not touching:
-            continue
-        # Only files a patch may rewrite must live inside the tree; checking
-        # just these keeps a status run to one realpath per folder.
-        _check_inside(tree, relpath, real_dirs)
-        if progress:
-            progress(relpath)
-        found, edit = _plan_file(
-            SourceFile(relpath, raw), touching, selected, rewrite, cache
-        )
-        for patch, findings in zip(touching, found, strict=True):
-            reports[patch.id].locations.extend(Location(relpath, f) for f in findings)
-        if edit is not None:
-            edits.append(edit)
+    planning = _Planning(tree, files_of, reports, selected, cache, progress)
+    segments = series_segments(series)
+    for index, segment in enumerate(segments):
+        # Status computes a derived patch's rewrite only where one reads it.
+        planning.plan_segment(segment, rewrite, index < len(segments) - 1)
 
     block_unmet_requirements(reports, selected)
     refuse_partial_patches(reports)
-    return Plan(tree=tree, reports=list(reports.values()), edits=edits)
+    return Plan(tree=tree, reports=list(reports.values()), edits=planning.all_edits())
 
 
-def refuse_unrecognised_tree(tree: VllmTree, globbed: dict[str, list[str]]) -> None:
-    """A folder with no version and none of the series' files is not a vLLM
-    tree (a stray ``vllm/__init__.py``): every patch would be not-applicable
-    and every check would pass. A release that is too old for every patch
-    has its version, and stays "nothing to do"."""
-    if tree.version_source != "unknown" or any(globbed.values()):
-        return
-    patterns = [*globbed]
-    shown = ", ".join(patterns[:3]) + (", ..." if len(patterns) > 3 else "")
-    raise DeepstackError(
-        f"{tree.root}: not a vLLM tree: no version (no PKG-INFO, vllm/_version.py "
-        f"or git tag) and none of the files the patches look for ({shown})",
-        "pass the root of a vLLM source tree: a git checkout with its tags "
-        "(git fetch --tags), or an extracted vllm-X.Y.Z.tar.gz; or fetch a "
-        "release with --release VERSION",
-    )
+@dataclass
+class _Planning:
+    """A series being planned, segment by segment (:func:`series_segments`):
+    each file as the segments so far left it, and the edits so far."""
+
+    tree: VllmTree
+    files_of: dict[str, set[str]]
+    reports: dict[str, PatchReport]
+    selected: set[str]
+    cache: RecognitionCache | None
+    progress: Callable[[str], None] | None
+    #: The files the segments so far rewrote, as they left them.
+    current: dict[str, SourceFile] = field(default_factory=dict)
+    edits: dict[str, FileEdit] = field(default_factory=dict)
+    real_dirs: dict[str, str] = field(default_factory=dict)
+    shown: set[str] = field(default_factory=set)
+
+    def plan_segment(
+        self, patches: list[Patch], rewrite: bool, read_later: bool
+    ) -> None:
+        """Recognise (and with ``rewrite`` rewrite) ``patches`` in their files;
+        lay what they rewrote over the tree the next segment reads.
+        ``read_later``: a later segment reads the tree, so a needed patch
+        that reads it too is rewritten even without ``rewrite``, and a file
+        a drifted patch rewrote in part is read there as it was (``apply``
+        writes nothing of it)."""
+        root = str(self.tree.root)
+        edits: list[FileEdit] = []
+        for relpath in sorted(set().union(*(self.files_of[p.id] for p in patches))):
+            touching = [p for p in patches if relpath in self.files_of[p.id]]
+            source = self.current.get(relpath) or SourceFile(
+                relpath, read_candidate(root, relpath)
+            )
+            # Patches share markers (vllm#40932 and vllm#43617): search each once.
+            markers = {m for p in touching for m in p.markers}
+            present = {m: m in source.raw for m in markers}
+            touching = [p for p in touching if any(present[m] for m in p.markers)]
+            if not touching:
+                continue
+            # Only files a patch may rewrite must live inside the tree; checking
+            # just these keeps a status run to one realpath per folder.
+            check_inside(self.tree, relpath, self.real_dirs)
+            if self.progress and relpath not in self.shown:
+                self.shown.add(relpath)
+                self.progress(relpath)
+            found, edit = _plan_file(
+                source, touching, self.selected, rewrite, self.cache, read_later
+            )
+            for patch, findings in zip(touching, found, strict=True):
+                self.reports[patch.id].locations.extend(
+                    Location(relpath, f) for f in findings
+                )
+            edits += [edit] if edit is not None else []
+        drifted = {
+            p.id
+            for p in patches
+            if read_later
+            and any(
+                loc.state is PatchState.DRIFTED for loc in self.reports[p.id].locations
+            )
+        }
+        kept = [edit for edit in edits if not drifted.intersection(edit.patch_ids)]
+        for edit in kept:
+            self.current[edit.relpath] = SourceFile(edit.relpath, edit.new)
+            if rewrite:  # else computed for a later segment only
+                self._add(edit)
+        context = tree_context()
+        if context is not None:
+            context.lay_over({edit.relpath: edit.new for edit in kept})
+
+    def _add(self, edit: FileEdit) -> None:
+        """``edit`` after what the earlier segments did to its file."""
+        earlier = self.edits.get(edit.relpath)
+        if earlier is not None:
+            edit = FileEdit(
+                edit.relpath,
+                earlier.old,
+                edit.new,
+                [*earlier.patch_ids, *edit.patch_ids],
+                [*earlier.stages, *edit.stages],
+            )
+        self.edits[edit.relpath] = edit
+
+    def all_edits(self) -> list[FileEdit]:
+        return [e for _, e in sorted(self.edits.items()) if e.new != e.old]
 
 
 def _plan_file(
@@ -217,8 +286,12 @@ def _plan_file(
     selected: set[str],
     rewrite: bool,
     cache: RecognitionCache | None,
+    read_later: bool = False,
 ) -> tuple[list[list[Finding]], FileEdit | None]:
-    """Each touching patch's findings in one file, and the file's edit."""
+    """Each touching patch's findings in one file, and the file's edit. With
+    ``read_later`` and without ``rewrite`` (status, before a patch that reads
+    the tree) a needed patch that reads the tree is rewritten for that later
+    patch only: its findings stay what recognition said."""
     relpath = original.relpath
     if any(getattr(patch, "reads_tree", False) for patch in touching):
         cache = None  # the findings depend on more than the file's bytes
@@ -239,81 +312,32 @@ def _plan_file(
     found: list[list[Finding]] = []
     rewritten = False
     for patch in touching:
-        if getattr(patch, "reads_tree", False):
+        reads_tree = getattr(patch, "reads_tree", False)
+        if reads_tree:
             note_source(relpath, current.raw)  # what its runtime check rewrites
         findings = patch.recognise(current.ast, relpath)
         needed = [f for f in findings if f.state is PatchState.NEEDED]
-        # Without writing nothing is rewritten: a patch that requires
+        # Without writing nothing is rewritten (a patch that requires
         # another also recognises its target on the shape before the
-        # requirement's rewrite, so status never imports LibCST.
-        if needed and patch.id in selected and rewrite:
+        # requirement's rewrite), but for a derived patch a later one reads.
+        if needed and patch.id in selected and (rewrite or read_later and reads_tree):
             rewritten = True
             try:
                 current = _rewrite(patch, current, needed)
                 changed_by.append(patch.id)
                 stages.append((patch.id, current.raw))
             except RewriteRefused as refusal:
-                findings = [
-                    _as_drifted(f, str(refusal)) if f in needed else f for f in findings
-                ]
+                if rewrite:
+                    findings = [
+                        _as_drifted(f, str(refusal)) if f in needed else f
+                        for f in findings
+                    ]
         found.append(findings)
     if cache is not None and not rewritten:
         cache.store(relpath, original.raw, touching, found)
     if changed_by and current.raw != original.raw:
         return found, FileEdit(relpath, original.raw, current.raw, changed_by, stages)
     return found, None
-
-
-def _read(root: str, relpath: str) -> bytes:
-    # Every file of the patches' globs is read (about 400 on a release): an
-    # unbuffered read of the whole file takes half the time of pathlib's.
-    try:
-        with open(os.path.join(root, relpath), "rb", buffering=0) as handle:
-            return handle.readall()
-    except FileNotFoundError:
-        raise DeepstackError(
-            f"{relpath}: cannot read: no such file (a dangling symlink, or the "
-            "file vanished during the run)",
-            "restore the file from the release, or remove the broken link",
-        ) from None
-    except OSError as exc:
-        raise DeepstackError(
-            f"{relpath}: cannot read: {exc.strerror}",
-            "check the file's permissions",
-        ) from None
-
-
-def _check_inside(tree: VllmTree, relpath: str, real_dirs: dict[str, str]) -> None:
-    """Refuse a target that resolves outside the tree (through any symlink).
-
-    ``real_dirs`` caches each folder's real path: a file's real path is its
-    folder's real path plus its name unless the file itself is a link.
-    """
-    folder, _, name = relpath.rpartition("/")
-    if folder not in real_dirs:
-        real_dirs[folder] = os.path.realpath(tree.root / folder)
-    path = os.path.join(real_dirs[folder], name)
-    if os.path.islink(path):
-        path = os.path.realpath(path)
-    root = str(tree.root)
-    if path != root and not path.startswith(root + os.sep):
-        link = _first_link(tree.root, relpath)
-        raise DeepstackError(
-            f"{link}: is a symlink to {os.path.realpath(tree.root / link)}, "
-            f"outside the tree {root}",
-            "replace the link with a copy of what it points to, or patch the "
-            "tree it points into",
-        )
-
-
-def _first_link(root: os.PathLike[str], relpath: str) -> str:
-    """The outermost part of ``relpath`` that is a symlink (a folder, or the file)."""
-    parts = relpath.split("/")
-    for depth in range(1, len(parts) + 1):
-        prefix = "/".join(parts[:depth])
-        if os.path.islink(os.path.join(root, prefix)):
-            return prefix + ("/" if depth < len(parts) else "")
-    return relpath
 
 
 def rewrite_text(patch: Patch, text: str, relpath: str = "example.py") -> str:

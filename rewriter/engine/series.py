@@ -16,8 +16,10 @@ its own in two ways:
 given, each after the patches its ``requires`` names; an id already in the
 series is an error naming both origins. Every patch says where it came from
 (``Patch.origin``), and :func:`patch_sources` tells a process that runs
-apart (the proof runner) how to load the same patches again. Nothing here
-names a fix.
+apart (the proof runner) how to load the same patches again;
+:func:`series_segments` cuts the series where the plan must finish the
+earlier patches, in every file, before the next (a derived one). Nothing
+here names a fix.
 """
 
 from __future__ import annotations
@@ -528,3 +530,16 @@ def same_changes(series: Sequence[Patch]) -> list[tuple[Patch, Patch]]:
 def _path_of(patch: Patch) -> str | None:
     found = patch_file(patch)
     return str(found) if found else None
+
+
+def series_segments(series: Sequence[Patch]) -> list[list[Patch]]:
+    """The series cut before every patch that reads other files of the tree
+    than its own (``reads_tree``: a derived patch), so that it is planned
+    after every earlier patch, in all files: the built-in series, which
+    reads no other file, stays one segment."""
+    segments: list[list[Patch]] = [[]]
+    for patch in series:
+        if getattr(patch, "reads_tree", False) and segments[-1]:
+            segments.append([])
+        segments[-1].append(patch)
+    return [segment for segment in segments if segment]

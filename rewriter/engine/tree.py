@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
@@ -208,7 +206,7 @@ def dist_info_beside(root: Path) -> Path | None:
             )
 
 
-# -- the tree being recognised --------------------------------------------------
+# -- whole trees and partial extractions (read by engine/context.py) -----------
 
 
 #: A tree with one of these files is whole: a file it lacks is not in the release.
@@ -221,33 +219,6 @@ _INSTALLED = "vllm-*.dist-info"
 #: one a line (written by ``fetch.archives.extract_release``): a file that
 #: matches one and is not there is not in the release.
 ASKED_FOR = ".deepstack-asked-for"
-
-
-@dataclass
-class TreeContext:
-    """The tree a plan recognises, for a patch whose recognition reads other
-    files of it (a derived patch checks that the names its fix imports exist
-    in the tree: :mod:`.names`). ``memo`` lives as long as the plan:
-    what was read from the tree, by whoever read it."""
-
-    root: Path
-    memo: dict[object, object] = field(default_factory=dict)
-    #: The bytes of each file as the plan hands it to a patch that reads the
-    #: tree (after the rewrites of earlier patches in the series): what the
-    #: runtime-name check of a derived patch rewrites (:mod:`.derived.runtime`).
-    sources: dict[str, bytes] = field(default_factory=dict)
-
-    def lacks(self, relpath: str) -> bool:
-        """Whether the release lacks the file ``relpath``: it is not here, and
-        the tree is whole, or a partial extraction that was asked for it. A
-        file a partial extraction was not asked for is unknown: False."""
-        if (self.root / relpath).exists():
-            return False
-        key = ("asked for", self.root)
-        if key not in self.memo:
-            self.memo[key] = _asked_for(self.root)
-        asked = self.memo[key]
-        return asked is None or asked(relpath)  # type: ignore[operator]
 
 
 def _asked_for(root: Path) -> Callable[[str], bool] | None:
@@ -267,30 +238,3 @@ def _asked_for(root: Path) -> Callable[[str], bool] | None:
     patterns = [line for line in listed if line and "[" not in line]
     matcher = glob_matcher(patterns) if patterns else None
     return matcher or (lambda _relpath: False)
-
-
-_RECOGNISING: ContextVar[TreeContext | None] = ContextVar("recognising", default=None)
-
-
-@contextlib.contextmanager
-def recognising_in(root: Path) -> Iterator[TreeContext]:
-    """Make ``root`` the tree being recognised (see :func:`tree_context`)."""
-    context = TreeContext(root)
-    token = _RECOGNISING.set(context)
-    try:
-        yield context
-    finally:
-        _RECOGNISING.reset(token)
-
-
-def note_source(relpath: str, raw: bytes) -> None:
-    """Record the bytes ``relpath`` is recognised from (see ``sources``)."""
-    context = _RECOGNISING.get()
-    if context is not None:
-        context.sources[relpath] = raw
-
-
-def tree_context() -> TreeContext | None:
-    """The tree being recognised, or None where recognition has only the
-    file (``rewrite_text``, a patch's examples)."""
-    return _RECOGNISING.get()

@@ -239,15 +239,16 @@ def _series_key() -> list[str]:
 def _full_check(
     root: Path, skipped: set[str]
 ) -> tuple[LiveState, list[str], list[str]]:
+    from deepstack_patch.engine.context import recognising_in
+    from deepstack_patch.engine.plan import rewritten_bytes
     from deepstack_patch.engine.protocol import Location, PatchReport, PatchState
-    from deepstack_patch.engine.tree import recognising_in
 
     state = LiveState(root)
     parsed: dict[str, ast.Module | None] = {}
     folders: set[str] = set()
     targets: set[str] = set()
     # A derived patch reads the modules its fix imports from.
-    with recognising_in(root):
+    with recognising_in(root, rewrite=rewritten_bytes):
         for patch in live_series():
             report = PatchReport(patch=patch, selected=True)
             for relpath in _candidates(root, patch.paths, patch.markers, folders):

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from deepstack_patch.engine.context import TreeContext, tree_context
 from deepstack_patch.engine.derived import shapes
 from deepstack_patch.engine.derived.data import Edit, Unit
 from deepstack_patch.engine.derived.declared import declared_names
@@ -48,7 +49,6 @@ from deepstack_patch.engine.derived.match import (
     with_block,
 )
 from deepstack_patch.engine.protocol import PatchState
-from deepstack_patch.engine.tree import TreeContext, tree_context
 
 #: Names every module has without binding them.
 _IMPLICIT = frozenset(dir(builtins)) | {
@@ -77,6 +77,7 @@ class DerivedPatch(Protocol):
     """What is read of a :class:`~deepstack_patch.engine.derived.DerivedPatch`
     (named here without importing it: derived imports this module)."""
 
+    id: str
     units: tuple[Unit, ...]
 
     def unit_states(
@@ -155,12 +156,12 @@ def _code_states_elsewhere(
         return None
     found: list[_State | None] = []
     for other in others:
-        if not (context.root / other).is_file():  # its code is absent
+        if not context.is_file(other):  # its code is absent
             found += [
                 None for u in patch.units if u.path == other and u.kind != "import"
             ]
             continue
-        tree = _parsed(context, context.root / other)
+        tree = _parsed(context, other)
         if tree is None:
             return None  # unreadable here: undecidable, the file decides
         states = patch.unit_states(tree, other)
@@ -247,7 +248,7 @@ def _patch_bindings(patch: DerivedPatch, path: str) -> set[str]:
     """The module-level names the patch binds in ``path``: its new
     definitions and module statements, and the names its imports add."""
     found: set[str] = set()
-    for unit in patch.units:
+    for unit in getattr(patch, "units", ()):  # a hand-written one: unknown
         if unit.path != path:
             continue
         for edit in unit.edits:
@@ -450,10 +451,10 @@ def _module(
     base = context.root.joinpath(*dotted.split("."))
     relpath = "/".join(dotted.split("."))
     package: Path | None = None
-    if (base / "__init__.py").is_file():
-        file, package = base / "__init__.py", base
-    elif base.with_name(base.name + ".py").is_file():
-        file = base.with_name(base.name + ".py")
+    if context.is_file(f"{relpath}/__init__.py"):
+        file, package = f"{relpath}/__init__.py", base
+    elif context.is_file(f"{relpath}.py"):
+        file = f"{relpath}.py"
     elif not context.lacks(f"{relpath}/__init__.py"):
         # A partial extraction not asked for the module: it cannot tell.
         context.memo[key] = _UNKNOWN
@@ -524,11 +525,11 @@ def _all_of(body: Sequence[ast.stmt]) -> set[str]:
     return found
 
 
-def _parsed(context: TreeContext, file: Path) -> ast.Module | None:
-    key = ("parsed", file)
+def _parsed(context: TreeContext, relpath: str) -> ast.Module | None:
+    key = ("parsed", relpath)
     if key not in context.memo:
         try:
-            context.memo[key] = ast.parse(file.read_bytes())
+            context.memo[key] = ast.parse(context.read(relpath))
         except (OSError, SyntaxError, ValueError):
             context.memo[key] = None
     return context.memo[key]  # type: ignore[return-value]
@@ -560,7 +561,7 @@ def _missing_import(
         if found is None or not (
             found.has(name, context) or name in _own_names(patch, dotted)
         ):
-            return f"the fix needs `{name}` from `{dotted}`, which this release lacks"
+            return _lacked(context, patch, name, dotted)
     return ""
 
 
@@ -586,5 +587,13 @@ def _missing_attribute(
             continue
         if found.has(attribute, context) or attribute in _own_names(patch, dotted):
             return ""
-        return f"the fix needs `{attribute}` from `{dotted}`, which this release lacks"
+        return _lacked(context, patch, attribute, dotted)
     return ""
+
+
+def _lacked(context: TreeContext, patch: DerivedPatch, name: str, dotted: str) -> str:
+    """``dotted`` lacks ``name``: said, with the patch of the series that adds it."""
+    said = f"the fix needs `{name}` from `{dotted}`, which this release lacks"
+    return said + context.added_by(
+        patch.id, name, lambda p: name in _own_names(p, dotted)
+    )

@@ -22,13 +22,16 @@ here, for a unit that is otherwise ``needed``:
   third-party packages (torch above all) are absent, so their types are
   unknown, and unknown is never an error.
 
-Both need the release's whole ``vllm`` package; where the tree cannot tell
-(a partial extraction not asked for it: a derived patch asks, ``also_reads``)
-they are not run, never guessed. ty is run by :mod:`.typecheck`, and the
-typed check's verdict is cached (``runtime-names/`` in the cache folder,
-:mod:`.typecheck` too) under a digest of everything it
-depends on: every file of the tree's ``vllm`` package, the file, the
-patch's data, this package's code and ty's version.
+Both read the package as the earlier patches of the series leave it
+(:mod:`deepstack_patch.engine.context`: a name vllm#48879 adds is there for
+vllm#50358 after it). Both need the release's whole ``vllm`` package; where
+the tree cannot tell (a partial extraction not asked for it: a derived patch
+asks, ``also_reads``) they are not run, never guessed. ty is run by
+:mod:`.typecheck`, and the typed check's verdict is cached
+(``runtime-names/`` in the cache folder, :mod:`.typecheck` too) under a
+digest of everything it depends on: every file of the tree's ``vllm``
+package (as the earlier patches leave it), the file, the patch's data, this
+package's code and ty's version.
 
 Nothing here runs for a hand-written patch, or without a tree (a patch's
 examples, ``rewrite_text``).
@@ -47,6 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from deepstack_patch.engine.context import TreeContext, tree_context
 from deepstack_patch.engine.derived import typecheck
 from deepstack_patch.engine.derived.data import Unit
 from deepstack_patch.engine.derived.match import code_nodes, import_aliases
@@ -56,7 +60,6 @@ from deepstack_patch.engine.derived.names import (
     imports_in,
 )
 from deepstack_patch.engine.protocol import Finding, PatchState
-from deepstack_patch.engine.tree import TreeContext, tree_context
 
 #: ty's rules that mean the code cannot run: an attribute, a module member,
 #: a name or a ``vllm`` import that is not there, an argument the callee
@@ -106,9 +109,12 @@ def settle_runtime(
     package = _package(context)
     modules = _module_names(context, path) | _imported_names(added_imports(patch, path))
     # ty's words first: they name the type (``ModelConfig.is_diffusion``).
-    why = typed_problem(
-        patch, units, states, path, context, package
-    ) or undefined_attribute(patch, needed, modules, package)
+    why = typed_problem(patch, units, states, path, context, package)
+    if why:  # cached without the series' words: they depend on the series
+        named = _NAMED.search(why)
+        why += _defined_elsewhere(context, patch, named[1]) if named else ""
+    else:
+        why = undefined_attribute(patch, needed, modules, package, context)
     if not why:
         return states
     return {  # the detail tells verify's runtime stage (proof/runtime_stage.py)
@@ -119,6 +125,11 @@ def settle_runtime(
         else state
         for part, state in states.items()
     }
+
+
+#: The name a "cannot run" diagnostic of ty is about: a missing attribute or
+#: member, an argument the callee does not take, a name not defined.
+_NAMED = re.compile(r"(?:has no (?:attribute|member)|Argument|Name) `(\w+)`")
 
 
 def package_is_whole(context: TreeContext) -> bool:
@@ -132,7 +143,8 @@ def package_is_whole(context: TreeContext) -> bool:
 
 @dataclass(frozen=True)
 class Package:
-    """The bytes of every Python file of the tree's ``vllm`` package."""
+    """The bytes of every Python file of the tree's ``vllm`` package, as the
+    earlier patches of the series leave them (engine/context.py)."""
 
     files: tuple[tuple[str, bytes], ...]
     digest: str
@@ -141,6 +153,28 @@ class Package:
 def _package(context: TreeContext) -> Package:
     key = ("runtime package", context.root)
     if key not in context.memo:
+        on_disk = _package_on_disk(context)
+        # What earlier patches of the series wrote, in place of the disk's.
+        laid = {
+            relpath: raw
+            for relpath, raw in sorted(context.overlay.items())
+            if relpath.startswith("vllm/") and relpath.endswith((".py", ".pyi"))
+        }
+        if not laid:
+            context.memo[key] = on_disk
+            return on_disk
+        files = tuple(sorted({**dict(on_disk.files), **laid}.items()))
+        digest = hashlib.sha256(on_disk.digest.encode())  # the key of ty's verdict
+        for relpath, raw in laid.items():
+            digest.update(f"{relpath}\0{len(raw)}\0".encode())
+            digest.update(raw)
+        context.memo[key] = Package(files, digest.hexdigest())
+    return context.memo[key]  # type: ignore[return-value]
+
+
+def _package_on_disk(context: TreeContext) -> Package:
+    key = ("runtime package", context.root)
+    if key not in context.on_disk:
         files = []
         base = context.root / "vllm"
         for folder, dirs, names in os.walk(base):
@@ -156,8 +190,8 @@ def _package(context: TreeContext) -> Package:
         for relpath, raw in files:
             digest.update(f"{relpath}\0{len(raw)}\0".encode())
             digest.update(raw)
-        context.memo[key] = Package(tuple(files), digest.hexdigest())
-    return context.memo[key]  # type: ignore[return-value]
+        context.on_disk[key] = Package(tuple(files), digest.hexdigest())
+    return context.on_disk[key]  # type: ignore[return-value]
 
 
 # -- attributes the release defines nowhere ----------------------------------------
@@ -168,10 +202,13 @@ def undefined_attribute(
     needed: Sequence[Unit],
     file_modules: set[str],
     package: Package,
+    context: TreeContext | None = None,
 ) -> str:
     """The first attribute the needed units' fix newly reads that the
     release neither defines nor reads anywhere; empty where there is none.
-    ``file_modules``: what the file's imports bind (:func:`_module_names`)."""
+    ``file_modules``: what the file's imports bind (:func:`_module_names`);
+    ``context``, where given, names another patch of the series that
+    defines it."""
     own = _defined_by_patch(patch)
     for unit in needed:
         new = [n for e in unit.edits for n in code_nodes(e.inserted, e.header_after)]
@@ -201,8 +238,22 @@ def undefined_attribute(
                 return (
                     f"the fix reads `{shown}`, which nothing in this release "
                     f"defines or reads (no `{name}` in its vllm package)"
-                )
+                ) + _defined_elsewhere(context, patch, name)
     return ""
+
+
+def _defined_elsewhere(
+    context: TreeContext | None, patch: DerivedPatch, name: str
+) -> str:
+    """Which other patch of the series defines ``name``, and in what order
+    they apply (:meth:`TreeContext.added_by`); empty where none does."""
+    if context is None:
+        return ""
+    return context.added_by(
+        patch.id,
+        name,
+        lambda other: hasattr(other, "units") and name in _defined_by_patch(other),
+    )
 
 
 def _attributes(nodes: Iterable[ast.AST]) -> list[ast.Attribute]:
@@ -228,7 +279,7 @@ def _module_names(context: TreeContext, path: str) -> set[str]:
     packages are not checked), or a class's, which the typed check sees."""
     raw = context.sources.get(path)
     try:
-        body = ast.parse(raw if raw is not None else (context.root / path).read_bytes())
+        body = ast.parse(raw if raw is not None else context.read(path))
     except (OSError, SyntaxError, ValueError):
         return set()
     return _imported_names(body.body)
@@ -296,7 +347,7 @@ def typed_problem(
     raw = context.sources.get(path)
     if raw is None:
         try:
-            raw = (context.root / path).read_bytes()
+            raw = context.read(path)
         except OSError:
             return ""
     key = typecheck.cache_key(
@@ -305,11 +356,13 @@ def typed_problem(
     cached = typecheck.cached(key)
     if cached is not None:
         return cached
-    fixed = _fixed_bytes(patch, units, states, path, raw)
+    fixed = _fixed_bytes(context, patch, units, states, path, raw)
     if fixed is None:  # the rewrite refused: apply says so, with its reason
         return ""
     try:
-        before, after = typecheck.diagnostics(context.root, path, raw, fixed)
+        # The other files as the earlier patches of the series leave them.
+        others = {r: b for r, b in context.overlay.items() if r != path}
+        before, after = typecheck.diagnostics(context.root, path, raw, fixed, others)
     except typecheck.CheckerFailed as failed:
         return f"the type checker could not check the fixed {path}: {failed}"
     lines = _written_lines(raw, fixed)
@@ -412,16 +465,19 @@ def _class_of_self(owner: str, units: Sequence[Unit]) -> str:
 
 
 def _fixed_bytes(
+    context: TreeContext,
     patch: DerivedPatch,
     units: Sequence[Unit],
     states: Mapping[str, Any],
     path: str,
     raw: bytes,
 ) -> bytes | None:
-    """The file as the patch's rewrite leaves it, or None where it refuses."""
+    """The file as the patch's rewrite leaves it (as the plan rewrites:
+    ``context.rewrite``), or None where it refuses or there is no plan."""
     from deepstack_patch.engine.errors import DeepstackError, RewriteRefused
-    from deepstack_patch.engine.plan import rewritten_bytes
 
+    if context.rewrite is None:
+        return None
     needed = [
         Finding(
             state=state.state,
@@ -436,7 +492,7 @@ def _fixed_bytes(
         and state.state is PatchState.NEEDED
     ]
     try:
-        return rewritten_bytes(patch, path, raw, needed)  # type: ignore[arg-type]
+        return context.rewrite(patch, path, raw, needed)  # type: ignore[arg-type]
     except (RewriteRefused, DeepstackError):
         return None
 

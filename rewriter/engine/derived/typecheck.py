@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,16 @@ class CheckerFailed(Exception):
 
 
 def diagnostics(
-    root: Path, path: str, raw: bytes, fixed: bytes
+    root: Path,
+    path: str,
+    raw: bytes,
+    fixed: bytes,
+    others: Mapping[str, bytes] | None = None,
 ) -> tuple[list[Diagnostic], list[Diagnostic]]:
     """ty on ``path`` as it is and as fixed, each in a folder of links to
-    the tree's ``vllm`` package (the fixed file in place of its own), run
-    side by side."""
+    the tree's ``vllm`` package (the fixed file in place of its own, and
+    ``others``, the files earlier patches of the series rewrote, in place of
+    theirs), run side by side."""
     binary = _ty_binary()
     with tempfile.TemporaryDirectory(prefix="deepstack-runtime-") as scratch:
         work = Path(scratch)
@@ -55,7 +61,7 @@ def diagnostics(
         (work / "ty.toml").write_text("")  # not the tree's [tool.ty]
         runs = []
         for name, text in (("before", raw), ("after", fixed)):
-            _overlay(root, work / name, path, text)
+            _overlay(root, work / name, {**(others or {}), path: text})
             command = [
                 binary, "check", "--config-file", str(work / "ty.toml"),
                 "--python", str(work / "env"), "--python-version", PYTHON_VERSION,
@@ -92,22 +98,30 @@ def _read(run: subprocess.Popen[bytes], path: str) -> list[Diagnostic]:
     ]
 
 
-def _overlay(root: Path, out: Path, path: str, text: bytes) -> None:
-    """``out`` as the tree with ``path`` holding ``text``: links to every
-    other entry of the folders on the way (a few hundred links at most)."""
-    parts = path.split("/")
-    source, target = root, out
-    target.mkdir(parents=True)
-    for depth, part in enumerate(parts):
-        # At the tree's root, its package alone.
-        entries = [part] if depth == 0 else sorted(os.listdir(source))
-        for entry in entries:
-            if entry != part:
-                (target / entry).symlink_to(source / entry)
-        source, target = source / part, target / part
-        if depth < len(parts) - 1:
+def _overlay(root: Path, out: Path, files: Mapping[str, bytes]) -> None:
+    """``out`` as the tree's package with each of ``files`` (relative path
+    -> bytes) holding its bytes: every folder on the way to one is made, with
+    links to its other entries (a few hundred links a folder at most); at
+    the tree's root, only the folders on the way (the package)."""
+    out.mkdir(parents=True)
+    made = {out}
+    for relpath, text in sorted(files.items()):
+        parts = relpath.split("/")
+        source, target = root, out
+        for part in parts[:-1]:
+            source, target = source / part, target / part
+            if target in made:
+                continue
+            if target.is_symlink():  # linked with its parent's entries
+                target.unlink()
             target.mkdir()
-    target.write_bytes(text)
+            made.add(target)
+            for entry in sorted(os.listdir(source)) if source.is_dir() else []:
+                (target / entry).symlink_to(source / entry)
+        file = target / parts[-1]
+        if file.is_symlink():  # never written through, into the tree
+            file.unlink()
+        file.write_bytes(text)
 
 
 def _ty_binary() -> str:
