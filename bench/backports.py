@@ -64,6 +64,7 @@ import argparse
 import ast
 import concurrent.futures
 import difflib
+import functools
 import json
 import re
 import shutil
@@ -205,6 +206,13 @@ class Alignment:
         return self.new[min(starts) : max(ends)]
 
 
+@functools.lru_cache(maxsize=256)
+def aligned(old: str, new: str) -> Alignment:
+    """Two texts aligned once: every candidate of a pair is read against
+    the same release files."""
+    return Alignment(old.splitlines(), new.splitlines())
+
+
 def occurrences(lines: list[str], block: list[str]) -> list[int]:
     if not block:
         return []
@@ -324,9 +332,7 @@ def carried(
         found.hunks += len(change.hunks)
         if change.path not in prev or change.path not in next_:
             continue
-        release = Alignment(
-            prev[change.path].splitlines(), next_[change.path].splitlines()
-        )
+        release = aligned(prev[change.path], next_[change.path])
         for hunk in change.hunks:
             at = carried_at(hunk, release)
             if at is not None:
@@ -356,7 +362,7 @@ def unmapped(
                 left.append(f"{path} ({'added' if path in next_ else 'deleted'})")
             continue
         spans = [s for m in mapped for s in m.spans.get(path, [])]
-        release = Alignment(prev[path].splitlines(), next_[path].splitlines())
+        release = aligned(prev[path], next_[path])
         for block in release.blocks():
             if not any(touches(block, s) for s in spans):
                 left.append(f"{path}:{block[0] + 1}")
@@ -423,9 +429,7 @@ def map_pair(
             )
     left = unmapped(paths, prev, next_, mapped)
     blocks = sum(
-        len(Alignment(prev[p].splitlines(), next_[p].splitlines()).blocks())
-        if p in prev and p in next_
-        else 1
+        len(aligned(prev[p], next_[p]).blocks()) if p in prev and p in next_ else 1
         for p in paths
     )
     say(
@@ -840,7 +844,7 @@ def _verdict(record: dict, tool: str) -> str:
 
 def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0] + " " + __doc__.splitlines()[1],
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -869,7 +873,9 @@ def options() -> argparse.Namespace:
         default=None,
         help="the mirror (default: the first known one here)",
     )
-    parser.add_argument("--work", type=Path, default=WORK)
+    parser.add_argument(
+        "--work", type=Path, default=WORK, help=f"the work folder (default: {WORK})"
+    )
     parser.add_argument(
         "--only",
         action="append",
