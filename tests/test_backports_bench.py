@@ -152,16 +152,16 @@ def test_git_apply_fails_where_3way_merges_with_the_parent_blobs(
     diff = backports.commit_diff(repo, sha, "--full-index", "--binary")
     plain = backports.git_apply(diff, prev, [PATH], tmp_path / "plain")
     assert (plain.verdict, plain.reason) == ("refused", "does not apply")
-    merged = backports.git_apply_3way(
-        diff, prev, [PATH], tmp_path / "3way", repo, sha
-    )
+    merged = backports.git_apply_3way(diff, prev, [PATH], tmp_path / "3way", repo, sha)
     assert merged.verdict == ""
     assert (tmp_path / "3way" / PATH).read_text() == PREV.replace(*FIX)
     assert not (tmp_path / "3way" / ".git").exists()
 
 
 def test_the_tool_is_an_executable_or_a_python() -> None:
-    assert backports.tool_command("/v/bin/deepstack-patch") == ["/v/bin/deepstack-patch"]
+    assert backports.tool_command("/v/bin/deepstack-patch") == [
+        "/v/bin/deepstack-patch"
+    ]
     assert backports.tool_command("/v/bin/python3") == [
         "/v/bin/python3",
         "-m",
