@@ -228,7 +228,11 @@ def carried_at(hunk: Hunk, release: Alignment) -> int | None:
     post-image at the same place in the later one; None: not carried."""
     for at in occurrences(release.old, hunk.pre):
         start = release.to_new(at)
-        if release.new[start : start + len(hunk.post)] == hunk.post:
+        # An insertion whose pre-image still reads in its post-image (the
+        # lines around it, one after the other) is found in an earlier
+        # release that already has it: there nothing changed.
+        already = release.old[at : at + len(hunk.post)] == hunk.post
+        if release.new[start : start + len(hunk.post)] == hunk.post and not already:
             return at
     return None
 

@@ -91,6 +91,28 @@ def test_a_commit_the_later_release_lacks_or_the_earlier_has_is_not_mapped(
     assert backports.carried(changes, {PATH: already}, {PATH: NEXT}).kind == ""
 
 
+def test_an_insertion_the_earlier_release_already_has_is_not_carried() -> None:
+    # With one line of context, the pre-image (the class line, then the
+    # decorator) also reads in the post-image, where the method is inserted
+    # first: a release that has the method holds both.
+    diff = (
+        "diff --git a/vllm/b.py b/vllm/b.py\n--- a/vllm/b.py\n+++ b/vllm/b.py\n"
+        "@@ -1,2 +1,5 @@\n class B:\n+    @staticmethod\n+    def name():\n"
+        "+        return 'b'\n     @staticmethod\n"
+    )
+    without = "class B:\n    @staticmethod\n    def size():\n        return 1\n"
+    with_it = without.replace(
+        "class B:\n",
+        "class B:\n    @staticmethod\n    def name():\n        return 'b'\n",
+    )
+    changes = backports.parse_diff(diff)
+    path = "vllm/b.py"
+    assert backports.carried(changes, {path: without}, {path: with_it}).kind == (
+        "backported"
+    )
+    assert backports.carried(changes, {path: with_it}, {path: with_it}).kind == ""
+
+
 def test_an_added_file_is_carried_where_only_the_later_release_has_it() -> None:
     diff = (
         "diff --git a/vllm/new.py b/vllm/new.py\nnew file mode 100644\n"
