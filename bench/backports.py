@@ -481,6 +481,9 @@ def compare(
 ) -> tuple[str, list[str]]:
     """The verdict of a write (``ours`` holds every path as the tool left
     it) against the maintainers' result, and where it differs."""
+    if not paths:
+        # A verdict on no file would read "same": never given.
+        raise ValueError("no vllm/**.py file to compare")
     worst, differs = "same", []
     for path in paths:
         expected = _expected(path, prev, next_, ours, seeds.get(path, []), deleted)
@@ -932,7 +935,7 @@ def main() -> None:
     minutes = (time.monotonic() - started) / 60
     text = table(pairs, records) + (
         f"\n{len(records)} commits in {minutes:.1f} min with --jobs {args.jobs}; "
-        f"the tool: {' '.join(command)} at {derive_corpus.tool_commit()}.\n"
+        f"the tool: {' '.join(command)}; the bench at {derive_corpus.tool_commit()}.\n"
     )
     document = {"pairs": pairs, "commits": records}
     (run / "cells.json").write_text(json.dumps(document, indent=1) + "\n")

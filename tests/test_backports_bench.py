@@ -153,6 +153,11 @@ def test_a_write_is_compared_with_the_maintainers_result_of_the_fix_alone(
     assert bool(differs) == (verdict != "same")
 
 
+def test_no_file_compared_is_no_verdict(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no vllm"):
+        backports.compare([], tmp_path, tmp_path, tmp_path, {}, [])
+
+
 def test_the_maintainers_text_grows_to_the_blocks_it_meets() -> None:
     # The maintainers wrote the fix with one more line beside it: the region
     # of the fix grows to that line too; g's backport stays out.
