@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import datetime
 import difflib
 import functools
 import json
@@ -94,7 +95,6 @@ WORK = Path.home() / ".cache" / "deepstack-patch-bench" / "backports"
 #: Written by the build, not by a commit.
 GENERATED = ("vllm/_version.py",)
 TOOLS = ("git apply", "git apply --3way", "deepstack-patch")
-VERDICTS = ("same", "same-ast", "differs", "refused")
 
 
 def say(text: str) -> None:
@@ -142,26 +142,31 @@ def parse_diff(diff: str) -> list[FileChange]:
             changes[-1].hunks.append(Hunk(pre[:], post[:], lo, hi))
         pre.clear(), post.clear(), touched.clear()
 
+    in_hunk = False
     for line in diff.splitlines():
-        match line[:1], line:
-            case "d", _ if line.startswith("diff --git "):
+        # A file's header (---, +++, mode lines) comes before its first @@;
+        # inside a hunk, a line of code may begin with "--" or "++" too.
+        match line[:1]:
+            case "d" if line.startswith("diff --git "):
                 close()
+                in_hunk = False
                 changes.append(FileChange(line.split(" b/", 1)[1]))
             case _ if not changes:
                 continue
-            case "n", _ if line.startswith("new file mode"):
-                changes[-1].kind = "added"
-            case "d", _ if line.startswith("deleted file mode"):
-                changes[-1].kind = "deleted"
-            case "@", _:
+            case "@" if line.startswith("@@"):
                 close()
-            case "-", _ if not line.startswith("--- "):
+                in_hunk = True
+            case "n" if not in_hunk and line.startswith("new file mode"):
+                changes[-1].kind = "added"
+            case "d" if not in_hunk and line.startswith("deleted file mode"):
+                changes[-1].kind = "deleted"
+            case "-" if in_hunk:
                 touched.append((len(pre), len(pre) + 1))
                 pre.append(line[1:].rstrip())
-            case "+", _ if not line.startswith("+++ "):
+            case "+" if in_hunk:
                 touched.append((len(pre), len(pre)))
                 post.append(line[1:].rstrip())
-            case " ", _:
+            case " " if in_hunk:
                 pre.append(line[1:].rstrip())
                 post.append(line[1:].rstrip())
     close()
@@ -401,8 +406,6 @@ def candidates(
 
 
 def day_before(day: str, days: int) -> str:
-    import datetime
-
     return (
         datetime.date.fromisoformat(day) - datetime.timedelta(days=days)
     ).isoformat()

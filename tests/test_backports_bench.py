@@ -113,6 +113,18 @@ def test_an_insertion_the_earlier_release_already_has_is_not_carried() -> None:
     assert backports.carried(changes, {path: with_it}, {path: with_it}).kind == ""
 
 
+def test_a_hunk_line_that_reads_like_a_header_is_code() -> None:
+    diff = (
+        "diff --git a/vllm/c.py b/vllm/c.py\n--- a/vllm/c.py\n+++ b/vllm/c.py\n"
+        "@@ -1,2 +1,2 @@\n x = 1\n--- x\n+++ x\n"
+    )
+    # A removed line "-- x" and an added "++ x": code, not a header.
+    [change] = backports.parse_diff(diff)
+    [hunk] = change.hunks
+    assert (hunk.pre, hunk.post) == (["x = 1", "-- x"], ["x = 1", "++ x"])
+    assert (hunk.lo, hunk.hi) == (1, 2)
+
+
 def test_an_added_file_is_carried_where_only_the_later_release_has_it() -> None:
     diff = (
         "diff --git a/vllm/new.py b/vllm/new.py\nnew file mode 100644\n"
