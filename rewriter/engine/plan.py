@@ -29,6 +29,7 @@ from deepstack_patch.engine.requirements import Selection, block_unmet_requireme
 from deepstack_patch.engine.source import SourceFile, code_lines
 from deepstack_patch.engine.tree import VllmTree, note_source, recognising_in
 from deepstack_patch.engine.whole import refuse_partial_patches
+from deepstack_patch.engine.whole_files import plan_missing_files
 
 
 @dataclass
@@ -45,6 +46,12 @@ class FileEdit:
     new: bytes
     patch_ids: list[str] = field(default_factory=list)
     stages: list[tuple[str, bytes]] = field(default_factory=list, compare=False)
+    #: ``change`` (the file is there before and after), ``add`` (``old`` is
+    #: b"": the file is created) or ``delete`` (``new`` is b"": the file goes).
+    action: str = "change"
+
+    added = property(lambda self: self.action == "add")
+    deleted = property(lambda self: self.action == "delete")
 
 
 @dataclass
@@ -187,6 +194,13 @@ def _plan(
             reports[patch.id].locations.extend(Location(relpath, f) for f in findings)
         if edit is not None:
             edits.append(edit)
+    for missing in plan_missing_files(series, files_of, selected, rewrite):
+        for patch_id, findings in missing.findings.items():
+            reports[patch_id].locations += [
+                Location(missing.relpath, f) for f in findings
+            ]
+        if missing.stages:  # created, as its last stage left it
+            edits.append(FileEdit(missing.relpath, b"", *missing.created, "add"))
 
     block_unmet_requirements(reports, selected)
     refuse_partial_patches(reports)
@@ -237,8 +251,11 @@ def _plan_file(
     changed_by: list[str] = []
     stages: list[tuple[str, bytes]] = []
     found: list[list[Finding]] = []
-    rewritten = False
+    rewritten = deleted = False
     for patch in touching:
+        if deleted:  # the patches after the one that deletes it see it absent
+            found.append(patch.recognise_missing(relpath))
+            continue
         if getattr(patch, "reads_tree", False):
             note_source(relpath, current.raw)  # what its runtime check rewrites
         findings = patch.recognise(current.ast, relpath)
@@ -248,6 +265,12 @@ def _plan_file(
         # requirement's rewrite, so status never imports LibCST.
         if needed and patch.id in selected and rewrite:
             rewritten = True
+            if relpath in patch.whole_files:  # a file the fix deletes whole
+                deleted = patch.whole_file(relpath) is None
+                changed_by.append(patch.id)
+                stages.append((patch.id, b""))
+                found.append(findings)
+                continue
             try:
                 current = _rewrite(patch, current, needed)
                 changed_by.append(patch.id)
@@ -259,8 +282,9 @@ def _plan_file(
         found.append(findings)
     if cache is not None and not rewritten:
         cache.store(relpath, original.raw, touching, found)
-    if changed_by and current.raw != original.raw:
-        return found, FileEdit(relpath, original.raw, current.raw, changed_by, stages)
+    if deleted or (changed_by and current.raw != original.raw):
+        new, action = (b"", "delete") if deleted else (current.raw, "change")
+        return found, FileEdit(relpath, original.raw, new, changed_by, stages, action)
     return found, None
 
 

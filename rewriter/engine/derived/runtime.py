@@ -293,7 +293,14 @@ def typed_problem(
 ) -> str:
     """ty's first new "cannot run" diagnostic on the fix's lines, worded;
     empty where there is none (cached, see the module's docstring)."""
-    raw = context.sources.get(path)
+    # The files the patch adds are there once it is applied: the fixed file
+    # may import them, and a new module is checked as the fix leaves it.
+    added = {
+        unit.path: unit.after.encode("utf-8")
+        for unit in patch.units
+        if unit.kind == "new-file"
+    }
+    raw = b"" if path in added else context.sources.get(path)
     if raw is None:
         try:
             raw = (context.root / path).read_bytes()
@@ -305,11 +312,17 @@ def typed_problem(
     cached = typecheck.cached(key)
     if cached is not None:
         return cached
-    fixed = _fixed_bytes(patch, units, states, path, raw)
+    fixed = added.get(path) or _fixed_bytes(patch, units, states, path, raw)
     if fixed is None:  # the rewrite refused: apply says so, with its reason
         return ""
     try:
-        before, after = typecheck.diagnostics(context.root, path, raw, fixed)
+        before, after = typecheck.diagnostics(
+            context.root,
+            path,
+            raw,
+            fixed,
+            {p: t for p, t in added.items() if p != path},
+        )
     except typecheck.CheckerFailed as failed:
         return f"the type checker could not check the fixed {path}: {failed}"
     lines = _written_lines(raw, fixed)

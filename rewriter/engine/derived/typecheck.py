@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,16 @@ class CheckerFailed(Exception):
 
 
 def diagnostics(
-    root: Path, path: str, raw: bytes, fixed: bytes
+    root: Path,
+    path: str,
+    raw: bytes,
+    fixed: bytes,
+    added: Mapping[str, bytes] | None = None,
 ) -> tuple[list[Diagnostic], list[Diagnostic]]:
     """ty on ``path`` as it is and as fixed, each in a folder of links to
     the tree's ``vllm`` package (the fixed file in place of its own), run
-    side by side."""
+    side by side; ``added``: the other files the fix adds (relative path ->
+    text), there in the fixed run."""
     binary = _ty_binary()
     with tempfile.TemporaryDirectory(prefix="deepstack-runtime-") as scratch:
         work = Path(scratch)
@@ -54,8 +60,11 @@ def diagnostics(
         )
         (work / "ty.toml").write_text("")  # not the tree's [tool.ty]
         runs = []
-        for name, text in (("before", raw), ("after", fixed)):
-            _overlay(root, work / name, path, text)
+        for name, files in (
+            ("before", {path: raw}),
+            ("after", {**(added or {}), path: fixed}),
+        ):
+            _overlay(root, work / name, files)
             command = [
                 binary, "check", "--config-file", str(work / "ty.toml"),
                 "--python", str(work / "env"), "--python-version", PYTHON_VERSION,
@@ -92,22 +101,28 @@ def _read(run: subprocess.Popen[bytes], path: str) -> list[Diagnostic]:
     ]
 
 
-def _overlay(root: Path, out: Path, path: str, text: bytes) -> None:
-    """``out`` as the tree with ``path`` holding ``text``: links to every
-    other entry of the folders on the way (a few hundred links at most)."""
-    parts = path.split("/")
-    source, target = root, out
-    target.mkdir(parents=True)
-    for depth, part in enumerate(parts):
-        # At the tree's root, its package alone.
-        entries = [part] if depth == 0 else sorted(os.listdir(source))
-        for entry in entries:
-            if entry != part:
+def _overlay(root: Path, out: Path, files: Mapping[str, bytes]) -> None:
+    """``out`` as the tree with each of ``files`` (relative path -> text)
+    holding its text: links to every other entry of the folders on their
+    way (a few hundred links at most); a folder the tree lacks (a package
+    the fix adds) is made."""
+    on_the_way: set[str] = set()
+    for path in files:
+        parts = path.split("/")
+        on_the_way |= {"/".join(parts[:end]) for end in range(1, len(parts))}
+    out.mkdir(parents=True)
+    # At the tree's root, its package alone (the folders on the way).
+    for folder in sorted(on_the_way, key=lambda f: f.count("/")):
+        source, target = root / folder, out / folder
+        target.mkdir()
+        if not source.is_dir():
+            continue
+        for entry in sorted(os.listdir(source)):
+            relpath = f"{folder}/{entry}"
+            if relpath not in on_the_way and relpath not in files:
                 (target / entry).symlink_to(source / entry)
-        source, target = source / part, target / part
-        if depth < len(parts) - 1:
-            target.mkdir()
-    target.write_bytes(text)
+    for path, text in files.items():
+        (out / path).write_bytes(text)
 
 
 def _ty_binary() -> str:
