@@ -13,6 +13,7 @@ import json
 import stat
 import subprocess
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -413,3 +414,50 @@ def test_a_repacked_sdist_holds_the_new_module_and_not_the_deleted_one(
         user = result.extractfile(f"vllm-0.1.0+x/{USER}")
         assert user.read().decode() == USER_AFTER  # type: ignore[union-attr]
     assert f"vllm-0.1.0+x/{OLD_PATH}" not in names
+
+
+# -- a real release: vllm#41813's new modules, carried into 0.22.1 ---------------
+
+#: The modules vllm#41813 adds, which vLLM's maintainers carried whole from
+#: 0.22.0 to 0.22.1 (one imports another: both are new).
+ZENTORCH = (
+    "vllm/model_executor/kernels/linear/zentorch_utils.py",
+    "vllm/model_executor/kernels/linear/mixed_precision/zentorch.py",
+    "vllm/model_executor/kernels/linear/scaled_mm/zentorch.py",
+)
+
+
+@pytest.mark.release
+def test_vllm_41813s_new_modules_carried_as_the_maintainers_did(
+    tmp_path: Path,
+    release_tree: Callable[[str], Path],
+    patched_copy: Callable[[str], Path],
+) -> None:
+    from tests.support.upstream_diff import new_file_diff
+
+    later = release_tree("0.22.1")
+    diff = tmp_path / "41813.diff"
+    diff.write_text(
+        "".join(new_file_diff(p, (later / p).read_text()) for p in ZENTORCH)
+    )
+    out = tmp_path / "patches"
+    code, output = run(
+        "derive", "--diff", str(diff), "--base", "0.22.0", "--id", "local#41813",
+        "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, output
+    patch = load_derived(out / "local-41813.toml")
+    assert [u.kind for u in patch.units] == ["new-file"] * 3
+    target = patched_copy("0.22.0")
+    assert state_on(patch, target) == (PatchState.NEEDED, "")
+    code, output = run("apply", "--vllm-src", str(target), "--patches", str(out))
+    assert code == 0, output
+    for path in ZENTORCH:
+        assert (target / path).read_bytes() == (later / path).read_bytes()
+    assert state_on(patch, target) == (PatchState.APPLIED, "")
+    assert state_on(patch, later) == (PatchState.APPLIED, "")
+    # Without the module it imports, a new module is refused, naming it.
+    alone = new_file_diff(ZENTORCH[1], (later / ZENTORCH[1]).read_text())
+    with pytest.raises(DeepstackError, match="which this release lacks") as refused:
+        derive_patch_from_text(alone, VllmTree.open(release_tree("0.22.0")), "x#1")
+    assert "vllm.model_executor.kernels.linear.zentorch_utils" in str(refused.value)
