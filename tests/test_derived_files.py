@@ -170,6 +170,22 @@ def test_a_deleted_file_with_other_text_drifts(tmp_path: Path) -> None:
     assert f"{OLD_PATH} is there, and is not the module the fix deletes" in reason
 
 
+def test_a_deleted_module_that_the_release_still_imports_drifts(
+    tmp_path: Path,
+) -> None:
+    """In a whole tree (one with its pyproject.toml), an import of the
+    module from a file the patch does not change keeps it."""
+    patch = derived(tmp_path)
+    whole = {**BASE_FILES, "pyproject.toml": "[project]\nname = 'vllm'\n"}
+    root = _tree(tmp_path / "whole", whole).root
+    assert state_on(patch, root)[0] is PatchState.NEEDED
+    for user in ("from vllm import legacy\n", "from .legacy import LEGACY\n"):
+        (root / "vllm" / "vendor.py").write_text("import os\n" + user)
+        state, reason = state_on(patch, root)
+        assert state is PatchState.DRIFTED
+        assert f"the fix deletes {OLD_PATH}, which vllm/vendor.py:2 imports" in reason
+
+
 def test_a_new_module_reading_what_the_release_lacks_is_refused(
     tmp_path: Path,
 ) -> None:

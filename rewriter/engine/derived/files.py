@@ -30,7 +30,11 @@ from typing import Any
 
 from deepstack_patch.engine.derived import names, shapes
 from deepstack_patch.engine.derived.data import Unit
-from deepstack_patch.engine.derived.runtime import settle_runtime
+from deepstack_patch.engine.derived.runtime import (
+    package_is_whole,
+    package_of,
+    settle_runtime,
+)
 from deepstack_patch.engine.protocol import Finding, PatchState
 from deepstack_patch.engine.tree import tree_context
 
@@ -60,6 +64,49 @@ def present(unit: Unit, tree: ast.Module) -> Finding:
         f"{unit.path} is there, and is not the module the fix {what} ({difference})"
     )
     return _finding(unit, _FileState(PatchState.DRIFTED, span, reason))
+
+
+def still_imported(patch: names.DerivedPatch, finding: Finding) -> Finding:
+    """A deletion that is needed drifts where the release imports the module
+    it deletes from a file the patch does not change (a vendor's module, code
+    upstream had changed before the fix): deleting it would break that
+    import. Judged in a whole tree only (a partial one cannot tell)."""
+    unit = next(u for u in patch.units if u.part == finding.part)
+    context = tree_context()
+    if finding.state is not PatchState.NEEDED or unit.kind != "deleted-file":
+        return finding
+    if context is None or not package_is_whole(context):
+        return finding
+    for relpath, raw in package_of(context).files:
+        line = 0
+        if relpath not in patch.paths and unit.name.rpartition(".")[2].encode() in raw:
+            line = _imports_module(raw, relpath, unit.name)
+        if line:
+            reason = f"the fix deletes {unit.path}, which {relpath}:{line} imports"
+            return dataclasses.replace(finding, state=PatchState.DRIFTED, reason=reason)
+    return finding
+
+
+def _imports_module(raw: bytes, relpath: str, dotted: str) -> int:
+    """The line of the first import of the module ``dotted`` in the file, or 0."""
+    try:
+        tree = ast.parse(raw)
+    except (SyntaxError, ValueError):
+        return 0
+    parent, _, name = dotted.rpartition(".")
+    for node in ast.walk(tree):
+        match node:
+            case ast.Import(names=aliases) if any(
+                a.name == dotted or a.name.startswith(dotted + ".") for a in aliases
+            ):
+                return node.lineno
+            case ast.ImportFrom(module=module, level=level, names=aliases):
+                source = names.absolute_module(module or "", level or 0, relpath)
+                if source == dotted or source.startswith(dotted + "."):
+                    return node.lineno
+                if source == parent and any(a.name == name for a in aliases):
+                    return node.lineno
+    return 0
 
 
 def missing(patch: names.DerivedPatch, unit: Unit) -> list[Finding]:

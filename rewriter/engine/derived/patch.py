@@ -139,7 +139,7 @@ class DerivedPatch(Patch):
         if not units:
             return []
         if units[0].whole_file:
-            return [files.present(units[0], tree)]
+            return [files.still_imported(self, files.present(units[0], tree))]
         states = self.unit_states(tree, path)
         # A unit found under another name is read there (its names too).
         units = [moved.placed(unit, states[unit.part]) for unit in units]

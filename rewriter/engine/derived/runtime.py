@@ -138,6 +138,12 @@ class Package:
     digest: str
 
 
+def package_of(context: TreeContext) -> Package:
+    """The tree's ``vllm`` package, read once per plan (:mod:`.files` looks
+    there for what imports a module a fix deletes)."""
+    return _package(context)
+
+
 def _package(context: TreeContext) -> Package:
     key = ("runtime package", context.root)
     if key not in context.memo:
