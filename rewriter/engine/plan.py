@@ -46,8 +46,7 @@ class FileEdit:
     new: bytes
     patch_ids: list[str] = field(default_factory=list)
     stages: list[tuple[str, bytes]] = field(default_factory=list, compare=False)
-    #: ``change`` (the file is there before and after), ``add`` (``old`` is
-    #: b"": the file is created) or ``delete`` (``new`` is b"": the file goes).
+    #: ``change``, ``add`` (created: ``old`` is b"") or ``delete`` (``new`` b"").
     action: str = "change"
 
     added = property(lambda self: self.action == "add")
@@ -571,8 +570,13 @@ def _changed_lines(before: SourceFile, after: SourceFile) -> Changes:
 def _check_edits_inside(
     before: SourceFile, changed: Changes, needed: list[Finding]
 ) -> None:
-    """Refuse a rewrite that touched lines no needed finding claimed."""
+    """Refuse a rewrite that touched lines no needed finding claimed (lines
+    inserted after blank lines count where those begin, as git places the
+    end of a function's body after the blank lines that end it: vllm#35219)."""
+    lines = before.raw.splitlines()
     for i1, i2 in changed:
+        while i1 == i2 and 0 < i1 <= len(lines) and not lines[i1 - 1].strip():
+            i1 = i2 = i1 - 1
         first, last = i1 + 1, max(i2, i1 + 1)
         if not any(f.span[0] <= first and last <= f.span[1] + 1 for f in needed):
             raise RewriteRefused(
