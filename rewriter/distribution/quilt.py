@@ -65,9 +65,9 @@ def plan_steps(
             # removed by its last; the stages between change it.
             action = (
                 "add"
-                if edit.added and index == 0
+                if edit.action == "add" and index == 0
                 else "delete"
-                if edit.deleted and index == len(edit.stages) - 1
+                if edit.action == "delete" and index == len(edit.stages) - 1
                 else "change"
             )
             if after != before or action != "change":

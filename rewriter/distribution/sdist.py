@@ -113,8 +113,8 @@ def repack_sdist(
     """
     top = f"vllm-{new_version}"
     replaced = {e.relpath: e.new for e in edits if e.action == "change"}
-    added = {e.relpath: e.new for e in edits if e.added}
-    removed = {e.relpath for e in edits if e.deleted}
+    added = {e.relpath: e.new for e in edits if e.action == "add"}
+    removed = {e.relpath for e in edits if e.action == "delete"}
     seen: set[str] = set()
     partial = out.with_name(out.name + ".partial")
     try:

@@ -74,7 +74,7 @@ def commit_series(
             return result
         refuse_blocked(plan)
         result.touched = sorted({e.relpath for step in steps for e in step.edits})
-        added = {e.relpath for step in steps for e in step.edits if e.added}
+        added = {e.relpath for step in steps for e in step.edits if e.action == "add"}
         check_work_tree(repo, tree, result.touched, allow_dirty, added)
         result.commits = commit_steps(repo, tree, steps)
         mark_applied(plan, [c.patch_id for c in result.commits])
@@ -248,7 +248,9 @@ def commit_steps(
         written = write_edits(tree.root, step.edits)
         paths = [repo_path(repo, tree, relpath) for relpath in written]
         # A file the patch adds is new to git: --only commits tracked paths.
-        added = [repo_path(repo, tree, e.relpath) for e in step.edits if e.added]
+        added = [
+            repo_path(repo, tree, e.relpath) for e in step.edits if e.action == "add"
+        ]
         try:
             if added:
                 repo.git.add("--", *added)

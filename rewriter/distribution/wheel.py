@@ -117,8 +117,8 @@ def patch_wheel(
                 return result
             old_dist_info = source.dist_info_path
             replaced = {e.relpath: e.new for e in plan.edits if e.action == "change"}
-            added = {e.relpath: e.new for e in plan.edits if e.added}
-            removed = {e.relpath for e in plan.edits if e.deleted}
+            added = {e.relpath: e.new for e in plan.edits if e.action == "add"}
+            removed = {e.relpath for e in plan.edits if e.action == "delete"}
             replaced.update(
                 (e.relpath, e.new)
                 for e in version_edits(tree.root, release, new_version)

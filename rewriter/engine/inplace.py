@@ -146,7 +146,7 @@ def _refuse_whole_files(edits: Sequence[FileEdit]) -> None:
     if whole is None:
         return
     patch_id = whole.patch_ids[-1] if whole.patch_ids else "a patch"
-    verb = "adds" if whole.added else "deletes"
+    verb = "adds" if whole.action == "add" else "deletes"
     raise DeepstackError(
         f"{patch_id} {verb} {whole.relpath}: an installed vLLM is patched only "
         "in the files it has, which revert can give back; nothing was written",

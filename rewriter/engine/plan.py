@@ -49,9 +49,6 @@ class FileEdit:
     #: ``change``, ``add`` (created: ``old`` is b"") or ``delete`` (``new`` b"").
     action: str = "change"
 
-    added = property(lambda self: self.action == "add")
-    deleted = property(lambda self: self.action == "delete")
-
 
 @dataclass
 class Plan:
@@ -194,10 +191,8 @@ def _plan(
         if edit is not None:
             edits.append(edit)
     for missing in plan_missing_files(series, files_of, selected, rewrite):
-        for patch_id, findings in missing.findings.items():
-            reports[patch_id].locations += [
-                Location(missing.relpath, f) for f in findings
-            ]
+        for patch_id, locations in missing.locations.items():
+            reports[patch_id].locations += locations
         if missing.stages:  # created, as its last stage left it
             edits.append(FileEdit(missing.relpath, b"", *missing.created, "add"))
 
@@ -264,14 +259,10 @@ def _plan_file(
         # requirement's rewrite, so status never imports LibCST.
         if needed and patch.id in selected and rewrite:
             rewritten = True
-            if relpath in patch.whole_files:  # a file the fix deletes whole
-                deleted = patch.whole_file(relpath) is None
-                changed_by.append(patch.id)
-                stages.append((patch.id, b""))
-                found.append(findings)
-                continue
+            # A whole file the patch adds or deletes, needed where it is: gone.
+            deleted = relpath in patch.whole_files
             try:
-                current = _rewrite(patch, current, needed)
+                current = _rewrite(patch, current, needed, deleted)
                 changed_by.append(patch.id)
                 stages.append((patch.id, current.raw))
             except RewriteRefused as refusal:
@@ -282,8 +273,9 @@ def _plan_file(
     if cache is not None and not rewritten:
         cache.store(relpath, original.raw, touching, found)
     if deleted or (changed_by and current.raw != original.raw):
-        new, action = (b"", "delete") if deleted else (current.raw, "change")
-        return found, FileEdit(relpath, original.raw, new, changed_by, stages, action)
+        action = "delete" if deleted else "change"
+        edit = FileEdit(relpath, original.raw, current.raw, changed_by, stages, action)
+        return found, edit
     return found, None
 
 
@@ -371,7 +363,9 @@ class SkeletonRewrite:
     changed: Changes
 
 
-def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceFile:
+def _rewrite(
+    patch: Patch, source: SourceFile, needed: list[Finding], deleted: bool = False
+) -> SourceFile:
     """Apply one patch to one file and prove the result is what it claims.
 
     The patch first rewrites a skeleton of the file (see :func:`_skeleton`):
@@ -380,6 +374,8 @@ def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceF
     there (a parse error, a rewrite that raises or that the checks refuse)
     falls back to the whole module, whose result is authoritative.
     """
+    if deleted:  # a file the patch deletes whole: nothing is left
+        return SourceFile(source.relpath, b"")
     if os.environ.get(FULL_REWRITE_ENV) != "1":
         try:
             fast = _rewrite_skeleton(patch, source, needed)
@@ -570,15 +566,18 @@ def _changed_lines(before: SourceFile, after: SourceFile) -> Changes:
 def _check_edits_inside(
     before: SourceFile, changed: Changes, needed: list[Finding]
 ) -> None:
-    """Refuse a rewrite that touched lines no needed finding claimed (lines
-    inserted after blank lines count where those begin, as git places the
-    end of a function's body after the blank lines that end it: vllm#35219)."""
+    """Refuse a rewrite that touched lines no needed finding claimed (an
+    insertion after blank lines also counts where they begin: vllm#35219)."""
     lines = before.raw.splitlines()
     for i1, i2 in changed:
-        while i1 == i2 and 0 < i1 <= len(lines) and not lines[i1 - 1].strip():
-            i1 = i2 = i1 - 1
         first, last = i1 + 1, max(i2, i1 + 1)
-        if not any(f.span[0] <= first and last <= f.span[1] + 1 for f in needed):
+        gap = i1 if i1 == i2 else -1
+        while 0 < gap <= len(lines) and not lines[gap - 1].strip():
+            gap -= 1
+        places = ((first, last), (gap + 1, gap + 1))
+        if not any(
+            f.span[0] <= a and b <= f.span[1] + 1 for f in needed for a, b in places
+        ):
             raise RewriteRefused(
                 f"the rewrite changed {before.relpath}:{first}-{last}, outside "
                 f"the recognised target(s) "

@@ -163,10 +163,10 @@ def _whole_files(root: Path, edits: Sequence[FileEdit]) -> list[ExtraChange]:
     delete (only where the file is still the one the plan read)."""
     changes = []
     for edit in edits:
-        if edit.deleted:
+        if edit.action == "delete":
             _checked_target(root, edit)
         if edit.action != "change":
-            new = None if edit.deleted else edit.new
+            new = None if edit.action == "delete" else edit.new
             changes.append(ExtraChange(edit.relpath, new, mode=0o644, of_plan=True))
     return changes
 

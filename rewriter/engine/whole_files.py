@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from deepstack_patch.engine.protocol import Finding, Patch, PatchState
+from deepstack_patch.engine.protocol import Finding, Location, Patch, PatchState
 from deepstack_patch.engine.source import SourceFile
 from deepstack_patch.engine.tree import note_source
 
@@ -26,6 +26,14 @@ class MissingFile:
     relpath: str
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     stages: list[tuple[str, bytes]] = field(default_factory=list)
+
+    @property
+    def locations(self) -> dict[str, list[Location]]:
+        """Each patch's findings, placed in the file."""
+        return {
+            patch_id: [Location(self.relpath, f) for f in found]
+            for patch_id, found in self.findings.items()
+        }
 
     @property
     def created(self) -> tuple[bytes, list[str], list[tuple[str, bytes]]]:

@@ -16,12 +16,13 @@ def unified_diff(edits: Sequence[FileEdit]) -> str:
         new = edit.new.decode("utf-8", "surrogateescape").splitlines(keepends=True)
         # A file added or deleted is named /dev/null on its other side, as
         # git writes it (git apply and patch -p1 then create or remove it).
-        source = "/dev/null" if edit.added else f"a/{edit.relpath}"
-        target = "/dev/null" if edit.deleted else f"b/{edit.relpath}"
+        source = "/dev/null" if edit.action == "add" else f"a/{edit.relpath}"
+        target = "/dev/null" if edit.action == "delete" else f"b/{edit.relpath}"
         lines = difflib.unified_diff(old, new, source, target)
         chunks.append(f"diff --git a/{edit.relpath} b/{edit.relpath}\n")
         if edit.action != "change":
-            chunks.append(f"{'new' if edit.added else 'deleted'} file mode 100644\n")
+            what = "new" if edit.action == "add" else "deleted"
+            chunks.append(f"{what} file mode 100644\n")
         for line in lines:
             chunks.append(
                 line

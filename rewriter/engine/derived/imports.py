@@ -60,13 +60,20 @@ def recognise_imports(
         matches = [n for n in leading if anchor.matches(n, shapes_of)]
         if len(matches) == 1:
             after_statement = ast.unparse(matches[0])
-    if not after_statement and leading:
+    # Upstream's first import (no import before it): before the one it
+    # precedes upstream, where that one is there once (vllm#30518's
+    # `import sys`); else after the last leading import.
+    following = compiled.after_anchor if anchor is None else None
+    before = [n for n in leading if following and following.matches(n, shapes_of)]
+    if not after_statement and len(before) != 1 and leading:
         after_statement = ast.unparse(leading[-1])
     details = {
         "add": [list(a) for a in missing],
         "drop": [list(a) for a in unused],
         "after": after_statement,
     }
+    if not after_statement and len(before) == 1:
+        details["before"] = ast.unparse(before[0])
     return PatchState.NEEDED, "", span, details
 
 
