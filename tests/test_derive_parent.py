@@ -119,3 +119,30 @@ def test_a_new_first_import_goes_before_the_one_it_precedes_upstream(
         "\n\nfrom collections", "\n\nimport sys\nfrom collections"
     ).replace("return chain", "return chain, sys.argv")
     assert derived_text(tmp_path, "vllm/m.py", before, after) == "text"
+
+
+def test_an_import_moved_to_another_module_is_dropped_where_it_was(
+    tmp_path: Path,
+) -> None:
+    """vllm#30566 moves ``MultiModalDataDict`` to ``vllm.inputs``: the name
+    is still used, and it is dropped from its old import because the fix
+    imports it from the new place (one move, not half of it applied)."""
+    before = (
+        "from vllm.old import (\n    DataDict,\n    Other,\n)\n\n\n"
+        "def f(x: DataDict) -> Other:\n    return x\n"
+    )
+    after = before.replace(
+        "from vllm.old import (\n    DataDict,\n",
+        "from vllm.new import DataDict\nfrom vllm.old import (\n",
+    )
+    modules = {
+        "vllm/new.py": "DataDict = dict\n",
+        "vllm/old.py": "DataDict = Other = dict\n",
+    }
+    tree = _tree(tmp_path / "base", {"vllm/m.py": before, **modules})
+    result = derive_patch_from_text(git_diff("vllm/m.py", before, after), tree, "x#1")
+    assert result.round_trip == "text"
+    # Moved already (a release with the fix): applied, nothing to write.
+    root = _tree(tmp_path / "fixed", {"vllm/m.py": after, **modules}).root
+    plan = plan_tree(VllmTree.open(root), [result.patch])
+    assert plan.report("x#1").state is PatchState.APPLIED and not plan.edits

@@ -269,7 +269,7 @@ class DerivedPatch(Patch):
                 continue
             if edit.kind == "imports":
                 state, reason, span, edit_details = imports.recognise_imports(
-                    compiled, tree, shapes_of, uses_after_fix
+                    compiled, tree, shapes_of, uses_after_fix, unit.edits
                 )
                 details[str(index)] = edit_details
             else:
