@@ -834,11 +834,6 @@ def test_an_out_folder_that_cannot_be_written_is_refused(
     assert a_file.read_text() == ""
 
 
-def test_adding_a_python_file_is_refused(tmp_path: Path, base: Path) -> None:
-    text = "--- /dev/null\n+++ b/vllm/new.py\n@@ -0,0 +1 @@\n+a = 1\n"
-    assert "the diff adds vllm/new.py" in _refused(tmp_path, text, base)
-
-
 def test_a_diff_whose_site_is_ambiguous_on_the_base_fails_the_self_check(
     tmp_path: Path,
 ) -> None:

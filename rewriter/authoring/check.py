@@ -74,6 +74,9 @@ def self_check(
     # second pass over either changes nothing (only needed findings are ever
     # rewritten, and rewrite_text runs the engine's pass to show it).
     for path, (_before, after) in results.items():
+        if path in patch.whole_files:
+            _whole_file_applied(patch, path)
+            continue
         ours = edited[path].decode("utf-8")
         for text, what in ((ours, "its rewrite"), (after, "the diff's result")):
             source = SourceFile(path, text.encode("utf-8"))
@@ -92,6 +95,22 @@ def self_check(
             if _second_pass(patch, source) != text:
                 raise _check_failed(f"a second pass over {what} of {path} changes it")
     return compared
+
+
+def _whole_file_applied(patch: DerivedPatch, path: str) -> None:
+    """A file the fix adds is recognised applied with its text; one it
+    deletes, where it is absent."""
+    text = patch.whole_file(path)
+    if text is None:
+        states = patch.recognise_missing(path)
+    else:
+        states = patch.recognise(SourceFile(path, text).ast, path)
+    wrong = [f for f in states if f.state is not PatchState.APPLIED]
+    if wrong or len(states) != 1:
+        raise _check_failed(
+            f"the diff's result of {path} is not recognised applied: "
+            + (", ".join(f"{f.state} {f.reason}".strip() for f in wrong) or "no state")
+        )
 
 
 def _compared(

@@ -46,6 +46,7 @@ from deepstack_patch.engine.derived.data import (
     file_holding_id,
     url_problem,
     version_problem,
+    whole_file_unit,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import RecordedTest
@@ -227,6 +228,7 @@ def _read_changes(
     tested: dict[str, str] = {}  # test path -> content before the fix
     skipped: dict[str, SkippedTest] = {}
     texts: dict[str, tuple[str, str]] = {}  # path -> (before, after)
+    whole: dict[str, str] = {}  # path -> the unit kind of a file added or deleted
     # A format-patch series may change a file in several patches: each
     # applies to the file as the ones before it left it.
     for file_diff in files:
@@ -249,15 +251,8 @@ def _read_changes(
             notes.append(f"{path}: outside the vllm package, left out")
             continue
         if file_diff.new_file or file_diff.deleted:
-            action = "adds" if file_diff.new_file else "deletes"
-            raise DeepstackError(
-                f"the diff {action} {path}: a derived patch changes code that "
-                "is there, and never adds or deletes a file",
-                "carry the file's change by hand (a patch module), or leave "
-                "that file out of the diff",
-                path=diff_name,
-                line=file_diff.line,
-            )
+            _whole_file(file_diff, base, base_label, texts, whole)
+            continue
         if path not in texts:
             before = _base_text(base, path, base_label)
             texts[path] = (before, before)
@@ -267,6 +262,10 @@ def _read_changes(
     results: dict[str, tuple[str, str]] = {}
     for path, (before, after) in texts.items():
         _parses(after, path, "after the diff")
+        if path in whole:  # the whole text is the change
+            units.append(whole_file_unit(path, whole[path], before or after))
+            results[path] = (before, after)
+            continue
         try:
             changed = units_of_change(path, before, after)
         except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
@@ -286,6 +285,42 @@ def _read_changes(
         for path, content in recorded.items()
     ]
     return units, tests, list(skipped.values()), results, notes
+
+
+def _whole_file(
+    file_diff: FileDiff,
+    base: VllmTree,
+    base_label: str,
+    texts: dict[str, tuple[str, str]],
+    whole: dict[str, str],
+) -> None:
+    """A file the diff adds or deletes: its text before and after into
+    ``texts`` (as git apply would, the base must lack a file it adds, and
+    have exactly the text of one it deletes), its unit kind into ``whole``."""
+    path = file_diff.path
+    base_name = base_label or f"vLLM {base.version}"
+    if path in texts:  # a series that changes, then adds or deletes it
+        raise DeepstackError(
+            f"the diff changes {path} and also adds or deletes it",
+            "give the change as one diff against the base (git diff BASE FIX)",
+        )
+    if file_diff.new_file:
+        if (base.root / path).exists():
+            raise DeepstackError(
+                f"the diff adds {path}, which {base_name} already has", BASE_HINT
+            )
+        texts[path] = ("", apply_file_diff(file_diff, ""))
+        whole[path] = "new-file"
+        return
+    before = _base_text(base, path, base_label)
+    if apply_file_diff(file_diff, before) != "":
+        raise DeepstackError(
+            f"the diff deletes {path}, whose text in {base_name} is not the "
+            "one the diff deletes",
+            BASE_HINT,
+        )
+    texts[path] = (before, "")
+    whole[path] = "deleted-file"
 
 
 def _docstring_of(name: str) -> str:

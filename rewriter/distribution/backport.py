@@ -114,11 +114,10 @@ def backport_release(
     written = write_edits(tree.root, plan.edits)
     versioned = version_edits(tree.root, release, new_version)
     write_edits(tree.root, versioned)
-    replaced = {edit.relpath: edit.new for edit in [*plan.edits, *versioned]}
     note(f"repacking vllm-{new_version}.tar.gz")
     sdist = repack_sdist(
         archive,
-        replaced,
+        [*plan.edits, *versioned],
         new_version,
         out / f"vllm-{new_version}.tar.gz",
         int(build_date().timestamp()),

@@ -60,10 +60,19 @@ def plan_steps(
     edits_of: dict[str, list[FileEdit]] = {}
     for edit in full.edits:
         before = edit.old
-        for patch_id, after in edit.stages:
-            if after != before:
+        for index, (patch_id, after) in enumerate(edit.stages):
+            # A file added is created by its first stage, a file deleted
+            # removed by its last; the stages between change it.
+            action = (
+                "add"
+                if edit.action == "add" and index == 0
+                else "delete"
+                if edit.action == "delete" and index == len(edit.stages) - 1
+                else "change"
+            )
+            if after != before or action != "change":
                 edits_of.setdefault(patch_id, []).append(
-                    FileEdit(edit.relpath, before, after, [patch_id])
+                    FileEdit(edit.relpath, before, after, [patch_id], action=action)
                 )
             before = after
         if before != edit.new:

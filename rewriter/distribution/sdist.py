@@ -16,7 +16,7 @@ import gzip
 import io
 import re
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 
 from deepstack_patch.engine.errors import DeepstackError
@@ -97,19 +97,24 @@ def version_edits(root: Path, release: str, new_version: str) -> list[FileEdit]:
 
 def repack_sdist(
     archive: Path,
-    replaced: Mapping[str, bytes],
+    edits: Sequence[FileEdit],
     new_version: str,
     out: Path,
     mtime: int,
 ) -> Path:
     """Copy ``archive`` to ``out``, renaming its top folder for ``new_version``
-    and replacing the members named in ``replaced`` (tree-relative paths).
+    and replacing the members the ``edits`` change (tree-relative paths);
+    the files a patch adds come last (mode 0644), those it deletes are left
+    out.
 
     Member order, modes and owners are kept, so the result differs from the
     release only where the tree does. ``mtime`` stamps replaced members and
     the gzip header (``SOURCE_DATE_EPOCH`` gives reproducible tarballs).
     """
     top = f"vllm-{new_version}"
+    replaced = {e.relpath: e.new for e in edits if e.action == "change"}
+    added = {e.relpath: e.new for e in edits if e.action == "add"}
+    removed = {e.relpath for e in edits if e.action == "delete"}
     seen: set[str] = set()
     partial = out.with_name(out.name + ".partial")
     try:
@@ -122,7 +127,9 @@ def repack_sdist(
             for member in source:
                 old_top, _, relpath = member.name.partition("/")
                 member = _copy(member, name=f"{top}/{relpath}" if relpath else top)
-                if member.isfile() and relpath in replaced:
+                if member.isfile() and relpath in removed:
+                    seen.add(relpath)
+                elif member.isfile() and relpath in replaced:
                     content = replaced[relpath]
                     member = _copy(member, size=len(content), mtime=mtime)
                     seen.add(relpath)
@@ -134,7 +141,11 @@ def repack_sdist(
                         link = member.linkname.partition("/")[2]
                         member = _copy(member, linkname=f"{top}/{link}")
                     target.addfile(member)
-        missing = sorted(set(replaced) - seen)
+            for relpath, content in added.items():
+                member = tarfile.TarInfo(f"{top}/{relpath}")
+                member.size, member.mtime, member.mode = len(content), mtime, 0o644
+                target.addfile(member, io.BytesIO(content))
+        missing = sorted({*replaced, *removed} - seen)
         if missing:
             raise DeepstackError(
                 f"{archive.name}: has no member for {', '.join(missing)}",

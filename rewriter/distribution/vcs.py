@@ -8,7 +8,8 @@ uncommitted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from deepstack_patch.distribution.quilt import (
 from deepstack_patch.engine.apply import mark_applied, refuse_blocked
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.locks import tree_lock
-from deepstack_patch.engine.plan import Plan
+from deepstack_patch.engine.plan import FileEdit, Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
@@ -73,7 +74,8 @@ def commit_series(
             return result
         refuse_blocked(plan)
         result.touched = sorted({e.relpath for step in steps for e in step.edits})
-        check_work_tree(repo, tree, result.touched, allow_dirty)
+        added = {e.relpath for step in steps for e in step.edits if e.action == "add"}
+        check_work_tree(repo, tree, result.touched, allow_dirty, added)
         result.commits = commit_steps(repo, tree, steps)
         mark_applied(plan, [c.patch_id for c in result.commits])
     result.detached = bool(result.commits) and repo.head.is_detached
@@ -153,12 +155,17 @@ def dirty_paths(repo: git.Repo, tree: VllmTree) -> list[str]:
 
 
 def check_work_tree(
-    repo: git.Repo, tree: VllmTree, touched: Sequence[str], allow_dirty: bool
+    repo: git.Repo,
+    tree: VllmTree,
+    touched: Sequence[str],
+    allow_dirty: bool,
+    added: Collection[str] = (),
 ) -> None:
     """Refuse a dirty tree, and anything that would commit unrelated changes.
 
-    Even with ``allow_dirty``, a file the patches rewrite must be tracked and
-    unchanged: committing it would otherwise commit the user's edits too.
+    Even with ``allow_dirty``, a file the patches rewrite or delete must be
+    tracked and unchanged: committing it would otherwise commit the user's
+    edits too. A file a patch adds (``added``) is absent: the plan read so.
     """
     dirty = dirty_paths(repo, tree)
     if dirty and not allow_dirty:
@@ -170,7 +177,11 @@ def check_work_tree(
             "commit or stash them first, or add --allow-dirty (only the files "
             "the patches rewrite are committed)",
         )
-    paths = {repo_path(repo, tree, relpath): relpath for relpath in touched}
+    paths = {
+        repo_path(repo, tree, relpath): relpath
+        for relpath in touched
+        if relpath not in added
+    }
     tracked = set(repo.git.ls_files("-z", "--", *paths).split("\0")) if paths else set()
     for path in paths:
         if path not in tracked:
@@ -236,7 +247,13 @@ def commit_steps(
     for step in steps:
         written = write_edits(tree.root, step.edits)
         paths = [repo_path(repo, tree, relpath) for relpath in written]
+        # A file the patch adds is new to git: --only commits tracked paths.
+        added = [
+            repo_path(repo, tree, e.relpath) for e in step.edits if e.action == "add"
+        ]
         try:
+            if added:
+                repo.git.add("--", *added)
             # --only: commit these paths and nothing else staged; --no-verify:
             # the content is the tool's own, checked by its recogniser, and a
             # formatter hook rewriting it would break idempotence.
@@ -250,10 +267,9 @@ def commit_steps(
                 *paths,
             )
         except git.GitCommandError as exc:
-            write_edits(
-                tree.root,
-                [type(e)(e.relpath, e.new, e.old, e.patch_ids) for e in step.edits],
-            )
+            if added:  # unstaged: git never knew them before this step
+                repo.git.reset("-q", "--", *added)
+            write_edits(tree.root, [_reversed(e) for e in step.edits])
             undone = _undo_commits(repo, tree, start, records)
             raise _commit_failed(step.patch.id, exc, undone) from None
         records.append(
@@ -262,17 +278,32 @@ def commit_steps(
     return records
 
 
+def _reversed(edit: FileEdit) -> FileEdit:
+    """The edit that gives ``edit``'s file back: a file added is deleted, a
+    file deleted added again."""
+    back = {"add": "delete", "delete": "add"}.get(edit.action, "change")
+    return dataclasses.replace(edit, old=edit.new, new=edit.old, action=back)
+
+
 def _undo_commits(
     repo: git.Repo, tree: VllmTree, start: str, records: Sequence[CommitRecord]
 ) -> str:
-    """Reset to ``start`` and restore the files the ``records`` committed."""
+    """Reset to ``start`` and restore the files the ``records`` committed
+    (those added since ``start`` are removed)."""
     if not records:
         return ""
     paths = sorted(
         {repo_path(repo, tree, path) for record in records for path in record.files}
     )
+    listed = repo.git.ls_tree("-r", "--name-only", "-z", start, "--", *paths)
+    at_start = set(listed.split("\0")) - {""}
     repo.git.reset("--soft", start)
-    repo.git.restore("--source", start, "--staged", "--worktree", "--", *paths)
+    new = [path for path in paths if path not in at_start]
+    if new:
+        repo.git.rm("-q", "-f", "--", *new)
+    paths = [path for path in paths if path in at_start]
+    if paths:
+        repo.git.restore("--source", start, "--staged", "--worktree", "--", *paths)
     made = ", ".join(f"{r.patch_id} {r.sha[:12]}" for r in records)
     return f"; undid this run's commits ({made}): the branch is back at {start[:12]}"
 

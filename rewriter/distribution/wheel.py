@@ -32,6 +32,7 @@ import io
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import zipfile
@@ -115,7 +116,9 @@ def patch_wheel(
             if any(r.selected and r.state is PatchState.DRIFTED for r in plan.reports):
                 return result
             old_dist_info = source.dist_info_path
-            replaced = {e.relpath: e.new for e in plan.edits}
+            replaced = {e.relpath: e.new for e in plan.edits if e.action == "change"}
+            added = {e.relpath: e.new for e in plan.edits if e.action == "add"}
+            removed = {e.relpath for e in plan.edits if e.action == "delete"}
             replaced.update(
                 (e.relpath, e.new)
                 for e in version_edits(tree.root, release, new_version)
@@ -126,7 +129,8 @@ def patch_wheel(
             )
             target = out_dir / _wheel_name(wheel.name, name, release, new_version)
             new_dist_info = f"{name}-{new_version}.dist-info"
-            _write(source, target, old_dist_info, new_dist_info, replaced, say, result)
+            members = Members(replaced, added, removed)
+            _write(source, target, old_dist_info, new_dist_info, members, say, result)
             _write_provenance(wheel, steps, out_dir, result)
     except (WheelError, zipfile.BadZipFile, EOFError) as exc:
         raise DeepstackError(
@@ -194,7 +198,16 @@ def _extract_tree(
     series' globs match, the package's ``__init__.py`` and ``_version.py``)
     as a tree: 405 of the 1,723 in vLLM 0.20.2's wheel; writing all of them
     took seconds on a busy disk."""
-    wanted = glob_matcher(pattern for patch in series for pattern in patch.paths)
+    # Where a patch adds a file, whether its folder is there is read from
+    # the folder's __init__.py.
+    folders = [
+        f"{path.rpartition('/')[0]}/__init__.py"
+        for patch in series
+        for path in patch.whole_files
+    ]
+    wanted = glob_matcher(
+        [*(pattern for patch in series for pattern in patch.paths), *folders]
+    )
     members = [
         info
         for info in source.infolist()
@@ -246,16 +259,27 @@ def _wheel_name(filename: str, name: str, release: str, new_version: str) -> str
     return f"{name}-{new_version}-{filename[len(prefix) :]}"
 
 
+@dataclass
+class Members:
+    """What the patched wheel changes: members replaced, added (a file a
+    patch adds, mode 0644), removed (a file a patch deletes)."""
+
+    replaced: dict[str, bytes]
+    added: dict[str, bytes] = field(default_factory=dict)
+    removed: set[str] = field(default_factory=set)
+
+
 def _write(
     source: WheelFile,
     target: Path,
     old_dist_info: str,
     new_dist_info: str,
-    replaced: dict[str, bytes],
+    members: Members,
     say: Progress,
     result: PatchedWheel,
 ) -> None:
     """Write ``target`` beside itself, then move it in place (never half a wheel)."""
+    replaced = members.replaced
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".wheel-", dir=target.parent))
@@ -283,7 +307,9 @@ def _write(
                     continue  # written again last
                 new_name = _renamed(name, old_dist_info, new_dist_info)
                 data = replaced.get(name)
-                if data is None:
+                if name in members.removed:
+                    seen.add(name)
+                elif data is None:
                     copy_member(raw, info, out, new_name)
                     if not name.endswith("/"):
                         row = _official_row(official_rows, info, source.filename)
@@ -296,6 +322,13 @@ def _write(
                     result.replaced.append(new_name)
                 if index % 500 == 0:
                     say(f"written {index}/{len(infos)} members")
+            for name, data in members.added.items():
+                info = zipfile.ZipInfo(name, date_time=_zip_time())
+                info.external_attr = (stat.S_IFREG | 0o644) << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                out.writestr(info, data)
+                rows.append((name, _record_hash(data), str(len(data))))
+                result.replaced.append(name)
             say(f"writing RECORD of {target.name}")
             new_record = f"{new_dist_info}/RECORD"
             rows.append((new_record, "", ""))
@@ -303,7 +336,7 @@ def _write(
                 _same_attributes(source.getinfo(old_record), new_record),
                 _record_bytes(rows),
             )
-        missing = sorted(set(replaced) - seen)
+        missing = sorted({*replaced, *members.removed} - seen)
         if missing:
             raise DeepstackError(
                 f"{source.filename}: has no member {', '.join(missing)}",
@@ -314,6 +347,15 @@ def _write(
         shutil.rmtree(staging, ignore_errors=True)
     result.path = target.resolve()
     result.sha256 = sha256_of(target)
+
+
+def _zip_time() -> tuple[int, int, int, int, int, int]:
+    """A new member's time: the build date (``SOURCE_DATE_EPOCH``), which a
+    zip file cannot hold before 1980."""
+    from deepstack_patch.distribution.quilt import build_date
+
+    stamp = build_date().timetuple()[:6]
+    return max(stamp, (1980, 1, 1, 0, 0, 0))  # type: ignore[return-value]
 
 
 def _record_rows(source: WheelFile, record: str) -> dict[str, tuple[str, str]]:

@@ -83,6 +83,7 @@ def apply_in_place(
     """
     if not edits:
         return []  # a second apply is a no-op: the record stays as it was
+    _refuse_whole_files(edits)
     root = installed.site_packages
     dist = _rel(installed, installed.dist_info)
     record_rel = f"{dist}/RECORD"
@@ -134,6 +135,25 @@ def apply_in_place(
     new_record = updated_record(record_raw, new_files, record_rel)
     changes.edits.append(FileEdit(record_rel, record_raw, new_record))
     return changes.write(root)
+
+
+def _refuse_whole_files(edits: Sequence[FileEdit]) -> None:
+    """A file a patch adds or deletes is not written into an install: its
+    RECORD, its bytecode and revert's change record follow files that are
+    there, and revert could not give a deleted module back nor remove a new
+    one. Nothing is written."""
+    whole = next((edit for edit in edits if edit.action != "change"), None)
+    if whole is None:
+        return
+    patch_id = whole.patch_ids[-1] if whole.patch_ids else "a patch"
+    verb = "adds" if whole.action == "add" else "deletes"
+    raise DeepstackError(
+        f"{patch_id} {verb} {whole.relpath}: an installed vLLM is patched only "
+        "in the files it has, which revert can give back; nothing was written",
+        "apply it to a source tree or the release's sdist (deepstack-patch "
+        "backport), or build a patched wheel (deepstack-patch wheel) and install "
+        f"that; or leave it out with --skip {patch_id}",
+    )
 
 
 def _put(changes: Changes, root: Path, relpath: str, content: bytes, like: str) -> None:

@@ -41,6 +41,7 @@ from deepstack_patch.engine.series import series_segments
 from deepstack_patch.engine.source import SourceFile, code_lines
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.engine.whole import refuse_partial_patches
+from deepstack_patch.engine.whole_files import plan_missing_files
 
 
 @dataclass
@@ -57,6 +58,8 @@ class FileEdit:
     new: bytes
     patch_ids: list[str] = field(default_factory=list)
     stages: list[tuple[str, bytes]] = field(default_factory=list, compare=False)
+    #: ``change``, ``add`` (created: ``old`` is b"") or ``delete`` (``new`` b"").
+    action: str = "change"
 
 
 @dataclass
@@ -187,6 +190,13 @@ def _plan(
     for index, segment in enumerate(segments):
         # Status computes a derived patch's rewrite only where one reads it.
         planning.plan_segment(segment, rewrite, index < len(segments) - 1)
+    for missing in plan_missing_files(series, files_of, selected, rewrite):
+        for patch_id, locations in missing.locations.items():
+            reports[patch_id].locations += locations
+        if missing.stages:  # created, as its last stage left it
+            planning.edits[missing.relpath] = FileEdit(
+                missing.relpath, b"", *missing.created, "add"
+            )
 
     block_unmet_requirements(reports, selected)
     refuse_partial_patches(reports)
@@ -273,6 +283,7 @@ class _Planning:
                 edit.new,
                 [*earlier.patch_ids, *edit.patch_ids],
                 [*earlier.stages, *edit.stages],
+                edit.action,
             )
         self.edits[edit.relpath] = edit
 
@@ -310,8 +321,11 @@ def _plan_file(
     changed_by: list[str] = []
     stages: list[tuple[str, bytes]] = []
     found: list[list[Finding]] = []
-    rewritten = False
+    rewritten = deleted = False
     for patch in touching:
+        if deleted:  # the patches after the one that deletes it see it absent
+            found.append(patch.recognise_missing(relpath))
+            continue
         reads_tree = getattr(patch, "reads_tree", False)
         if reads_tree:
             note_source(relpath, current.raw)  # what its runtime check rewrites
@@ -322,8 +336,10 @@ def _plan_file(
         # requirement's rewrite), but for a derived patch a later one reads.
         if needed and patch.id in selected and (rewrite or read_later and reads_tree):
             rewritten = True
+            # A whole file the patch adds or deletes, needed where it is: gone.
+            deleted = relpath in patch.whole_files
             try:
-                current = _rewrite(patch, current, needed)
+                current = _rewrite(patch, current, needed, deleted)
                 changed_by.append(patch.id)
                 stages.append((patch.id, current.raw))
             except RewriteRefused as refusal:
@@ -335,8 +351,10 @@ def _plan_file(
         found.append(findings)
     if cache is not None and not rewritten:
         cache.store(relpath, original.raw, touching, found)
-    if changed_by and current.raw != original.raw:
-        return found, FileEdit(relpath, original.raw, current.raw, changed_by, stages)
+    if deleted or (changed_by and current.raw != original.raw):
+        action = "delete" if deleted else "change"
+        edit = FileEdit(relpath, original.raw, current.raw, changed_by, stages, action)
+        return found, edit
     return found, None
 
 
@@ -372,7 +390,9 @@ class SkeletonRewrite:
     changed: Changes
 
 
-def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceFile:
+def _rewrite(
+    patch: Patch, source: SourceFile, needed: list[Finding], deleted: bool = False
+) -> SourceFile:
     """Apply one patch to one file and prove the result is what it claims.
 
     The patch first rewrites a skeleton of the file (see :func:`_skeleton`):
@@ -381,6 +401,8 @@ def _rewrite(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceF
     there (a parse error, a rewrite that raises or that the checks refuse)
     falls back to the whole module, whose result is authoritative.
     """
+    if deleted:  # a file the patch deletes whole: nothing is left
+        return SourceFile(source.relpath, b"")
     if os.environ.get(FULL_REWRITE_ENV) != "1":
         try:
             fast = _rewrite_skeleton(patch, source, needed)
@@ -571,10 +593,18 @@ def _changed_lines(before: SourceFile, after: SourceFile) -> Changes:
 def _check_edits_inside(
     before: SourceFile, changed: Changes, needed: list[Finding]
 ) -> None:
-    """Refuse a rewrite that touched lines no needed finding claimed."""
+    """Refuse a rewrite that touched lines no needed finding claimed (an
+    insertion after blank lines also counts where they begin: vllm#35219)."""
+    lines = before.raw.splitlines()
     for i1, i2 in changed:
         first, last = i1 + 1, max(i2, i1 + 1)
-        if not any(f.span[0] <= first and last <= f.span[1] + 1 for f in needed):
+        gap = i1 if i1 == i2 else -1
+        while 0 < gap <= len(lines) and not lines[gap - 1].strip():
+            gap -= 1
+        places = ((first, last), (gap + 1, gap + 1))
+        if not any(
+            f.span[0] <= a and b <= f.span[1] + 1 for f in needed for a, b in places
+        ):
             raise RewriteRefused(
                 f"the rewrite changed {before.relpath}:{first}-{last}, outside "
                 f"the recognised target(s) "

@@ -222,10 +222,26 @@ class Patch:
     #: to be missing there.
     also_reads: tuple[str, ...] = ()
 
+    #: Files of ``paths`` the patch adds or deletes whole (a derived patch
+    #: of a diff that does): where the tree lacks one the plan asks
+    #: :meth:`recognise_missing`, and where one is needed it writes
+    #: :meth:`whole_file` in its place instead of calling :meth:`rewrite`.
+    whole_files: tuple[str, ...] = ()
+
     def part_file(self, part: str) -> str:
         """The one file ``part`` is in, where the patch knows it (a derived
         patch's unit); "" where a part may be in any file ``paths`` match."""
         return ""
+
+    def recognise_missing(self, path: str) -> list[Finding]:
+        """The findings for ``path``, one of :attr:`whole_files`, where the
+        tree lacks it (a file the fix adds is needed there)."""
+        return []
+
+    def whole_file(self, path: str) -> bytes | None:
+        """What ``path``, one of :attr:`whole_files`, holds after the fix:
+        its bytes, or None where the fix deletes it."""
+        raise NotImplementedError
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
         """Report the state of every target location in one parsed file.

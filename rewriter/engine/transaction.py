@@ -75,6 +75,9 @@ class ExtraChange:
     new: bytes | None
     like: str | None = None
     mode: int | None = None
+    #: A file of the plan (a patch adds or deletes it): listed among the
+    #: paths written when it is removed too.
+    of_plan: bool = False
 
 
 def write_edits(
@@ -89,6 +92,10 @@ def write_edits(
     set before the rename: bytecode that records its source's mtime is
     compiled for exactly that time.
     """
+    # A file a patch adds or deletes is created or removed with the extra
+    # changes: new files first, removals last.
+    extra = [*_whole_files(root, edits), *extra]
+    edits = [edit for edit in edits if edit.action == "change"]
     # Every target is checked before anything is staged, so a refusal leaves
     # no temporary file behind and stale ones are cleared before new ones exist.
     targets = [_checked_target(root, edit) for edit in edits]
@@ -151,12 +158,31 @@ def write_edits(
     return _written(replaced, extra_staged)
 
 
+def _whole_files(root: Path, edits: Sequence[FileEdit]) -> list[ExtraChange]:
+    """The files the edits add (mode 0644, their folders made as needed) or
+    delete (only where the file is still the one the plan read)."""
+    changes = []
+    for edit in edits:
+        if edit.action == "delete":
+            _checked_target(root, edit)
+        if edit.action != "change":
+            new = None if edit.action == "delete" else edit.new
+            changes.append(ExtraChange(edit.relpath, new, mode=0o644, of_plan=True))
+    return changes
+
+
 def _written(
     replaced: Sequence[tuple[FileEdit, Path]], extra_staged: Sequence[_StagedExtra]
 ) -> list[str]:
-    """The relative paths a complete transaction wrote: edits, then creations."""
+    """The relative paths a complete transaction wrote: edits, then
+    creations, then the plan's files it removed."""
     created = [i.change.relpath for i in extra_staged if i.change.new is not None]
-    return [edit.relpath for edit, _ in replaced] + created
+    removed = [
+        i.change.relpath
+        for i in extra_staged
+        if i.change.new is None and i.change.of_plan
+    ]
+    return [edit.relpath for edit, _ in replaced] + created + removed
 
 
 def _checked_target(root: Path, edit: FileEdit) -> Path:

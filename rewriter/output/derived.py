@@ -26,7 +26,13 @@ def derive_json(result: Any) -> dict[str, Any]:
         "data_file": str(Path(result.data_file).absolute()),
         "round_trip": result.round_trip,
         "units": [
-            {"path": u.path, "kind": u.kind, "name": u.name, "edits": len(u.edits)}
+            {
+                "path": u.path,
+                "kind": u.kind,
+                "name": u.name,
+                # A file added or deleted whole: its text, and no edit recorded.
+                "edits": 0 if u.whole_file else len(u.edits),
+            }
             for u in result.units
         ],
         "tests": [t.path for t in result.tests],

@@ -14,8 +14,15 @@ def unified_diff(edits: Sequence[FileEdit]) -> str:
     for edit in edits:
         old = edit.old.decode("utf-8", "surrogateescape").splitlines(keepends=True)
         new = edit.new.decode("utf-8", "surrogateescape").splitlines(keepends=True)
-        lines = difflib.unified_diff(old, new, f"a/{edit.relpath}", f"b/{edit.relpath}")
+        # A file added or deleted is named /dev/null on its other side, as
+        # git writes it (git apply and patch -p1 then create or remove it).
+        source = "/dev/null" if edit.action == "add" else f"a/{edit.relpath}"
+        target = "/dev/null" if edit.action == "delete" else f"b/{edit.relpath}"
+        lines = difflib.unified_diff(old, new, source, target)
         chunks.append(f"diff --git a/{edit.relpath} b/{edit.relpath}\n")
+        if edit.action != "change":
+            what = "new" if edit.action == "add" else "deleted"
+            chunks.append(f"{what} file mode 100644\n")
         for line in lines:
             chunks.append(
                 line

@@ -24,6 +24,7 @@ The package's modules, in the order a fix travels through them:
 
 from deepstack_patch.engine.derived.data import (
     EDIT_KINDS,
+    FILE_KINDS,
     SCHEMA,
     UNIT_KINDS,
     Anchor,
@@ -41,6 +42,7 @@ from deepstack_patch.engine.protocol import RecordedTest
 __all__ = [
     "EDIT_KINDS",
     "SCHEMA",
+    "FILE_KINDS",
     "UNIT_KINDS",
     "Anchor",
     "DerivedPatch",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,21 @@ UNIT_KINDS = (
     "class-attribute",
     "module-statement",
     "import",
+    "new-file",
+    "deleted-file",
 )
 EDIT_KINDS = ("body", "header", "imports", "docstring")
+
+#: The units that add or delete a whole file: ``after`` (``before``) is the
+#: file's whole text, the other side is "", and the data file records no
+#: edits for them (the text is the change).
+FILE_KINDS = ("new-file", "deleted-file")
+
+#: The one edit a whole-file unit holds in memory (never written): the whole
+#: text as ``inserted`` (a new file) or ``removed`` (a deleted one), so that
+#: the checks of the fix's new code read a new module as they read any
+#: other inserted code (engine/derived/names.py, runtime.py, reads.py).
+WHOLE_FILE_EDIT = "file"
 
 
 @dataclass(frozen=True)
@@ -94,7 +108,40 @@ class Unit:
         what = {"class-attribute": "statement of class", "import": "imports"}
         if self.kind == "import":
             return f"imports of {self.path}"
+        if self.kind in FILE_KINDS:
+            return f"{self.kind.replace('-', ' ')} {self.path}"
         return f"{what.get(self.kind, self.kind)} {self.name} in {self.path}"
+
+    @property
+    def whole_file(self) -> bool:
+        return self.kind in FILE_KINDS
+
+
+def module_name(path: str) -> str:
+    """``vllm/a/b.py`` -> ``vllm.a.b`` (``vllm/a/__init__.py`` -> ``vllm.a``):
+    the name of a whole-file unit."""
+    dotted = path.removesuffix(".py").replace("/", ".")
+    return dotted.removesuffix(".__init__")
+
+
+def new_modules(units: Sequence[Unit], inside: str = "") -> set[str]:
+    """The dotted names of the modules the units add as new files; with
+    ``inside``, the names of those that are submodules of that package."""
+    added = {unit.name for unit in units if unit.kind == "new-file"}
+    if not inside:
+        return added
+    return {
+        name[len(inside) + 1 :] for name in added if name.rpartition(".")[0] == inside
+    }
+
+
+def whole_file_unit(path: str, kind: str, text: str) -> Unit:
+    """A unit that adds (``new-file``) or deletes (``deleted-file``) the file
+    ``path`` whose text is ``text``, with its one in-memory edit (see
+    :data:`WHOLE_FILE_EDIT`)."""
+    before, after = ("", text) if kind == "new-file" else (text, "")
+    edit = Edit(kind=WHOLE_FILE_EDIT, removed=before, inserted=after)
+    return Unit(path, kind, module_name(path), before, after, (edit,))
 
 
 @dataclass(frozen=True)
@@ -274,6 +321,8 @@ def _unit(table: dict[str, Any]) -> Unit:
     kind = _field(table, "kind")
     if kind not in UNIT_KINDS:
         raise ValueError(f"unknown unit kind {kind!r}")
+    if kind in FILE_KINDS:
+        return _file_unit(table, kind)
     return Unit(
         path=_field(table, "path"),
         kind=kind,
@@ -282,6 +331,23 @@ def _unit(table: dict[str, Any]) -> Unit:
         after=_field(table, "after", ""),
         edits=tuple(_edit(edit) for edit in table["edits"]),
     )
+
+
+def _file_unit(table: dict[str, Any], kind: str) -> Unit:
+    """A whole-file unit: its text on one side, "" on the other, no edits
+    (the text is the change, read once by a reviewer)."""
+    path = _field(table, "path")
+    before, after = _field(table, "before", ""), _field(table, "after", "")
+    if table.get("edits"):
+        raise ValueError(f"unit {kind} {path}: a whole file has no edits")
+    if (before if kind == "new-file" else after) != "":
+        side = "before" if kind == "new-file" else "after"
+        raise ValueError(f"unit {kind} {path}: `{side}` must be empty")
+    unit = whole_file_unit(path, kind, before or after)
+    name = _field(table, "name", unit.name)
+    if name != unit.name:
+        raise ValueError(f"unit {kind} {path}: its name is {unit.name!r}, not {name!r}")
+    return unit
 
 
 def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
@@ -376,7 +442,7 @@ def dump_derived(patch: Any) -> str:
             f"before = {_text(unit.before)}",
             f"after = {_text(unit.after)}",
         ]
-        for edit in unit.edits:
+        for edit in () if unit.whole_file else unit.edits:
             out += ["", "[[units.edits]]", f"kind = {_string(edit.kind)}"]
             steps = ", ".join(_step(s) for s in edit.block)
             out.append(f"block = [{steps}]")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from deepstack_patch.engine.derived import names, shapes
+from deepstack_patch.engine.derived.data import Edit
 from deepstack_patch.engine.derived.match import (
     CompiledEdit,
     ShapeCache,
@@ -19,15 +21,37 @@ from deepstack_patch.engine.derived.match import (
 from deepstack_patch.engine.protocol import PatchState
 
 
+def rebound(edits: Sequence[Edit], tree: ast.Module) -> frozenset[str]:
+    """The names the import edits ``edits`` (one unit's) bind that the file's
+    imports lack: a name one edit imports from another module and another
+    edit stops importing where it was (vllm#30566 moves ``MultiModalDataDict``
+    to ``vllm.inputs``) is dropped where it was while it is added."""
+    present = set(
+        import_aliases(
+            i for i in tree.body if isinstance(i, ast.Import | ast.ImportFrom)
+        )
+    )
+    return frozenset(
+        bound_name(alias)
+        for edit in edits
+        if edit.kind == "imports"
+        for alias in names.wanted_imports(edit)
+        if alias not in present
+    )
+
+
 def recognise_imports(
     compiled: CompiledEdit,
     tree: ast.Module,
     shapes_of: ShapeCache,
     uses_after_fix: Counter[str] | None,
+    unit_edits: Sequence[Edit] = (),
 ) -> tuple[PatchState, str, tuple[int, int], dict[str, Any]]:
     """Imports are added where missing and dropped where the fix dropped them
     and nothing uses them once the fix is in (``uses_after_fix``: what the
-    needed units' rewrites take away and bring); they never drift."""
+    needed units' rewrites take away and bring), or where the unit's edits
+    (``unit_edits``) import them from elsewhere instead (:func:`rebound`);
+    they never drift."""
     edit = compiled.edit
     wanted = names.wanted_imports(edit)  # never a name of a context line
     dropped = [
@@ -43,6 +67,12 @@ def recognise_imports(
         used = name_uses([tree])
         used.update(uses_after_fix)  # update adds negative counts too
         unused = [a for a in dropped if a in present and used[bound_name(a)] <= 0]
+    moving = rebound(unit_edits, tree) if dropped else frozenset()
+    unused += [
+        a
+        for a in dropped
+        if a in present and a not in unused and bound_name(a) in moving
+    ]
     leading = _leading_imports(tree)
     if leading:
         # With the blank and comment lines after them, up to the next
@@ -60,13 +90,20 @@ def recognise_imports(
         matches = [n for n in leading if anchor.matches(n, shapes_of)]
         if len(matches) == 1:
             after_statement = ast.unparse(matches[0])
-    if not after_statement and leading:
+    # Upstream's first import (no import before it): before the one it
+    # precedes upstream, where that one is there once (vllm#30518's
+    # `import sys`); else after the last leading import.
+    following = compiled.after_anchor if anchor is None else None
+    before = [n for n in leading if following and following.matches(n, shapes_of)]
+    if not after_statement and len(before) != 1 and leading:
         after_statement = ast.unparse(leading[-1])
     details = {
         "add": [list(a) for a in missing],
         "drop": [list(a) for a in unused],
         "after": after_statement,
     }
+    if not after_statement and len(before) == 1:
+        details["before"] = ast.unparse(before[0])
     return PatchState.NEEDED, "", span, details
 
 

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from deepstack_patch.engine.context import TreeContext, tree_context
 from deepstack_patch.engine.derived import shapes
-from deepstack_patch.engine.derived.data import Edit, Unit
+from deepstack_patch.engine.derived.data import Edit, Unit, new_modules
 from deepstack_patch.engine.derived.declared import declared_names
 from deepstack_patch.engine.derived.match import (
     bound_name,
@@ -156,6 +156,9 @@ def _code_states_elsewhere(
         return None
     found: list[_State | None] = []
     for other in others:
+        if other in getattr(patch, "whole_files", ()):  # a file it adds or deletes
+            found += patch.whole_file_states(other) or [None]  # type: ignore[attr-defined]
+            continue
         if not context.is_file(other):  # its code is absent
             found += [
                 None for u in patch.units if u.path == other and u.kind != "import"
@@ -536,11 +539,20 @@ def _parsed(context: TreeContext, relpath: str) -> ast.Module | None:
 
 
 def _own_names(patch: DerivedPatch, dotted: str) -> set[str]:
-    """What the patch itself adds to the module ``dotted`` (a file it changes)."""
+    """What the patch itself adds to the module ``dotted`` (a file it changes
+    or adds), and the submodules it adds to it (new files)."""
     relpath = "/".join(dotted.split("."))
-    return _patch_bindings(patch, relpath + ".py") | _patch_bindings(
-        patch, relpath + "/__init__.py"
+    own = _patch_bindings(patch, relpath + ".py") | new_modules(
+        getattr(patch, "units", ()), dotted
     )
+    return own | _patch_bindings(patch, relpath + "/__init__.py")
+
+
+def _patched(context: TreeContext, patch: DerivedPatch, dotted: str) -> _Module | None:
+    """The tree's module ``dotted``, or a new file of the patch (_own_names)."""
+    if dotted in new_modules(getattr(patch, "units", ())):
+        return _Module(frozenset(), None, False)
+    return _module(context, dotted)
 
 
 def _missing_import(
@@ -551,13 +563,13 @@ def _missing_import(
 ) -> str:
     for kind, module, level, name, _asname in aliases:
         if kind == "import":
-            if name.split(".")[0] == "vllm" and _module(context, name) is None:
+            if name.split(".")[0] == "vllm" and _patched(context, patch, name) is None:
                 return f"the fix imports `{name}`, which this release lacks"
             continue
         dotted = absolute_module(module, level, path)
         if dotted.split(".")[0] != "vllm" or name == "*":
             continue
-        found = _module(context, dotted)
+        found = _patched(context, patch, dotted)
         if found is None or not (
             found.has(name, context) or name in _own_names(patch, dotted)
         ):
@@ -569,12 +581,12 @@ def _missing_attribute(
     context: TreeContext, patch: DerivedPatch, dotted: str, chain: Sequence[str]
 ) -> str:
     """``dotted.a.b``: each step a submodule, or a name of the last module."""
-    found = _module(context, dotted)
+    found = _patched(context, patch, dotted)
     if found is None:  # ``from vllm.a import b``: b is then not a module
         parent, _, name = dotted.rpartition(".")
         return (
             f"the fix needs `{name}` from `{parent}`, which this release lacks"
-            if parent and _module(context, parent) is None
+            if parent and _patched(context, patch, parent) is None
             else ""
         )
     for attribute in chain:

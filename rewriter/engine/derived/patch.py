@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.derived import (
     docstrings,
+    files,
     imports,
     moved,
     names,
@@ -114,6 +115,8 @@ class DerivedPatch(Patch):
             "Nothing beyond the statements of the upstream diff (the data file "
             "shows each unit before and after)."
         )
+        #: The files it adds or deletes whole (engine/plan.py).
+        self.whole_files = tuple(u.path for u in self.units if u.whole_file)
         self._compiled: dict[Edit, CompiledEdit] = {}
         self._fingerprint = b""
 
@@ -122,7 +125,8 @@ class DerivedPatch(Patch):
         """The files of the modules its fix reads (after load checked that
         its code parses), and the release's whole ``vllm`` package, where
         its runtime names are looked up (engine/derived/runtime.py)."""
-        return (*module_files(self.units), *PACKAGE_FILES)
+        folders = files.folders_read(self.units)  # where new files go
+        return (*module_files(self.units), *folders, *PACKAGE_FILES)
 
     def part_file(self, part: str) -> str:
         """A unit's part is ``path::name``: the file is the unit's own."""
@@ -134,6 +138,8 @@ class DerivedPatch(Patch):
         units = [unit for unit in self.units if unit.path == path]
         if not units:
             return []
+        if units[0].whole_file:
+            return [files.still_imported(self, files.present(units[0], tree))]
         states = self.unit_states(tree, path)
         # A unit found under another name is read there (its names too).
         units = [moved.placed(unit, states[unit.part]) for unit in units]
@@ -156,6 +162,24 @@ class DerivedPatch(Patch):
             # None: the report says target absent, no <unit> in this tree
             if (state := states[unit.part]) is not None
         ]
+
+    def recognise_missing(self, path: str) -> list[Finding]:
+        """A file it adds or deletes, where the tree lacks it (:mod:`.files`)."""
+        unit = self._whole_unit(path)
+        return [] if unit is None else files.missing(self, unit)
+
+    def whole_file_states(self, path: str) -> list[Finding]:
+        """A file it adds or deletes, as the tree being recognised has it."""
+        return files.in_tree(self, self._whole_unit(path))
+
+    def whole_file(self, path: str) -> bytes | None:
+        """A file it adds (its bytes) or deletes (None), after the fix."""
+        unit = self._whole_unit(path)
+        assert unit is not None, path
+        return files.after_fix(unit)
+
+    def _whole_unit(self, path: str) -> Unit | None:
+        return next((u for u in self.units if u.path == path and u.whole_file), None)
 
     def unit_states(self, tree: ast.Module, path: str) -> dict[str, _UnitState | None]:
         """Each unit of ``path`` recognised on its own (None: absent)."""
@@ -245,7 +269,7 @@ class DerivedPatch(Patch):
                 continue
             if edit.kind == "imports":
                 state, reason, span, edit_details = imports.recognise_imports(
-                    compiled, tree, shapes_of, uses_after_fix
+                    compiled, tree, shapes_of, uses_after_fix, unit.edits
                 )
                 details[str(index)] = edit_details
             else:

@@ -75,6 +75,9 @@ class Region:
     indent: str
     elif_line: int = -1
     raw: frozenset[int] = frozenset()
+    #: A header's region whose last line holds the block too
+    #: (``class A(B): ...``).
+    holds_block: bool = False
 
     def text(self, lines: Sequence[str]) -> list[str]:
         """The region's lines, dedented, without their ends."""
@@ -149,17 +152,24 @@ def header(lines: Sequence[str], node: ast.stmt) -> Region | str:
     """The region of a compound statement's header: its decorators to the
     colon before its block (an ``elif`` read as an ``if``)."""
     body = node.body  # type: ignore[attr-defined]
-    if not _starts_its_line(lines, node) or not _starts_its_line(lines, body[0]):
+    if not _starts_its_line(lines, node):
         return "the block is on the line of its header; the fix needs it indented"
     first = first_line(node) - 1
     stop = first_line(body[0]) - 1
+    holds_block = not _starts_its_line(lines, body[0])
+    if holds_block and node.end_lineno == body[0].lineno:
+        # ``class A(B): ...``: the one line of its block ends the header's
+        # last line; the header's lines are the statement's (vllm#30518).
+        stop = body[0].lineno
+    elif holds_block:
+        return "the block is on the line of its header; the fix needs it indented"
     while stop > first + 1 and is_gap(lines[stop - 1]):
         stop -= 1
     elif_line = node.lineno - 1 if is_elif(lines, node) else -1
     raw = frozenset(
         string_lines([*getattr(node, "decorator_list", []), _emptied(node)])
     )
-    return Region(first, stop, indentation(lines[first]), elif_line, raw)
+    return Region(first, stop, indentation(lines[first]), elif_line, raw, holds_block)
 
 
 def _emptied(node: ast.stmt) -> ast.stmt:

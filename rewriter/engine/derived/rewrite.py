@@ -176,6 +176,11 @@ class _Text:
         before = walk.renamed_header(compiled.edit.header_before)
         after = walk.renamed_header(compiled.edit.header_after)
         out = regions.replaced(lines, region, before, after, self.newline)
+        if out is None and region.holds_block:  # it would write upstream's block
+            raise RewriteRefused(
+                "the header shares its last line with its block, and its lines "
+                "are not the ones the fix changes"
+            )
         if out is None:  # not the recorded lines: the fixed header whole
             out = regions.rewritten(lines, region, after, self.newline)
         self.replace(lines, region, out)
@@ -365,6 +370,7 @@ class _Imports:
         if drop:
             body = [s for s in (self._without(s, drop) for s in body) if s is not None]
         after = details.get("after", "")
+        before = details.get("before", "")
         for statement in shapes.parse_statements(compiled.edit.inserted):
             wanted = [a for a in import_aliases([statement]) if a in add]
             if not wanted:
@@ -382,8 +388,13 @@ class _Imports:
                 if key in wanted
             ]
             reduced = ast.unparse(_with_names(statement, kept))
-            position = self._position_after(body, after)
-            body.insert(position, cst.parse_statement(reduced + "\n"))
+            new = cst.parse_statement(reduced + "\n")
+            position = self._position_of(body, before) if before and not after else None
+            if position is not None:
+                new, body[position] = _ahead_of(new, body[position])
+            else:
+                position = self._position_after(body, after)
+            body.insert(position, new)
             after = reduced
         return self.module.with_changes(body=body)
 
@@ -469,6 +480,16 @@ class _Imports:
             names.insert(position, alias)
         return line.with_changes(body=[node.with_changes(names=names)])
 
+    def _position_of(self, body: Statements, code: str) -> int | None:
+        """Where the statement ``code`` is (recognition found it once)."""
+        target = shapes.shape(ast.parse(code).body[0])
+        for index, statement in enumerate(body):
+            if isinstance(statement, cst.SimpleStatementLine) and [
+                shapes.shape(n) for n in self.ast_of(statement)
+            ] == [target]:
+                return index
+        return None
+
     def _position_after(self, body: Statements, after: str) -> int:
         if after:
             target = shapes.shape(ast.parse(after).body[0])
@@ -493,6 +514,22 @@ class _Imports:
                 case _:
                     break
         return position
+
+
+def _ahead_of(
+    new: cst.BaseStatement, following: cst.BaseStatement
+) -> tuple[cst.BaseStatement, cst.BaseStatement]:
+    """``new`` to go right before ``following``: the blank lines above that
+    one go above ``new`` (a comment right above it stays with it), as git
+    writes an import added at the head of a group."""
+    lines = list(following.leading_lines)
+    blank = 0
+    while blank < len(lines) and lines[blank].comment is None:
+        blank += 1
+    return (
+        new.with_changes(leading_lines=lines[:blank]),
+        following.with_changes(leading_lines=lines[blank:]),
+    )
 
 
 def _aliases_of(

@@ -150,6 +150,12 @@ class Package:
     digest: str
 
 
+def package_of(context: TreeContext) -> Package:
+    """The tree's ``vllm`` package, read once per plan (:mod:`.files` looks
+    there for what imports a module a fix deletes)."""
+    return _package(context)
+
+
 def _package(context: TreeContext) -> Package:
     key = ("runtime package", context.root)
     if key not in context.memo:
@@ -344,7 +350,14 @@ def typed_problem(
 ) -> str:
     """ty's first new "cannot run" diagnostic on the fix's lines, worded;
     empty where there is none (cached, see the module's docstring)."""
-    raw = context.sources.get(path)
+    # The files the patch adds are there once it is applied: the fixed file
+    # may import them, and a new module is checked as the fix leaves it.
+    added = {
+        unit.path: unit.after.encode("utf-8")
+        for unit in patch.units
+        if unit.kind == "new-file"
+    }
+    raw = b"" if path in added else context.sources.get(path)
     if raw is None:
         try:
             raw = context.read(path)
@@ -356,13 +369,21 @@ def typed_problem(
     cached = typecheck.cached(key)
     if cached is not None:
         return cached
-    fixed = _fixed_bytes(context, patch, units, states, path, raw)
+    fixed = added.get(path) or _fixed_bytes(context, patch, units, states, path, raw)
     if fixed is None:  # the rewrite refused: apply says so, with its reason
         return ""
     try:
-        # The other files as the earlier patches of the series leave them.
+        # The other files as the earlier patches of the series leave them,
+        # and the files this patch adds.
         others = {r: b for r, b in context.overlay.items() if r != path}
-        before, after = typecheck.diagnostics(context.root, path, raw, fixed, others)
+        before, after = typecheck.diagnostics(
+            context.root,
+            path,
+            raw,
+            fixed,
+            others,
+            {p: t for p, t in added.items() if p != path},
+        )
     except typecheck.CheckerFailed as failed:
         return f"the type checker could not check the fixed {path}: {failed}"
     lines = _written_lines(raw, fixed)

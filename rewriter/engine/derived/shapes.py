@@ -133,8 +133,8 @@ def header_source(source_lines: Sequence[str], node: ast.stmt) -> str:
     if isinstance(region, str):
         return header_code(node) + "\n"
     text = regions.recorded(source_lines, region)
-    try:
-        parsed = ast.parse(text + "    ...\n")
+    try:  # a header whose last line holds its block is a whole statement
+        parsed = ast.parse(text if region.holds_block else text + "    ...\n")
     except SyntaxError:
         parsed = None
     if (

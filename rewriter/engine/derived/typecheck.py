@@ -46,11 +46,13 @@ def diagnostics(
     raw: bytes,
     fixed: bytes,
     others: Mapping[str, bytes] | None = None,
+    added: Mapping[str, bytes] | None = None,
 ) -> tuple[list[Diagnostic], list[Diagnostic]]:
     """ty on ``path`` as it is and as fixed, each in a folder of links to
     the tree's ``vllm`` package (the fixed file in place of its own, and
     ``others``, the files earlier patches of the series rewrote, in place of
-    theirs), run side by side."""
+    theirs), run side by side; ``added``: the other files the fix adds
+    (relative path -> text), there in the fixed run."""
     binary = _ty_binary()
     with tempfile.TemporaryDirectory(prefix="deepstack-runtime-") as scratch:
         work = Path(scratch)
@@ -60,8 +62,11 @@ def diagnostics(
         )
         (work / "ty.toml").write_text("")  # not the tree's [tool.ty]
         runs = []
-        for name, text in (("before", raw), ("after", fixed)):
-            _overlay(root, work / name, {**(others or {}), path: text})
+        for name, files in (
+            ("before", {**(others or {}), path: raw}),
+            ("after", {**(others or {}), **(added or {}), path: fixed}),
+        ):
+            _overlay(root, work / name, files)
             command = [
                 binary, "check", "--config-file", str(work / "ty.toml"),
                 "--python", str(work / "env"), "--python-version", PYTHON_VERSION,
