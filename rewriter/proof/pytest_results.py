@@ -10,6 +10,7 @@ reconstructed from JUnit class names. Standard library and pytest only.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ MODULE = "deepstack_patch_results"
 OPTION = "--deepstack-results"
 
 _results: dict[str, dict[str, Any]] = {}
+_config: Any = None
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -55,6 +57,8 @@ def pytest_runtest_logreport(report: Any) -> None:
     if outcome != result["outcome"] and outcome != "passed":
         result["message"] = _message(report)
     result["outcome"] = outcome
+    if report.when == "teardown":
+        _write(_config)
 
 
 def pytest_collectreport(report: Any) -> None:
@@ -67,8 +71,22 @@ def pytest_collectreport(report: Any) -> None:
         }
 
 
+def pytest_configure(config: Any) -> None:
+    global _config
+    _config = config
+
+
 def pytest_sessionfinish(session: Any) -> None:
-    path = session.config.getoption(OPTION)
+    _write(session.config)
+
+
+def _write(config: Any) -> None:
+    """The results so far: after each test too, so that a run stopped at its
+    time limit still tells the tests that finished."""
+    path = config.getoption(OPTION) if config is not None else None
     if path:
         done = [r for r in _results.values() if r["outcome"]]
-        Path(path).write_text(json.dumps(done))
+        # Whole or not at all: a run stopped mid-write leaves the last file.
+        partial = Path(f"{path}.partial")
+        partial.write_text(json.dumps(done))
+        os.replace(partial, path)

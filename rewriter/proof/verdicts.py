@@ -8,6 +8,7 @@ from typing import Any
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.proof.imports import ImportStage
 from deepstack_patch.proof.proofs import COULD_NOT_RUN, ProofResult
+from deepstack_patch.proof.release_tests import ReleaseTests
 from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.runtime_stage import RuntimeStage
 
@@ -37,6 +38,10 @@ class PatchVerdict:
     imports: ImportStage | None = None
     #: A derived patch's runtime names, judged before the fix (runtime_stage.py).
     runtime: RuntimeStage | None = None
+    #: The release's tests of the units it changes, before and after the
+    #: fix (release_tests.py); None: not run (a proof of its own, no
+    #: pristine tree, or the fix is upstream's already).
+    release_tests: ReleaseTests | None = None
 
     @property
     def fail_to_pass(self) -> str:
@@ -85,6 +90,8 @@ class PatchVerdict:
             found.append(
                 f"fail-to-pass not shown (pristine proof {status_words(before)})"
             )
+        if self.release_tests is not None and self.release_tests.problem:
+            found.append(self.release_tests.problem)
         bad = [t for t in self.tests if t.outcome in ("failed", "error")]
         if bad:
             found.append(f"{len(bad)} tree test(s) failed")
@@ -106,6 +113,7 @@ class PatchVerdict:
             "pristine_baseline": list(self.pristine_baseline),
             "imports": self.imports.json() if self.imports else None,
             "runtime_names": self.runtime.json() if self.runtime else None,
+            "release_tests": self.release_tests.json() if self.release_tests else None,
             "fail_to_pass": self.fail_to_pass or None,
             "tree_tests": [t.nodeid for t in self.tests],
             "ok": not self.problems,

@@ -55,6 +55,8 @@ from deepstack_patch.proof.recorded_tests import (
     proven_by_recorded_tests,
     run_recorded_tests,
 )
+from deepstack_patch.proof.release_tests import DEFAULT_BUDGET_S, Pending
+from deepstack_patch.proof.release_tests import collect as collect_release_tests
 from deepstack_patch.proof.runtime_stage import runtime_stages
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
 from deepstack_patch.proof.verdicts import PatchVerdict
@@ -104,6 +106,7 @@ def verify(
     python: Path | None = None,
     gpu: bool = False,
     jobs: int = 3,
+    test_budget: float = DEFAULT_BUDGET_S,
     progress: Progress = lambda line: None,
     building: Progress | None = None,
 ) -> VerifyReport:
@@ -132,6 +135,7 @@ def verify(
         pristine=pristine,
         gpu=gpu,
         jobs=jobs,
+        test_budget=test_budget,
         progress=progress,
     )
 
@@ -259,9 +263,12 @@ def verify_tree(
     pristine: VllmTree | None = None,
     gpu: bool = False,
     jobs: int = 3,
+    test_budget: float = DEFAULT_BUDGET_S,
     progress: Progress = lambda line: None,
 ) -> VerifyReport:
-    """Run every selected check on ``tree`` (and its pristine release)."""
+    """Run every selected check on ``tree`` (and its pristine release);
+    ``test_budget``: the seconds each patch's release tests may take on
+    each tree (``release_tests.py``)."""
     started = time.monotonic()
     # Every check is forked from one process that imports torch and what the
     # checks import from the environment (forkserver.py), started first so
@@ -302,6 +309,9 @@ def verify_tree(
             )
             if tests:
                 progress(f"{len(tests)} tree test selection(s) with pytest")
+            release = _release_test_runs(
+                pool, env, tree, pristine, verdicts, test_budget, forks.run, progress
+            )
             test_future = pool.submit(
                 run_pytest, env.python, tree.root, tests, absent,
                 env=subprocess_env(tree.root), spawn=forks.run,
@@ -310,6 +320,10 @@ def verify_tree(
             proofs_before = _results([*before_futures, *recorded[True]])
             cpu_run = test_future.result()
             _set_import_stages(verdicts, *imports)
+            for verdict in verdicts:
+                if verdict.patch.id in release:
+                    runs = release[verdict.patch.id]
+                    verdict.release_tests = collect_release_tests(runs, test_budget)
 
     for verdict in verdicts:
         verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
@@ -358,6 +372,41 @@ def _recorded_runs(
                     pristine=is_pristine, spawn=spawn,
                 )
             )  # fmt: skip
+    return runs
+
+
+def _release_test_runs(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdicts: list[PatchVerdict],
+    budget: float,
+    spawn: Any,
+    progress: Progress,
+) -> dict[str, Pending]:
+    """The release's tests of what each patch without a proof of its own
+    changes, started on both trees (``release_tests.py``): only where there
+    is a pristine tree where the patch is needed (where it is applied there
+    too, both trees hold the same code)."""
+    from deepstack_patch.proof.impact import units_of
+    from deepstack_patch.proof.release_tests import submit
+
+    if pristine is None:
+        return {}
+    runs = {}
+    for verdict in verdicts:
+        patch = verdict.patch
+        if has_proof(patch) or not _provable(verdict.state):
+            continue
+        if verdict.pristine_state is not PatchState.NEEDED:
+            continue
+        units = units_of(patch, verdict.changed_files)
+        runs[patch.id] = submit(
+            pool, env, tree.root, pristine.root, units, budget, spawn
+        )
+        chosen = len(runs[patch.id].selection.tests)
+        progress(f"release tests of {patch.id}: {chosen} selected")
     return runs
 
 
