@@ -310,6 +310,29 @@ def test_the_budget_stops_a_run_and_keeps_what_finished(tmp_path: Path) -> None:
     assert late.reason == CANNOT_RUN + "the time budget (8 s) ran out before it ran"
 
 
+def test_a_file_that_cannot_import_stops_none_of_the_others(tmp_path: Path) -> None:
+    """pytest ends a session at a collection error unless told otherwise: a
+    test file short of a package could not run, the others run."""
+    tree = make_tree(tmp_path / "tree")
+    (tree / "tests" / "test_needs.py").write_text(
+        "import deepstack_no_such_package\nfrom vllm.shapes import Box\n\n\n"
+        "def test_needs():\n    assert Box(1, 1).area() == 1\n"
+    )
+    env = ProofEnv(Path(sys.executable))
+    with ThreadPoolExecutor(2) as pool:
+        result = collect(submit(pool, env, tree, tree, [AREA], budget_s=60), 60)
+    assert len(result.pass_to_pass) == 4
+    (needs,) = result.could_not_run
+    assert (needs.nodeid, needs.before, needs.after) == (
+        "tests/test_needs.py::test_needs",
+        "error",
+        "error",
+    )
+    assert needs.reason == CANNOT_RUN + (
+        "the package 'deepstack_no_such_package' is not installed"
+    )
+
+
 #: A fix that changes ``Box.area``'s value: the tests that hold the old one
 #: pass on the pristine tree and fail after.
 BROKEN = SHAPES.replace("return _area(self.w, self.h)", "return -1")
@@ -317,13 +340,17 @@ BROKEN = SHAPES.replace("return _area(self.w, self.h)", "return -1")
 KEPT = SHAPES.replace("return _area(self.w, self.h)", "return self.w * self.h")
 
 
-def verified(tmp_path: Path, fixed: str, budget: float = 60):
+def verified(tmp_path: Path, fixed: str, budget: float = 60, extra: str = ""):
     """derive ``fixed`` on a pristine synthetic tree, apply it to a copy,
-    verify the copy against the pristine tree: the report and the verdict."""
+    verify the copy against the pristine tree: the report and the verdict.
+    ``extra``: one more test file, tests/test_extra.py, in both trees."""
     from deepstack_patch.proof import verify
 
     before = make_tree(tmp_path / "pristine")
     after = make_tree(tmp_path / "fixed")
+    for tree in (before, after):
+        if extra:
+            (tree / "tests" / "test_extra.py").write_text(extra)
     diff = git_diff("vllm/shapes.py", SHAPES, fixed)
     result = derive_patch_from_text(diff, VllmTree.open(before), "acme#7")
     folder = tmp_path / "patches"
@@ -414,3 +441,30 @@ def test_the_budget_option_reaches_the_stage(tmp_path: Path) -> None:
     )
     assert "--test-budget SECONDS" in done.stdout
     assert f"(default: {DEFAULT_BUDGET_S:.0f})" in " ".join(done.stdout.split())
+
+
+def test_a_package_verify_cannot_add_says_why(tmp_path: Path) -> None:
+    """A test short of a package the interpreter lacks: with an interpreter
+    the user gave (here this one) verify installs nothing, and says so."""
+    from deepstack_patch.output.documents import verify_json
+
+    needs = (
+        "import deepstack_no_such_package\nfrom vllm.shapes import Box\n\n\n"
+        "def test_needs():\n    assert Box(1, 1).area() == 1\n"
+    )
+    report, verdict = verified(tmp_path, KEPT, extra=needs)
+    stage = verdict.release_tests
+    assert stage is not None and len(stage.pass_to_pass) == 4
+    (needing,) = stage.could_not_run
+    assert needing.reason == (
+        "could not run: the package 'deepstack_no_such_package' is not "
+        f"installed (--python {sys.executable} is your environment: verify "
+        "installs nothing into it)"
+    )
+    assert report.extras is not None and report.extras.env is None
+    assert list(report.extras.refused) == ["deepstack_no_such_package"]
+    document = json.loads(json.dumps(verify_json(report)))
+    assert schema_errors("verify", document) == []
+    extras = document["environment"]["extras"]
+    assert extras["installed"] == {} and extras["python"] is None
+    assert "installs nothing" in extras["refused"]["deepstack_no_such_package"]

@@ -17,6 +17,10 @@ from typing import Any
 #: The name the copy of this file is loaded under.
 MODULE = "deepstack_patch_results"
 OPTION = "--deepstack-results"
+#: A JSON list of node ids: only those tests (and their parametrizations)
+#: run. verify gives pytest whole files with it, since a node id in a file
+#: that cannot be imported is a usage error that ends the session.
+SELECT_OPTION = "--deepstack-select"
 
 _results: dict[str, dict[str, Any]] = {}
 _config: Any = None
@@ -24,6 +28,23 @@ _config: Any = None
 
 def pytest_addoption(parser: Any) -> None:
     parser.addoption(OPTION, default=None, help="write each test's result here")
+    parser.addoption(SELECT_OPTION, default=None, help="run only these node ids")
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    path = config.getoption(SELECT_OPTION)
+    if not path:
+        return
+    wanted = json.loads(Path(path).read_text())
+
+    def chosen(nodeid: str) -> bool:
+        return any(
+            nodeid == w or nodeid.startswith((w + "[", w + "::")) for w in wanted
+        )
+
+    kept = [item for item in items if chosen(item.nodeid)]
+    config.hook.pytest_deselected(items=[i for i in items if not chosen(i.nodeid)])
+    items[:] = kept
 
 
 def _message(report: Any) -> str:

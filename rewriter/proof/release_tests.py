@@ -24,7 +24,9 @@ runs nothing: both trees hold the same code. Nothing here names a fix.
 
 from __future__ import annotations
 
+import json
 import re
+import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,7 @@ from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 from deepstack_patch.proof.failures import environment_cause, failure_summary
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.impact import ChangedUnit, Selection, select
+from deepstack_patch.proof.pytest_results import SELECT_OPTION
 from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest
 
@@ -42,6 +45,7 @@ from deepstack_patch.proof.tree_tests import TestRun, run_pytest
 #: tests a few more.
 DEFAULT_BUDGET_S = 120.0
 
+CONTINUE = "--continue-on-collection-errors"
 _MISSING_FIXTURE = re.compile(r"fixture '([\w]+)' not found")
 _FAILED = ("failed", "error")
 
@@ -171,11 +175,18 @@ def submit(
 def _run(
     env: ProofEnv, tree: Path, selection: Selection, budget_s: float, spawn: Spawn
 ) -> TestRun:
-    chosen = {nodeid: [] for nodeid in selection.tests}
-    return run_pytest(
-        env.python, tree, chosen, [], env=subprocess_env(tree),
-        timeout=budget_s, spawn=spawn,
-    )  # fmt: skip
+    # pytest is given the files, and our plugin keeps the selected tests: a
+    # test file that cannot import (a package it lacks) then stops none of
+    # the others, where a node id of it would end the session.
+    files = {nodeid.split("::")[0]: [] for nodeid in selection.tests}
+    with tempfile.TemporaryDirectory(prefix="deepstack-select-") as scratch:
+        wanted = Path(scratch) / "selected.json"
+        wanted.write_text(json.dumps(sorted(selection.tests)))
+        options = [CONTINUE, f"{SELECT_OPTION}={wanted}"]
+        return run_pytest(
+            env.python, tree, files, [], env=subprocess_env(tree),
+            timeout=budget_s, spawn=spawn, options=options,
+        )  # fmt: skip
 
 
 def collect(pending: Pending, budget_s: float) -> ReleaseTests:

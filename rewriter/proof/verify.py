@@ -46,10 +46,16 @@ from deepstack_patch.engine.series import patch_sources
 from deepstack_patch.engine.targets import Targets
 from deepstack_patch.engine.tree import VllmTree, link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
+from deepstack_patch.proof.extras import Extras
 from deepstack_patch.proof.forkserver import ForkServer
 from deepstack_patch.proof.gpu import GpuStage, gpu_stage
 from deepstack_patch.proof.imports import changed_modules, import_stage, run_imports
-from deepstack_patch.proof.proofs import ProofResult, has_proof, run_proofs
+from deepstack_patch.proof.proofs import (
+    COULD_NOT_RUN,
+    ProofResult,
+    has_proof,
+    run_proofs,
+)
 from deepstack_patch.proof.recorded_tests import (
     no_proof_reason,
     proven_by_recorded_tests,
@@ -77,6 +83,8 @@ class VerifyReport:
     gpu: GpuStage
     pristine: VllmTree | None = None
     seconds: float = 0.0
+    #: Packages added for tests that needed them, and those refused (extras.py).
+    extras: Extras | None = None
 
     @property
     def ok(self) -> bool:
@@ -325,10 +333,13 @@ def verify_tree(
                     runs = release[verdict.patch.id]
                     verdict.release_tests = collect_release_tests(runs, test_budget)
 
-    for verdict in verdicts:
-        verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
-        verdict.pristine_proof = proofs_before.get(verdict.patch.id)
-        verdict.tests = cpu_run.cases_of(verdict.patch.id)
+        for verdict in verdicts:
+            verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
+            verdict.pristine_proof = proofs_before.get(verdict.patch.id)
+            verdict.tests = cpu_run.cases_of(verdict.patch.id)
+        extras = _with_extras(
+            env, tree, pristine, verdicts, Path(scratch), test_budget, progress
+        )
 
     stage = gpu_stage(tree, targets, applicable, progress) if gpu else GpuStage(False)
     return VerifyReport(
@@ -339,7 +350,113 @@ def verify_tree(
         gpu=stage,
         pristine=pristine,
         seconds=round(time.monotonic() - started, 1),
+        extras=extras,
     )
+
+
+def _with_extras(
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdicts: list[PatchVerdict],
+    scratch: Path,
+    budget: float,
+    progress: Progress,
+) -> Extras | None:
+    """Where a recorded or selected test could not run for a package the
+    proof environment lacks: that package at the release's pin, in an
+    overlay of the environment (``extras.py``), and those patches' tests run
+    again with it; what could not be given says why."""
+    from deepstack_patch.proof.extras import missing_packages, provide
+
+    def reasons(verdict: PatchVerdict) -> list[str]:
+        found = [
+            proof.message
+            for proof in (verdict.proof, verdict.pristine_proof)
+            if proof is not None and proof.status == COULD_NOT_RUN
+        ]
+        if verdict.release_tests is not None:
+            found += [o.reason for o in verdict.release_tests.could_not_run]
+        return found
+
+    wanting = {v.patch.id: missing_packages(reasons(v)) for v in verdicts}
+    modules = list(dict.fromkeys(m for found in wanting.values() for m in found))
+    if not modules:
+        return None
+    progress(f"tests could not run without: {', '.join(modules)}")
+    extras = provide(env, tree.root, modules, progress)
+    for module, why in extras.refused.items():
+        progress(f"{module}: not added: {why}")
+    if extras.env is None:
+        _say_refused(verdicts, extras)
+        return extras
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for verdict in verdicts:
+            if not set(wanting[verdict.patch.id]) & set(extras.installed):
+                continue
+            progress(f"{verdict.patch.id}: its tests again, with "
+                     f"{', '.join(extras.installed.values())}")  # fmt: skip
+            _rerun(pool, extras.env, tree, pristine, verdict, scratch, budget)
+    _say_refused(verdicts, extras)
+    return extras
+
+
+def _rerun(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdict: PatchVerdict,
+    scratch: Path,
+    budget: float,
+) -> None:
+    """A patch's recorded tests and release tests once more, in ``env``."""
+    from deepstack_patch.proof.impact import units_of
+    from deepstack_patch.proof.release_tests import submit
+
+    patch = verdict.patch
+    release = None
+    if verdict.release_tests is not None and pristine is not None:
+        units = units_of(patch, verdict.changed_files)
+        release = submit(pool, env, tree.root, pristine.root, units, budget)
+    if proven_by_recorded_tests(patch):
+        if _provable(verdict.state):
+            verdict.proof = _recorded_proof(env, tree.root, patch, scratch)[patch.id]
+        if pristine is not None and _provable(verdict.pristine_state):
+            verdict.pristine_proof = _recorded_proof(
+                env, pristine.root, patch, scratch, pristine=True
+            )[patch.id]
+    if release is not None:
+        verdict.release_tests = collect_release_tests(release, budget)
+
+
+def _say_refused(verdicts: list[PatchVerdict], extras: Extras) -> None:
+    """Each test still short of a package says why it was not added."""
+    if not extras.refused:
+        return
+    notes = [f"{module}: not added: {why}" for module, why in extras.refused.items()]
+    for verdict in verdicts:
+        for proof in (verdict.proof, verdict.pristine_proof):
+            if proof is not None and proof.status == COULD_NOT_RUN:
+                proof.message += "".join(
+                    f"\n{note}"
+                    for module, note in zip(extras.refused, notes, strict=True)
+                    if f"the package '{module}' is not installed" in proof.message
+                )
+        if verdict.release_tests is not None:
+            verdict.release_tests.could_not_run = [
+                _with_note(o, extras.refused)
+                for o in verdict.release_tests.could_not_run
+            ]
+
+
+def _with_note(outcome: Any, refused: dict[str, str]) -> Any:
+    from dataclasses import replace
+
+    for module, why in refused.items():
+        if f"the package '{module}' is not installed" in outcome.reason:
+            return replace(outcome, reason=f"{outcome.reason} ({why})")
+    return outcome
 
 
 def _recorded_runs(
