@@ -16,9 +16,11 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import WRITE, apply_tree
 from deepstack_patch.engine.derived import write_derived
@@ -299,15 +301,16 @@ def test_the_budget_stops_a_run_and_keeps_what_finished(tmp_path: Path) -> None:
     (tree / "tests" / "test_slow.py").write_text(
         "import time\nfrom vllm.shapes import Box\n\n\n"
         "def test_a_fast():\n    assert Box(1, 1).area() == 1\n\n\n"
-        "def test_b_slow():\n    time.sleep(60)\n    assert Box(1, 1).area() == 1\n"
+        "def test_b_slow():\n    time.sleep(600)\n    assert Box(1, 1).area() == 1\n"
     )
     env = ProofEnv(Path(sys.executable))
     with ThreadPoolExecutor(2) as pool:
-        pending = submit(pool, env, tree, tree, [AREA], budget_s=8)
-        result = collect(pending, 8)
+        # Enough for pytest to start and run the fast one on a loaded machine.
+        pending = submit(pool, env, tree, tree, [AREA], budget_s=20)
+        result = collect(pending, 20)
     assert "tests/test_slow.py::test_a_fast" in [o.nodeid for o in result.pass_to_pass]
     (late,) = [o for o in result.could_not_run if "test_b_slow" in o.nodeid]
-    assert late.reason == CANNOT_RUN + "the time budget (8 s) ran out before it ran"
+    assert late.reason == CANNOT_RUN + "the time budget (20 s) ran out before it ran"
 
 
 def test_a_file_that_cannot_import_stops_none_of_the_others(tmp_path: Path) -> None:
@@ -468,3 +471,70 @@ def test_a_package_verify_cannot_add_says_why(tmp_path: Path) -> None:
     extras = document["environment"]["extras"]
     assert extras["installed"] == {} and extras["python"] is None
     assert "installs nothing" in extras["refused"]["deepstack_no_such_package"]
+
+
+# -- a real release, in the managed proof environment ---------------------------
+
+KV_CACHE_UTILS = "vllm/v1/core/kv_cache_utils.py"
+#: ``is_kv_cache_spec_uniform``'s answer for specs that do not merge.
+NOT_UNIFORM = "    except AssertionError:\n        return False\n"
+
+
+@pytest.mark.release
+@pytest.mark.verify
+def test_a_broken_fix_on_0_20_2_is_caught_by_the_release_tests(
+    proof_env: object,
+    release_tree: Callable[[str], Path],
+    patched_copy: Callable[[str], Path],
+    tmp_path: Path,
+) -> None:
+    """A derived fix that changes a return value (made here from the
+    release's own file: ``is_kv_cache_spec_uniform`` says True where specs
+    do not merge): the release's test of that function passes on 0.20.2
+    and fails after, pass-to-fail, and verify exits 1 naming it. The tests
+    of kv_cache_utils that do not reach it are not selected."""
+    pristine = release_tree("0.20.2")
+    text = (pristine / KV_CACHE_UTILS).read_text()
+    assert text.count(NOT_UNIFORM) == 1
+    broken = text.replace(NOT_UNIFORM, NOT_UNIFORM.replace("False", "True"))
+    diff = tmp_path / "broken.diff"
+    diff.write_text(git_diff(KV_CACHE_UTILS, text, broken))
+    out = tmp_path / "patches"
+    made = cli(
+        "derive", "--diff", str(diff), "--base-src", str(pristine),
+        "--id", "local#broken", "--out", str(out),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    tree = patched_copy("0.20.2")
+    patches = ("--patches", str(out), "--only", "local#broken")
+    done = cli("apply", "--vllm-src", str(tree), *patches)
+    assert done.returncode == 0, done.stderr
+    verify = cli(
+        "verify", "--vllm-src", str(tree), *patches, "--against-pristine",
+        "--pristine", str(pristine), "--test-budget", "600", "--format", "json",
+    )  # fmt: skip
+    assert verify.returncode == 1, verify.stdout + verify.stderr
+    (patch,) = json.loads(verify.stdout)["patches"]
+    stage = patch["release_tests"]
+    uniform = "tests/v1/core/test_kv_cache_utils.py::test_is_kv_cache_spec_uniform"
+    assert uniform in stage["selected"]
+    # Selected by name: a test of the module that never calls it is not.
+    assert (
+        "tests/v1/core/test_kv_cache_utils.py::test_none_hash"
+        not in (stage["selected"])
+    )
+    regressions = {o["nodeid"]: o for o in stage["pass_to_fail"]}
+    assert regressions[uniform]["before"] == "passed"
+    assert regressions[uniform]["after"] == "failed"
+    assert regressions[uniform]["reason"].startswith("assert not True")
+    assert any(p.startswith("release tests: ") for p in patch["problems"])
+    assert patch["ok"] is False
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deepstack_patch", *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )

@@ -29,6 +29,7 @@ Nothing here names a fix.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,13 +107,8 @@ def select(tree: Path, units: Sequence[ChangedUnit]) -> Selection:
     reached: set[str] = set()
     for path in _test_files(tests_dir):
         relative = path.relative_to(tree).as_posix()
-        source = _read(path)
-        # Cheap text test first: most files name none of the modules.
-        if source is None or not any(m.rsplit(".", 1)[-1] in source for m in by_module):
-            continue
-        try:
-            module = ast.parse(source)
-        except SyntaxError:
+        module = _parsed(path, tuple(by_module))
+        if module is None:
             continue
         found = _select_in_file(
             relative, module, by_module, (reaching, narrowing), selection
@@ -136,6 +132,32 @@ def _test_files(tests_dir: Path) -> Iterator[Path]:
         name = path.name
         if name.startswith(TEST_FILE_PREFIX) or name.endswith("_test.py"):
             yield path
+
+
+def _parsed(path: Path, modules: tuple[str, ...]) -> ast.Module | None:
+    """The test file's syntax tree, where its text can import one of
+    ``modules`` (``vllm.a.b`` or ``from vllm.a import b``); None where it
+    cannot, or does not parse. Parsed once per run of verify."""
+    source = _read(path)
+    if source is None or not any(
+        m in source
+        or (m.rpartition(".")[0] in source and m.rpartition(".")[2] in source)
+        for m in modules
+    ):
+        return None
+    stat = path.stat()
+    return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(path: Path, mtime_ns: int, size: int) -> ast.Module | None:
+    """One file's syntax tree; the key holds its time and size, so that a
+    file changed since is parsed again."""
+    source = _read(path)
+    try:
+        return ast.parse(source, str(path)) if source is not None else None
+    except SyntaxError:
+        return None
 
 
 def _read(path: Path) -> str | None:
