@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -377,6 +378,7 @@ def verified(tmp_path: Path, fixed: str, budget: float = 60, extra: str = ""):
 
 def test_a_fix_that_changes_a_return_value_is_a_regression(tmp_path: Path) -> None:
     from deepstack_patch.output.documents import verify_json
+    from deepstack_patch.output.junit import junit_xml
 
     report, verdict = verified(tmp_path, BROKEN)
     stage = verdict.release_tests
@@ -396,6 +398,15 @@ def test_a_fix_that_changes_a_return_value_is_a_regression(tmp_path: Path) -> No
     assert len(patch["release_tests"]["pass_to_fail"]) == 4
     assert patch["release_tests"]["pass_to_fail"][0]["before"] == "passed"
     assert stage.problem in patch["problems"]
+    cases = {
+        c.get("classname"): c for c in ET.fromstring(junit_xml(report)).iter("testcase")
+    }
+    assert cases["release-tests.0.20.2"].find("failure").get("message") == (
+        stage.problem
+    )
+    # The proof's own case does not say it again.
+    proof = cases["proof.0.20.2"].find("error")
+    assert proof is None or "release tests" not in proof.get("message")
 
 
 def test_a_fix_that_keeps_the_values_passes_them_before_and_after(
