@@ -119,16 +119,20 @@ def test_an_overlay_adds_a_pinned_pure_package_and_keeps_torch(
 ) -> None:
     """Over the managed environment: the package the release pins imports
     in the overlay, the managed environment's torch is the overlay's, and
-    the managed environment itself is unchanged."""
+    the managed environment itself is unchanged; a pin the index lacks is
+    refused alone, with pip's error."""
     version = _index_version("multiprocess")
     if version is None:
         pytest.skip("the package index has no multiprocess")
     tree = tmp_path / "tree"
     path = tree / "requirements" / "test" / "cuda.txt"
     path.parent.mkdir(parents=True)
-    path.write_text(f"multiprocess=={version}\n")
-    extras = provide(proof_env, tree, ["multiprocess"])
-    assert extras.refused == {}, extras.refused
+    # A pin the index cannot give keeps out only itself.
+    path.write_text(f"multiprocess=={version}\ndeepstack-no-such-dist==1.0\n")
+    extras = provide(proof_env, tree, ["multiprocess", "deepstack_no_such_dist"])
+    (why,) = extras.refused.values()
+    assert why.startswith("deepstack-no-such-dist==1.0 not installed: pip failed: ")
+    assert "ERROR: " in why and "WARNING" not in why
     assert extras.installed == {"multiprocess": f"multiprocess=={version}"}
     assert extras.env is not None and extras.env.python != proof_env.python
     torch = "import torch, json; print(json.dumps([torch.__version__, torch.__file__]))"

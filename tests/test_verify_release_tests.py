@@ -549,3 +549,29 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=1800,
     )
+
+
+def test_an_offline_model_or_a_missing_async_plugin_could_not_run() -> None:
+    """Two failures seen on 0.20.2's tests that are the environment's, not
+    the code's: a model config Hugging Face cannot give offline, and an
+    ``async def`` test without pytest-asyncio (which the release pins)."""
+    from deepstack_patch.proof.failures import environment_cause
+
+    offline = (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+        "ModelConfig Value error, Invalid repository ID or local directory "
+        "specified: 'Qwen/Qwen3-0.6B'."
+    )
+    assert environment_cause(offline) == "no network"
+    snapshot = (
+        "Cannot find an appropriate cached snapshot folder for the specified "
+        "revision on the local disk and outgoing traffic has been disabled."
+    )
+    assert environment_cause(snapshot) == "no network"
+    unplugged = (
+        "Failed: async def functions are not natively supported. You need to "
+        "install a suitable plugin for your async framework"
+    )
+    assert environment_cause(unplugged) == (
+        "the package 'pytest_asyncio' is not installed"
+    )

@@ -28,13 +28,14 @@ network-only tests are never helped here. Nothing here names a fix.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,11 +128,30 @@ def provide(
         return extras
     try:
         extras.env = overlay(base, sorted(extras.installed.values()), pins, say)
+        return extras
     except DeepstackError as exc:
-        for module in list(extras.installed):
-            requirement = extras.installed.pop(module)
-            extras.refused[module] = f"{requirement} not installed: {exc.located}"
+        if len(extras.installed) == 1:
+            _refuse(extras, exc)
+            return extras
+    # One that cannot be installed must not keep the others out: each alone.
+    for module, requirement in list(extras.installed.items()):
+        try:
+            _dry_run(base, [requirement], pins)
+        except DeepstackError as exc:
+            _refuse(extras, exc, module)
+    if extras.installed:
+        try:
+            extras.env = overlay(base, sorted(extras.installed.values()), pins, say)
+        except DeepstackError as exc:
+            _refuse(extras, exc)
     return extras
+
+
+def _refuse(extras: Extras, exc: DeepstackError, module: str = "") -> None:
+    """``module`` (else every one asked for) refused, with pip's reason."""
+    for name in [module] if module else list(extras.installed):
+        requirement = extras.installed.pop(name)
+        extras.refused[name] = f"{requirement} not installed: {exc.located}"
 
 
 def overlay(
@@ -169,20 +189,25 @@ def _build_overlay(
     python = venv_python(root)
     base_site = _site_packages(base.python)
     (Path(_site_packages(python)) / "deepstack_base.pth").write_text(base_site + "\n")
-    frozen = _frozen(base.python)
-    constraints = [*frozen.values(), TORCH_PIN]
-    constraints += [pin for name, pin in pins.items() if name not in frozen]
-    with tempfile.TemporaryDirectory(prefix="deepstack-extras-") as scratch:
-        constraint_file = Path(scratch) / "constraints.txt"
-        constraint_file.write_text("\n".join(constraints) + "\n")
+    with _pip_options(base, pins) as (pip, options):
+        _dry_run(base, requirements, pins)
+        install = pip_install_command(python, [])[3:]
+        _run([*pip, "--python", str(python), *install, *options, *requirements], "pip")
+
+
+def _dry_run(base: ProofEnv, requirements: Sequence[str], pins: dict[str, str]) -> None:
+    """What pip would install for ``requirements`` over ``base``: refused
+    (a DeepstackError) where it cannot resolve or a wheel is compiled."""
+    with (
+        _pip_options(base, pins) as (pip, options),
+        tempfile.TemporaryDirectory(prefix="deepstack-extras-") as scratch,
+    ):
         report = Path(scratch) / "report.json"
-        # The base's pip, installing into the overlay's interpreter.
-        pip = [str(base.python), "-m", "pip", "--python", str(python)]
-        options = ["--only-binary", ":all:", "-c", str(constraint_file)]
+        install = pip_install_command(base.python, [])[3:]
         _run(
-            [*pip, *pip_install_command(python, [])[3:], "--dry-run", "--report",
-             str(report), *options, *requirements],
-            "pip (a dry run)",
+            [*pip, *install, "--dry-run", "--report", str(report), *options,
+             *requirements],
+            "pip",
         )  # fmt: skip
         compiled = compiled_wheels(json.loads(report.read_text()))
         if compiled:
@@ -190,9 +215,23 @@ def _build_overlay(
                 f"not pure Python: {', '.join(compiled)}",
                 "give --python an environment that has it",
             )
-        _run(
-            [*pip, *pip_install_command(python, [])[3:], *options, *requirements], "pip"
-        )
+
+
+@contextlib.contextmanager
+def _pip_options(
+    base: ProofEnv, pins: dict[str, str]
+) -> Iterator[tuple[list[str], list[str]]]:
+    """The base's pip, and the options every call takes: wheels only, and
+    the constraints (the base's packages at their versions, torch's pin,
+    the release's pins for the rest)."""
+    frozen = _frozen(base.python)
+    constraints = [*frozen.values(), TORCH_PIN]
+    constraints += [pin for name, pin in pins.items() if name not in frozen]
+    with tempfile.TemporaryDirectory(prefix="deepstack-extras-") as scratch:
+        constraint_file = Path(scratch) / "constraints.txt"
+        constraint_file.write_text("\n".join(constraints) + "\n")
+        options = ["--only-binary", ":all:", "-c", str(constraint_file)]
+        yield [str(base.python), "-m", "pip"], options
 
 
 def compiled_wheels(report: dict) -> list[str]:
@@ -235,7 +274,10 @@ def _frozen(python: Path) -> dict[str, str]:
 def _run(command: list[str], what: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
+        lines = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        # pip's own errors, not its warnings about the index's locations.
+        errors = [line for line in lines if line.startswith("ERROR:")]
+        tail = errors[:2] or lines[-3:]
         raise DeepstackError(
             f"{what} failed: {' | '.join(tail) or f'exit code {done.returncode}'}",
             "check that your package index (PIP_INDEX_URL / pip.conf) has it",
