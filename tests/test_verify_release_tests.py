@@ -222,7 +222,7 @@ def run_of(*cases: TestCase, error: str = "") -> TestRun:
 def test_each_test_is_compared_on_both_trees() -> None:
     from deepstack_patch.proof.impact import Selection
 
-    names = ["p2p", "f2p", "p2f", "both", "skip", "net", "fixture", "late"]
+    names = ["p2p", "f2p", "p2f", "both", "skip", "net", "fixture", "late", "flaky"]
     selection = Selection(tests={f"tests/t.py::{n}": [] for n in names})
     c = TestCase
     before = run_of(
@@ -235,6 +235,7 @@ def test_each_test_is_compared_on_both_trees() -> None:
         c("tests/t.py::net", "failed", "socket.gaierror: Name or service not known"),
         c("tests/t.py::fixture", "error", "fixture 'vllm_runner' not found"),
         c("tests/t.py::late", "passed"),
+        c("tests/t.py::flaky", "passed"),
     )
     after = run_of(
         c("tests/t.py::p2p[1]", "passed"),
@@ -245,6 +246,7 @@ def test_each_test_is_compared_on_both_trees() -> None:
         c("tests/t.py::skip", "skipped", "needs CUDA"),
         c("tests/t.py::net", "failed", "socket.gaierror: Name or service not known"),
         c("tests/t.py::fixture", "error", "fixture 'vllm_runner' not found"),
+        c("tests/t.py::flaky", "failed", "requests.exceptions.ConnectionError: x"),
         error="pytest stopped with exit code -1:\ntimed out after 5 s",
     )
     found = {o.nodeid.split("::")[1]: o for o in compare(selection, before, after, 5)}
@@ -281,14 +283,16 @@ def test_each_test_is_compared_on_both_trees() -> None:
         )
     ]
     assert counts == [["p2p[1]", "p2p[2]"], ["f2p"], ["p2f"], ["both"]]
-    assert len(result.could_not_run) == 4 and result.ran == 5
+    # Passed before, the network missing after: no regression, nothing shown.
+    assert found["flaky"].reason == CANNOT_RUN + "no network"
+    assert len(result.could_not_run) == 5 and result.ran == 5
     assert result.problem.startswith(
         "release tests: 1 pass on the pristine tree and fail after the fix "
         "(pass-to-fail), e.g. tests/t.py::p2f: AssertionError: assert -1 == 6"
     )
     assert result.summary == (
         "2 pass-to-pass, 1 fail-to-pass, 1 pass-to-fail, 1 fail on both, "
-        "4 could not run"
+        "5 could not run"
     )
 
 

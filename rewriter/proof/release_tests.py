@@ -203,16 +203,19 @@ def collect(pending: Pending, budget_s: float) -> ReleaseTests:
 
 
 def _bucket(result: ReleaseTests, outcome: TestOutcome) -> list[TestOutcome]:
+    """The count a compared test goes to. What the environment lacked on
+    either tree decides first: a test that needed the network on one side
+    shows nothing about the fix, whatever the other side says."""
     match outcome.before, outcome.after, outcome.reason:
+        case _, _, reason if reason.startswith(CANNOT_RUN):
+            return result.could_not_run
         case "passed", "passed", _:
             return result.pass_to_pass
         case (("failed" | "error"), "passed", _):
             return result.fail_to_pass
         case "passed", ("failed" | "error"), _:
             return result.pass_to_fail
-        case (("failed" | "error"), ("failed" | "error"), reason) if not (
-            reason.startswith(CANNOT_RUN)
-        ):
+        case (("failed" | "error"), ("failed" | "error"), _):
             return result.fails_on_both
     return result.could_not_run
 
