@@ -533,10 +533,14 @@ def test_a_broken_fix_on_0_20_2_is_caught_by_the_release_tests(
     stage = patch["release_tests"]
     uniform = "tests/v1/core/test_kv_cache_utils.py::test_is_kv_cache_spec_uniform"
     assert uniform in stage["selected"]
-    # Selected by name: a test of the module that never calls it is not.
+    # Selected by name: a test of the module that never calls it is not;
+    # one that reloads the module object and uses it is, said as coarse.
+    selected = stage["selected"]
+    assert "tests/v1/core/test_kv_cache_utils.py::test_kv_cache_block" not in selected
+    assert "tests/v1/core/test_kv_cache_utils.py::test_none_hash" in selected
     assert (
-        "tests/v1/core/test_kv_cache_utils.py::test_none_hash"
-        not in (stage["selected"])
+        "vllm.v1.core.kv_cache_utils itself"
+        in (stage["coarse"]["tests/v1/core/test_kv_cache_utils.py"])
     )
     regressions = {o["nodeid"]: o for o in stage["pass_to_fail"]}
     assert regressions[uniform]["before"] == "passed"
