@@ -338,7 +338,7 @@ def verify_tree(
             verdict.pristine_proof = proofs_before.get(verdict.patch.id)
             verdict.tests = cpu_run.cases_of(verdict.patch.id)
         extras = _with_extras(
-            env, tree, pristine, verdicts, Path(scratch), test_budget, progress
+            env, tree, pristine, verdicts, Path(scratch), test_budget, jobs, progress
         )
 
     stage = gpu_stage(tree, targets, applicable, progress) if gpu else GpuStage(False)
@@ -361,6 +361,7 @@ def _with_extras(
     verdicts: list[PatchVerdict],
     scratch: Path,
     budget: float,
+    jobs: int,
     progress: Progress,
 ) -> Extras | None:
     """Where a recorded or selected test could not run for a package the
@@ -390,13 +391,19 @@ def _with_extras(
     if extras.env is None:
         _say_refused(verdicts, extras)
         return extras
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # Every patch's runs at once, as in the first round.
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        finishing = []
         for verdict in verdicts:
             if not set(wanting[verdict.patch.id]) & set(extras.installed):
                 continue
             progress(f"{verdict.patch.id}: its tests again, with "
                      f"{', '.join(extras.installed.values())}")  # fmt: skip
-            _rerun(pool, extras.env, tree, pristine, verdict, scratch, budget)
+            finishing.append(
+                _rerun(pool, extras.env, tree, pristine, verdict, scratch, budget)
+            )
+        for finish in finishing:
+            finish()
     _say_refused(verdicts, extras)
     return extras
 
@@ -409,8 +416,9 @@ def _rerun(
     verdict: PatchVerdict,
     scratch: Path,
     budget: float,
-) -> None:
-    """A patch's recorded tests and release tests once more, in ``env``."""
+) -> Callable[[], None]:
+    """A patch's recorded tests and release tests once more, in ``env``,
+    started in ``pool``; what sets their results on the verdict."""
     from deepstack_patch.proof.impact import units_of
     from deepstack_patch.proof.release_tests import submit
 
@@ -419,15 +427,27 @@ def _rerun(
     if verdict.release_tests is not None and pristine is not None:
         units = units_of(patch, verdict.changed_files)
         release = submit(pool, env, tree.root, pristine.root, units, budget)
-    if proven_by_recorded_tests(patch):
-        if _provable(verdict.state):
-            verdict.proof = _recorded_proof(env, tree.root, patch, scratch)[patch.id]
-        if pristine is not None and _provable(verdict.pristine_state):
-            verdict.pristine_proof = _recorded_proof(
-                env, pristine.root, patch, scratch, pristine=True
-            )[patch.id]
-    if release is not None:
-        verdict.release_tests = collect_release_tests(release, budget)
+    after = before = None
+    if proven_by_recorded_tests(patch) and _provable(verdict.state):
+        after = pool.submit(_recorded_proof, env, tree.root, patch, scratch)
+    if (
+        proven_by_recorded_tests(patch)
+        and pristine is not None
+        and _provable(verdict.pristine_state)
+    ):
+        before = pool.submit(
+            _recorded_proof, env, pristine.root, patch, scratch, pristine=True
+        )
+
+    def finish() -> None:
+        if after is not None:
+            verdict.proof = after.result()[patch.id]
+        if before is not None:
+            verdict.pristine_proof = before.result()[patch.id]
+        if release is not None:
+            verdict.release_tests = collect_release_tests(release, budget)
+
+    return finish
 
 
 def _say_refused(verdicts: list[PatchVerdict], extras: Extras) -> None:
