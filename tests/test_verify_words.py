@@ -530,3 +530,31 @@ def test_a_fix_drifted_on_the_pristine_tree_tells_a_test_that_does_not_fit(
     assert carried.verdict.word == "not verified"
     assert "does not fit this release" in carried.verdict.text
     assert not any("proof failed" in problem for problem in carried.problems)
+
+
+def test_the_release_tests_stage_feeds_the_verdict_and_says_a_regression_once() -> None:
+    """The stage's outcomes (release_tests.py), counted into the verdict:
+    pass-to-pass alone is `no regression`; a pass-to-fail fails it, in the
+    stage's own words (with the test), not twice."""
+    from deepstack_patch.proof.impact import Selection
+    from deepstack_patch.proof.release_tests import ReleaseTests, TestOutcome
+
+    patch = SERIES[0]
+    passing = [TestOutcome(f"tests/t.py::test_{n}", "passed", "passed") for n in "ab"]
+    release = ReleaseTests(Selection(), 120.0, pass_to_pass=passing)
+    release.could_not_run = [TestOutcome("tests/t.py::test_c", "", "", "no GPU")]
+    counted = ChangedUnitTests.of(release)
+    assert (counted.pass_to_pass, counted.could_not_run) == (2, 1)
+    assert counted.reasons == ("no GPU",)
+
+    verdict = PatchVerdict(patch, PatchState.APPLIED, "", unit_tests=counted)
+    verdict.release_tests = release
+    verdict.proof = ProofResult(patch.id, "missing", "no proof: no tests\nhint: x")
+    verdict.pristine_state = PatchState.NEEDED
+    assert verdict.verdict.word == "no regression" and not verdict.problems
+
+    release.pass_to_fail = [TestOutcome("tests/t.py::test_d", "passed", "failed", "E")]
+    verdict.unit_tests = ChangedUnitTests.of(release)
+    assert verdict.verdict.word == "failed"
+    assert release.problem in verdict.problems
+    assert not [p for p in verdict.problems if "fail after it" in p]  # said once

@@ -75,6 +75,15 @@ from deepstack_patch.engine.tree import VllmTree
     "even on 2 cores.",
 )
 @click.option(
+    "--test-budget",
+    type=click.FloatRange(min=1),
+    metavar="SECONDS",
+    help="With --against-pristine: the seconds each derived patch's release "
+    "tests (the tests of tests/ that reach the units it changes) may take on "
+    "each tree (default: 120); the tests not run by then are reported as "
+    "could not run.",
+)
+@click.option(
     "--gpu-evidence",
     is_flag=True,
     help="Instead of the proofs, measure each fix's symptom (timings, "
@@ -108,6 +117,7 @@ def verify(
     python: Path | None,
     junit_path: Path | None,
     jobs: int,
+    test_budget: float | None,
     gpu_evidence: bool,
     device: str,
     out_dir: Path | None,
@@ -165,6 +175,7 @@ def verify(
             python=python,
             gpu=gpu,
             jobs=jobs,
+            **({"test_budget": test_budget} if test_budget else {}),
             progress=lambda line: _progress(status, say, working, line),
             building=building,
         )

@@ -143,6 +143,7 @@ def verify_json(report: Any) -> dict[str, Any]:
             "managed": report.env.managed,
             "path": str(report.env.root) if report.env.root else None,
             "key": report.env.key or None,
+            "extras": report.extras.json() if report.extras else None,
         },
         "patches": [v.json() for v in report.verdicts],
         "tree_tests": report.cpu_tests.json(),

@@ -42,7 +42,7 @@ def junit_xml(report: Any) -> str:
         own = [
             p
             for p in verdict.problems
-            if not p.startswith(("fail-to-pass", "import stage"))
+            if not p.startswith(("fail-to-pass", "import stage", "release tests"))
             and "tree test(s)" not in p
         ]
         if own:
@@ -67,6 +67,16 @@ def junit_xml(report: Any) -> str:
                     message=f"pristine proof {before.status if before else 'not run'}",
                 )
                 sub.text = before.message if before else ""
+        stage = verdict.release_tests
+        if stage is not None:  # the release's tests of what it changes
+            element = case(f"release-tests.{version}", pid, stage.seconds)
+            if stage.problem:
+                sub = ET.SubElement(element, "failure", message=stage.problem[:2000])
+                sub.text = "\n".join(
+                    f"{o.nodeid}: {o.reason}" for o in stage.pass_to_fail
+                )
+            elif not stage.ran:
+                ET.SubElement(element, "skipped", message=stage.summary[:2000])
     for label, run in (("tree", report.cpu_tests), ("gpu", report.gpu.run)):
         if run is None:
             continue

@@ -255,6 +255,28 @@ def print_verify_report(console: Console, report: Any) -> None:
     _print_verify_messages(console, report)
 
 
+def _print_release_tests(console: Console, patch_id: str, stage: Any) -> None:
+    """A patch's release tests: the counts, each regression, the reasons."""
+    console.print(
+        f"[bold]{patch_id} release tests:[/] {escape(stage.summary)}"
+        + (f" ({stage.seconds} s)" if not stage.not_run else ""),
+        highlight=False,
+    )
+    for outcome in stage.pass_to_fail:
+        console.print(
+            f"  [red]pass-to-fail[/] {escape(outcome.nodeid)}: "
+            + escape(outcome.reason),
+            highlight=False,
+        )
+    for reason, count in stage.reasons().items():
+        console.print(f"  {count} × {escape(reason)}", highlight=False)
+    if stage.selection.unreached and not stage.not_run:
+        console.print(
+            "  no test reaches: " + escape(", ".join(stage.selection.unreached)),
+            highlight=False,
+        )
+
+
 def _print_verify_messages(console: Console, report: Any) -> None:
     """Below verify's table: baselines, failing stages and proofs, tree tests."""
     for verdict in report.verdicts:
@@ -281,6 +303,9 @@ def _print_verify_messages(console: Console, report: Any) -> None:
                 console.print(
                     f"[bold]{verdict.patch.id} {label}:[/] {escape(proof.message)}"
                 )
+    for verdict in report.verdicts:
+        if verdict.release_tests is not None:
+            _print_release_tests(console, verdict.patch.id, verdict.release_tests)
     run = report.cpu_tests
     if run.selected or run.absent:
         console.print(

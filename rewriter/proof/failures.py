@@ -30,7 +30,16 @@ NETWORK_MARKERS = (
     "Temporary failure in name resolution",
     "Name or service not known",
     "Network is unreachable",
+    # Hugging Face offline (HF_HUB_OFFLINE=1): a model's config or snapshot
+    # that is not in the local cache, as vLLM's ModelConfig and the hub say.
+    "Invalid repository ID or local directory specified",
+    "outgoing traffic has been disabled",
 )
+
+#: What pytest says of an ``async def`` test without an async plugin: the
+#: plugin vLLM's tests use (pinned in its test requirements) is missing.
+ASYNC_PLUGIN_MISSING = "async def functions are not natively supported"
+ASYNC_PLUGIN = "pytest_asyncio"
 
 #: What torch says where a test needs a GPU the machine lacks.
 GPU_MARKERS = (
@@ -62,6 +71,8 @@ def environment_cause(message: str) -> str:
     match _MISSING_MODULE.search(message):
         case re.Match() as found if found[1].split(".")[0] not in TREE_PACKAGES:
             return f"the package {found[1].split('.')[0]!r} is not installed"
+    if ASYNC_PLUGIN_MISSING in message:
+        return f"the package {ASYNC_PLUGIN!r} is not installed"
     if any(marker in message for marker in NETWORK_MARKERS):
         return "no network"
     if any(marker in message for marker in GPU_MARKERS):

@@ -10,18 +10,41 @@ reconstructed from JUnit class names. Standard library and pytest only.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 #: The name the copy of this file is loaded under.
 MODULE = "deepstack_patch_results"
 OPTION = "--deepstack-results"
+#: A JSON list of node ids: only those tests (and their parametrizations)
+#: run. verify gives pytest whole files with it, since a node id in a file
+#: that cannot be imported is a usage error that ends the session.
+SELECT_OPTION = "--deepstack-select"
 
 _results: dict[str, dict[str, Any]] = {}
+_config: Any = None
 
 
 def pytest_addoption(parser: Any) -> None:
     parser.addoption(OPTION, default=None, help="write each test's result here")
+    parser.addoption(SELECT_OPTION, default=None, help="run only these node ids")
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    path = config.getoption(SELECT_OPTION)
+    if not path:
+        return
+    wanted = json.loads(Path(path).read_text())
+
+    def chosen(nodeid: str) -> bool:
+        return any(
+            nodeid == w or nodeid.startswith((w + "[", w + "::")) for w in wanted
+        )
+
+    kept = [item for item in items if chosen(item.nodeid)]
+    config.hook.pytest_deselected(items=[i for i in items if not chosen(i.nodeid)])
+    items[:] = kept
 
 
 def _message(report: Any) -> str:
@@ -55,6 +78,8 @@ def pytest_runtest_logreport(report: Any) -> None:
     if outcome != result["outcome"] and outcome != "passed":
         result["message"] = _message(report)
     result["outcome"] = outcome
+    if report.when == "teardown":
+        _write(_config)
 
 
 def pytest_collectreport(report: Any) -> None:
@@ -67,8 +92,22 @@ def pytest_collectreport(report: Any) -> None:
         }
 
 
+def pytest_configure(config: Any) -> None:
+    global _config
+    _config = config
+
+
 def pytest_sessionfinish(session: Any) -> None:
-    path = session.config.getoption(OPTION)
+    _write(session.config)
+
+
+def _write(config: Any) -> None:
+    """The results so far: after each test too, so that a run stopped at its
+    time limit still tells the tests that finished."""
+    path = config.getoption(OPTION) if config is not None else None
     if path:
         done = [r for r in _results.values() if r["outcome"]]
-        Path(path).write_text(json.dumps(done))
+        # Whole or not at all: a run stopped mid-write leaves the last file.
+        partial = Path(f"{path}.partial")
+        partial.write_text(json.dumps(done))
+        os.replace(partial, path)

@@ -115,6 +115,7 @@ def pytest_command(
     results: Path,
     *,
     gpu: bool = False,
+    options: Sequence[str] = (),
 ) -> list[str]:
     """pytest on the tree's own tests, its plugin writing ``results``.
 
@@ -126,7 +127,7 @@ def pytest_command(
     command += ["-p", "no:cacheprovider", "-o", "addopts=", "-rs", "-q"]
     if not gpu:
         command.append("--noconftest")
-    command += [*plugin_args(results), "--rootdir", str(tree), *nodeids]
+    command += [*options, *plugin_args(results), "--rootdir", str(tree), *nodeids]
     return command
 
 
@@ -140,11 +141,14 @@ def run_pytest(
     gpu: bool = False,
     timeout: float = TIMEOUT_S,
     spawn: Spawn = run_subprocess,
+    options: Sequence[str] = (),
 ) -> TestRun:
     nodeids = sorted(selected)
     with tempfile.TemporaryDirectory(prefix="deepstack-pytest-") as scratch:
         results = Path(scratch) / "results.json"
-        command = pytest_command(python, tree, nodeids, results, gpu=gpu)
+        command = pytest_command(
+            python, tree, nodeids, results, gpu=gpu, options=options
+        )
         run = TestRun(command=command, selected=selected, absent=absent)
         if not nodeids:
             return run

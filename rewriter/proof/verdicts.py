@@ -34,6 +34,7 @@ from deepstack_patch.proof.recorded_tests import (
     proven_by_recorded_tests,
     sort_cases,
 )
+from deepstack_patch.proof.release_tests import ReleaseTests
 from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.runtime_stage import RuntimeStage
 
@@ -95,6 +96,18 @@ class ChangedUnitTests:
         if self.could_not_run and self.reasons:
             told += f" ({'; '.join(self.reasons)})"
         return told or "none ran"
+
+    @classmethod
+    def of(cls, release: ReleaseTests) -> ChangedUnitTests:
+        """The release-tests stage's outcomes, counted (release_tests.py)."""
+        return cls(
+            pass_to_pass=len(release.pass_to_pass),
+            fail_to_pass=len(release.fail_to_pass),
+            pass_to_fail=len(release.pass_to_fail),
+            fail_to_fail=len(release.fails_on_both),
+            could_not_run=len(release.could_not_run),
+            reasons=tuple(release.reasons()),
+        )
 
     def json(self) -> dict[str, Any]:
         return {
@@ -166,6 +179,10 @@ class PatchVerdict:
     runtime: RuntimeStage | None = None
     #: The tree's own tests of the units the patch changes, before and after.
     unit_tests: ChangedUnitTests | None = None
+    #: The release's tests of the units it changes, before and after the
+    #: fix (release_tests.py); None: not run (a proof of its own, no
+    #: pristine tree, or the fix is upstream's already).
+    release_tests: ReleaseTests | None = None
 
     @property
     def changed(self) -> list[ChangedFile]:
@@ -281,10 +298,17 @@ class PatchVerdict:
                     + "; ".join(changed.words for changed in unexercised),
                 )
             )
+        if self.release_tests is not None and self.release_tests.problem:
+            found.append(("failure", self.release_tests.problem))
         bad = [t for t in self.tests if t.outcome in ("failed", "error")]
         if bad:
             found.append(("failure", f"{len(bad)} tree test(s) failed"))
-        if self.unit_tests is not None and self.unit_tests.pass_to_fail:
+        regressed = self.release_tests is not None and self.release_tests.problem
+        if (
+            self.unit_tests is not None
+            and self.unit_tests.pass_to_fail
+            and not regressed
+        ):
             found.append(
                 (
                     "failure",
@@ -367,6 +391,7 @@ class PatchVerdict:
             "pristine_baseline": list(self.pristine_baseline),
             "imports": self.imports.json() if self.imports else None,
             "runtime_names": self.runtime.json() if self.runtime else None,
+            "release_tests": self.release_tests.json() if self.release_tests else None,
             "fail_to_pass": self.fail_to_pass or None,
             "tree_tests": [t.nodeid for t in self.tests],
             "verdict": self.verdict.json(),

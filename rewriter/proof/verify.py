@@ -46,19 +46,27 @@ from deepstack_patch.engine.series import patch_sources
 from deepstack_patch.engine.targets import Targets
 from deepstack_patch.engine.tree import VllmTree, link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
+from deepstack_patch.proof.extras import Extras
 from deepstack_patch.proof.forkserver import ForkServer
 from deepstack_patch.proof.gpu import GpuStage, gpu_stage
 from deepstack_patch.proof.imports import changed_modules, import_stage, run_imports
-from deepstack_patch.proof.proofs import ProofResult, has_proof, run_proofs
+from deepstack_patch.proof.proofs import (
+    COULD_NOT_RUN,
+    ProofResult,
+    has_proof,
+    run_proofs,
+)
 from deepstack_patch.proof.recorded_tests import (
     fit_to_release,
     no_proof_reason,
     proven_by_recorded_tests,
     run_recorded_tests,
 )
+from deepstack_patch.proof.release_tests import DEFAULT_BUDGET_S, Pending
+from deepstack_patch.proof.release_tests import collect as collect_release_tests
 from deepstack_patch.proof.runtime_stage import runtime_stages
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
-from deepstack_patch.proof.verdicts import PatchVerdict
+from deepstack_patch.proof.verdicts import ChangedUnitTests, PatchVerdict
 
 Progress = Callable[[str], None]
 
@@ -76,6 +84,8 @@ class VerifyReport:
     gpu: GpuStage
     pristine: VllmTree | None = None
     seconds: float = 0.0
+    #: Packages added for tests that needed them, and those refused (extras.py).
+    extras: Extras | None = None
 
     @property
     def ok(self) -> bool:
@@ -105,6 +115,7 @@ def verify(
     python: Path | None = None,
     gpu: bool = False,
     jobs: int = 3,
+    test_budget: float = DEFAULT_BUDGET_S,
     progress: Progress = lambda line: None,
     building: Progress | None = None,
 ) -> VerifyReport:
@@ -133,6 +144,7 @@ def verify(
         pristine=pristine,
         gpu=gpu,
         jobs=jobs,
+        test_budget=test_budget,
         progress=progress,
     )
 
@@ -260,9 +272,12 @@ def verify_tree(
     pristine: VllmTree | None = None,
     gpu: bool = False,
     jobs: int = 3,
+    test_budget: float = DEFAULT_BUDGET_S,
     progress: Progress = lambda line: None,
 ) -> VerifyReport:
-    """Run every selected check on ``tree`` (and its pristine release)."""
+    """Run every selected check on ``tree`` (and its pristine release);
+    ``test_budget``: the seconds each patch's release tests may take on
+    each tree (``release_tests.py``)."""
     started = time.monotonic()
     # Every check is forked from one process that imports torch and what the
     # checks import from the environment (forkserver.py), started first so
@@ -303,6 +318,9 @@ def verify_tree(
             )
             if tests:
                 progress(f"{len(tests)} tree test selection(s) with pytest")
+            release = _release_test_runs(
+                pool, env, tree, pristine, verdicts, test_budget, forks.run, progress
+            )
             test_future = pool.submit(
                 run_pytest, env.python, tree.root, tests, absent,
                 env=subprocess_env(tree.root), spawn=forks.run,
@@ -311,16 +329,26 @@ def verify_tree(
             proofs_before = _results([*before_futures, *recorded[True]])
             cpu_run = test_future.result()
             _set_import_stages(verdicts, *imports)
+            for verdict in verdicts:
+                if verdict.patch.id in release:
+                    runs = release[verdict.patch.id]
+                    verdict.release_tests = collect_release_tests(runs, test_budget)
 
+        for verdict in verdicts:
+            verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
+            verdict.pristine_proof = proofs_before.get(verdict.patch.id)
+            verdict.tests = cpu_run.cases_of(verdict.patch.id)
+        extras = _with_extras(
+            env, tree, pristine, verdicts, Path(scratch), test_budget, jobs, progress
+        )
     for verdict in verdicts:
-        verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
-        verdict.pristine_proof = proofs_before.get(verdict.patch.id)
-        verdict.tests = cpu_run.cases_of(verdict.patch.id)
         if verdict.proof and verdict.proof.cases:
-            # A recorded test written for a later release: not the fix's failure.
+            # A recorded test written for a later release: not the fix's.
             verdict.proof, verdict.pristine_proof = fit_to_release(
                 verdict.patch, verdict.proof, verdict.pristine_proof
             )
+        if verdict.release_tests is not None and not verdict.release_tests.not_run:
+            verdict.unit_tests = ChangedUnitTests.of(verdict.release_tests)
 
     stage = gpu_stage(tree, targets, applicable, progress) if gpu else GpuStage(False)
     return VerifyReport(
@@ -331,7 +359,133 @@ def verify_tree(
         gpu=stage,
         pristine=pristine,
         seconds=round(time.monotonic() - started, 1),
+        extras=extras,
     )
+
+
+def _with_extras(
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdicts: list[PatchVerdict],
+    scratch: Path,
+    budget: float,
+    jobs: int,
+    progress: Progress,
+) -> Extras | None:
+    """Where a recorded or selected test could not run for a package the
+    proof environment lacks: that package at the release's pin, in an
+    overlay of the environment (``extras.py``), and those patches' tests run
+    again with it; what could not be given says why."""
+    from deepstack_patch.proof.extras import missing_packages, provide
+
+    def reasons(verdict: PatchVerdict) -> list[str]:
+        found = [
+            proof.message
+            for proof in (verdict.proof, verdict.pristine_proof)
+            if proof is not None and proof.status == COULD_NOT_RUN
+        ]
+        if verdict.release_tests is not None:
+            found += [o.reason for o in verdict.release_tests.could_not_run]
+        return found
+
+    wanting = {v.patch.id: missing_packages(reasons(v)) for v in verdicts}
+    modules = list(dict.fromkeys(m for found in wanting.values() for m in found))
+    if not modules:
+        return None
+    progress(f"tests could not run without: {', '.join(modules)}")
+    extras = provide(env, tree.root, modules, progress)
+    for module, why in extras.refused.items():
+        progress(f"{module}: not added: {why}")
+    if extras.env is None:
+        _say_refused(verdicts, extras)
+        return extras
+    # Every patch's runs at once, as in the first round.
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        finishing = []
+        for verdict in verdicts:
+            if not set(wanting[verdict.patch.id]) & set(extras.installed):
+                continue
+            progress(f"{verdict.patch.id}: its tests again, with "
+                     f"{', '.join(extras.installed.values())}")  # fmt: skip
+            finishing.append(
+                _rerun(pool, extras.env, tree, pristine, verdict, scratch, budget)
+            )
+        for finish in finishing:
+            finish()
+    _say_refused(verdicts, extras)
+    return extras
+
+
+def _rerun(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdict: PatchVerdict,
+    scratch: Path,
+    budget: float,
+) -> Callable[[], None]:
+    """A patch's recorded tests and release tests once more, in ``env``,
+    started in ``pool``; what sets their results on the verdict."""
+    from deepstack_patch.proof.impact import units_of
+    from deepstack_patch.proof.release_tests import submit
+
+    patch = verdict.patch
+    release = None
+    if verdict.release_tests is not None and pristine is not None:
+        units = units_of(patch, verdict.changed_files)
+        release = submit(pool, env, tree.root, pristine.root, units, budget)
+    after = before = None
+    if proven_by_recorded_tests(patch) and _provable(verdict.state):
+        after = pool.submit(_recorded_proof, env, tree.root, patch, scratch)
+    if (
+        proven_by_recorded_tests(patch)
+        and pristine is not None
+        and _provable(verdict.pristine_state)
+    ):
+        before = pool.submit(
+            _recorded_proof, env, pristine.root, patch, scratch, pristine=True
+        )
+
+    def finish() -> None:
+        if after is not None:
+            verdict.proof = after.result()[patch.id]
+        if before is not None:
+            verdict.pristine_proof = before.result()[patch.id]
+        if release is not None:
+            verdict.release_tests = collect_release_tests(release, budget)
+
+    return finish
+
+
+def _say_refused(verdicts: list[PatchVerdict], extras: Extras) -> None:
+    """Each test still short of a package says why it was not added."""
+    if not extras.refused:
+        return
+    notes = [f"{module}: not added: {why}" for module, why in extras.refused.items()]
+    for verdict in verdicts:
+        for proof in (verdict.proof, verdict.pristine_proof):
+            if proof is not None and proof.status == COULD_NOT_RUN:
+                proof.message += "".join(
+                    f"\n{note}"
+                    for module, note in zip(extras.refused, notes, strict=True)
+                    if f"the package '{module}' is not installed" in proof.message
+                )
+        if verdict.release_tests is not None:
+            verdict.release_tests.could_not_run = [
+                _with_note(o, extras.refused)
+                for o in verdict.release_tests.could_not_run
+            ]
+
+
+def _with_note(outcome: Any, refused: dict[str, str]) -> Any:
+    from dataclasses import replace
+
+    for module, why in refused.items():
+        if f"the package '{module}' is not installed" in outcome.reason:
+            return replace(outcome, reason=f"{outcome.reason} ({why})")
+    return outcome
 
 
 def _recorded_runs(
@@ -364,6 +518,41 @@ def _recorded_runs(
                     pristine=is_pristine, spawn=spawn,
                 )
             )  # fmt: skip
+    return runs
+
+
+def _release_test_runs(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdicts: list[PatchVerdict],
+    budget: float,
+    spawn: Any,
+    progress: Progress,
+) -> dict[str, Pending]:
+    """The release's tests of what each patch without a proof of its own
+    changes, started on both trees (``release_tests.py``): only where there
+    is a pristine tree where the patch is needed (where it is applied there
+    too, both trees hold the same code)."""
+    from deepstack_patch.proof.impact import units_of
+    from deepstack_patch.proof.release_tests import submit
+
+    if pristine is None:
+        return {}
+    runs = {}
+    for verdict in verdicts:
+        patch = verdict.patch
+        if has_proof(patch) or not _provable(verdict.state):
+            continue
+        if verdict.pristine_state is not PatchState.NEEDED:
+            continue
+        units = units_of(patch, verdict.changed_files)
+        runs[patch.id] = submit(
+            pool, env, tree.root, pristine.root, units, budget, spawn
+        )
+        chosen = len(runs[patch.id].selection.tests)
+        progress(f"release tests of {patch.id}: {chosen} selected")
     return runs
 
 

@@ -1,0 +1,285 @@
+"""What a test needs beyond the proof environment: pure-Python packages at
+the release's pins (issue 42, item 3).
+
+A recorded or selected test that could not run because a package outside
+vLLM is missing (``No module named 'multiprocess'``, ``failures.py``) gets
+it, where the release pins it for its tests (``requirements/test.txt``, or
+``requirements/test/*.txt`` from 0.19 on) and pip can install it, and what
+it pulls, as pure-Python wheels at those pins:
+
+- the packages go into an **overlay** venv, never into the managed
+  environment that every run shares: a ``.pth`` file puts the managed
+  environment's site-packages on its path, so its torch and the rest are
+  there and pip sees them installed; the overlay is keyed by the managed
+  environment and the requirements (``<cache>/envs/extras-<key>``), built
+  once under a file lock like the managed one, and reused;
+- pip runs as the user configured it, with ``--only-binary :all:`` and a
+  constraints file that holds every package of the managed environment at
+  its version (torch stays the CPU build: pip can never pull another) and
+  the release's pins for the rest;
+- before installing, ``pip install --dry-run --report`` says what would be
+  installed: a wheel that is not pure Python (its tags end other than
+  ``none-any``) refuses the install, with its name.
+
+A package the release does not pin, a compiled one, or one the index lacks
+at the pin stays ``could not run``, and the reason says which. CUDA-only and
+network-only tests are never helped here. Nothing here names a fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.proof.envs import (
+    PLUGIN_DIST,
+    TORCH_PIN,
+    ProofEnv,
+    envs_dir,
+    pip_install_command,
+    venv_python,
+)
+
+#: Where releases pin their test requirements, first found first.
+PIN_FILES = ("requirements/test.txt", "requirements/test/cuda.txt")
+PIN_GLOB = "requirements/test/*.txt"
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;#]+)")
+_MISSING = re.compile(r"the package '([\w.]+)' is not installed")
+
+
+def normalized(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def release_pins(tree: Path) -> dict[str, str]:
+    """The release's pinned test requirements, ``{normalized name: "name==v"}``."""
+    files = [tree / name for name in PIN_FILES]
+    files += sorted(tree.glob(PIN_GLOB))
+    pins: dict[str, str] = {}
+    for path in dict.fromkeys(files):
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            match _PIN.match(line.strip()):
+                case re.Match() as found:
+                    pins.setdefault(normalized(found[1]), f"{found[1]}=={found[3]}")
+    return pins
+
+
+def missing_packages(reasons: Iterable[str]) -> list[str]:
+    """The top-level modules the reasons say are not installed, in order."""
+    found = (m[1] for reason in reasons for m in _MISSING.finditer(reason))
+    return list(dict.fromkeys(found))
+
+
+@dataclass
+class Extras:
+    """What was asked for, what the overlay gives, and why not the rest."""
+
+    #: The requirements installed (the release's pins), by module.
+    installed: dict[str, str] = field(default_factory=dict)
+    #: Why a module was not installed, by module.
+    refused: dict[str, str] = field(default_factory=dict)
+    env: ProofEnv | None = None
+
+    def json(self) -> dict[str, object]:
+        return {
+            "installed": self.installed,
+            "refused": self.refused,
+            "python": str(self.env.python) if self.env else None,
+        }
+
+
+def provide(
+    base: ProofEnv, tree: Path, modules: Sequence[str], say=lambda line: None
+) -> Extras:
+    """An overlay of ``base`` with the release's pins of ``modules``, where
+    each is pinned and pure Python (see the module docstring)."""
+    extras = Extras()
+    if not base.managed:
+        for module in modules:
+            extras.refused[module] = (
+                f"--python {base.python} is your environment: verify installs "
+                "nothing into it"
+            )
+        return extras
+    pins = release_pins(tree)
+    for module in modules:
+        pin = pins.get(normalized(module))
+        if pin is None:
+            extras.refused[module] = (
+                f"the release pins no test requirement named {module!r} "
+                f"({', '.join(PIN_FILES)}, {PIN_GLOB})"
+            )
+        else:
+            extras.installed[module] = pin
+    if not extras.installed:
+        return extras
+    try:
+        extras.env = overlay(base, sorted(extras.installed.values()), pins, say)
+        return extras
+    except DeepstackError as exc:
+        if len(extras.installed) == 1:
+            _refuse(extras, exc)
+            return extras
+    # One that cannot be installed must not keep the others out: each alone.
+    for module, requirement in list(extras.installed.items()):
+        try:
+            _dry_run(base, [requirement], pins)
+        except DeepstackError as exc:
+            _refuse(extras, exc, module)
+    if extras.installed:
+        try:
+            extras.env = overlay(base, sorted(extras.installed.values()), pins, say)
+        except DeepstackError as exc:
+            _refuse(extras, exc)
+    return extras
+
+
+def _refuse(extras: Extras, exc: DeepstackError, module: str = "") -> None:
+    """``module`` (else every one asked for) refused, with pip's reason."""
+    for name in [module] if module else list(extras.installed):
+        requirement = extras.installed.pop(name)
+        extras.refused[name] = f"{requirement} not installed: {exc.located}"
+
+
+def overlay(
+    base: ProofEnv,
+    requirements: Sequence[str],
+    pins: dict[str, str],
+    say=lambda line: None,
+) -> ProofEnv:
+    """The overlay venv of ``base`` with ``requirements``, built once."""
+    from filelock import FileLock
+
+    key = hashlib.sha256(
+        json.dumps([base.key, sorted(requirements)]).encode()
+    ).hexdigest()[:16]
+    root = envs_dir() / f"extras-{key}"
+    marker = root / "complete"
+    with FileLock(str(root) + ".lock", timeout=3600):
+        if marker.is_file() and venv_python(root).exists():
+            return ProofEnv(venv_python(root), root, key)
+        shutil.rmtree(root, ignore_errors=True)
+        say(f"adding {', '.join(requirements)} in {root}")
+        try:
+            _build_overlay(base, root, requirements, pins)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        marker.write_text(json.dumps({"requirements": list(requirements)}) + "\n")
+        return ProofEnv(venv_python(root), root, key, built_now=True)
+
+
+def _build_overlay(
+    base: ProofEnv, root: Path, requirements: Sequence[str], pins: dict[str, str]
+) -> None:
+    _run([str(base.python), "-m", "venv", "--without-pip", str(root)], "a venv")
+    python = venv_python(root)
+    base_site = _site_packages(base.python)
+    (Path(_site_packages(python)) / "deepstack_base.pth").write_text(base_site + "\n")
+    with _pip_options(base, pins) as (pip, options):
+        _dry_run(base, requirements, pins)
+        install = pip_install_command(python, [])[3:]
+        _run([*pip, "--python", str(python), *install, *options, *requirements], "pip")
+
+
+def _dry_run(base: ProofEnv, requirements: Sequence[str], pins: dict[str, str]) -> None:
+    """What pip would install for ``requirements`` over ``base``: refused
+    (a DeepstackError) where it cannot resolve or a wheel is compiled."""
+    with (
+        _pip_options(base, pins) as (pip, options),
+        tempfile.TemporaryDirectory(prefix="deepstack-extras-") as scratch,
+    ):
+        report = Path(scratch) / "report.json"
+        install = pip_install_command(base.python, [])[3:]
+        _run(
+            [*pip, *install, "--dry-run", "--report", str(report), *options,
+             *requirements],
+            "pip",
+        )  # fmt: skip
+        compiled = compiled_wheels(json.loads(report.read_text()))
+        if compiled:
+            raise DeepstackError(
+                f"not pure Python: {', '.join(compiled)}",
+                "give --python an environment that has it",
+            )
+
+
+@contextlib.contextmanager
+def _pip_options(
+    base: ProofEnv, pins: dict[str, str]
+) -> Iterator[tuple[list[str], list[str]]]:
+    """The base's pip, and the options every call takes: wheels only, and
+    the constraints (the base's packages at their versions, torch's pin,
+    the release's pins for the rest)."""
+    frozen = _frozen(base.python)
+    constraints = [*frozen.values(), TORCH_PIN]
+    constraints += [pin for name, pin in pins.items() if name not in frozen]
+    with tempfile.TemporaryDirectory(prefix="deepstack-extras-") as scratch:
+        constraint_file = Path(scratch) / "constraints.txt"
+        constraint_file.write_text("\n".join(constraints) + "\n")
+        options = ["--only-binary", ":all:", "-c", str(constraint_file)]
+        yield [str(base.python), "-m", "pip"], options
+
+
+def compiled_wheels(report: dict) -> list[str]:
+    """The wheels of a pip report (``--report``) that are not pure Python."""
+    found = []
+    for item in report.get("install", []):
+        url = str(item.get("download_info", {}).get("url", ""))
+        name = url.rsplit("/", 1)[-1].split("#")[0]
+        if not name.endswith("-none-any.whl"):
+            found.append(name or str(item.get("metadata", {}).get("name", "?")))
+    return found
+
+
+def _site_packages(python: Path) -> str:
+    done = _run(
+        [
+            str(python),
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
+        "the interpreter",
+    )
+    return done.stdout.strip()
+
+
+def _frozen(python: Path) -> dict[str, str]:
+    """The managed environment's packages, ``{normalized name: "name==v"}``."""
+    done = _run(
+        [str(python), "-m", "pip", "list", "--format", "json",
+         "--disable-pip-version-check"],
+        "pip list",
+    )  # fmt: skip
+    return {
+        normalized(row["name"]): f"{row['name']}=={row['version']}"
+        for row in json.loads(done.stdout)
+        if normalized(row["name"]) != normalized(PLUGIN_DIST)
+    }
+
+
+def _run(command: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        # pip's own errors, not its warnings about the index's locations.
+        errors = [line for line in lines if line.startswith("ERROR:")]
+        tail = errors[:2] or lines[-3:]
+        raise DeepstackError(
+            f"{what} failed: {' | '.join(tail) or f'exit code {done.returncode}'}",
+            "check that your package index (PIP_INDEX_URL / pip.conf) has it",
+        )
+    return done

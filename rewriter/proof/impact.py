@@ -1,0 +1,492 @@
+"""Which of the release's own tests exercise what a patch changes (static).
+
+Test-impact tools answer "which tests can a change affect?" three ways:
+pytest-testmon records, per test, the code coverage reached (exact, but it
+needs a recorded run of the whole suite first); pytest-picked runs the test
+files git says changed (nothing for a fix that changes no test); Bazel's
+affected targets walk the reverse-dependency graph of the changed files'
+targets. A release's ``tests/`` has no recorded run and the fix changes no
+test, so this module walks the reverse dependencies as Bazel does, at the
+grain of Python imports, then narrows by name, which a graph of files
+cannot:
+
+1. **by import**: the test modules of ``tests/`` that import a module the
+   patch changes (``import vllm.a.b``, ``from vllm.a.b import X``,
+   ``from vllm.a import b``, at module level or inside a function);
+2. **by name**: in such a module, the tests whose code, with the module's
+   own helpers, fixtures and constants it uses, refers to a changed unit:
+   the changed function or class itself, or a top-level name of the changed
+   module whose code refers to one (a function that calls the changed
+   helper, a class whose method calls it).
+
+A test reaches a unit where it names it; where that cannot be told (the
+module's names come with ``import *``, or the module object itself is
+passed around) every test of the file that refers to the module counts,
+and the selection says so. Only ``ast``: nothing is imported, nothing runs.
+Nothing here names a fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deepstack_patch.proof.imports import module_name
+
+#: pytest's default collection rules (vLLM's configuration keeps them).
+TEST_FILE_PREFIX = "test_"
+TEST_FUNCTION_PREFIX = "test"
+TEST_CLASS_PREFIX = "Test"
+
+
+@dataclass(frozen=True)
+class ChangedUnit:
+    """A function, method, class or statement a patch changes."""
+
+    path: str  # vllm/a/b.py
+    kind: str  # function, method, class, class-attribute, module-statement, import
+    name: str  # f, C.m, C, NAME; the path for imports
+
+    @property
+    def part(self) -> str:
+        return f"{self.path}::{self.name}"
+
+    @property
+    def top_name(self) -> str:
+        """The module-level name the unit lives under (``C`` for ``C.m``)."""
+        return self.name.split(".")[0]
+
+
+@dataclass
+class Selection:
+    """The tests chosen for one patch, and why."""
+
+    #: node id -> the changed units (their ``part``) it reaches.
+    tests: dict[str, list[str]] = field(default_factory=dict)
+    #: The test files that import a changed module.
+    importers: list[str] = field(default_factory=list)
+    #: Test files where names could not be told apart: every test that
+    #: refers to the module was taken (file: why).
+    coarse: dict[str, str] = field(default_factory=dict)
+    #: The changed units no selected test reaches.
+    unreached: list[str] = field(default_factory=list)
+    #: Why nothing could be selected at all ("" when something could).
+    reason: str = ""
+
+
+def units_of(patch: object, changed_files: Sequence[str]) -> list[ChangedUnit]:
+    """A derived patch's units; a patch without (hand-written) changes its
+    files as wholes: one module-statement unit per changed file."""
+    units = getattr(patch, "units", None)
+    if units:
+        return [ChangedUnit(u.path, u.kind, u.name) for u in units]
+    return [ChangedUnit(path, "module-statement", "") for path in changed_files]
+
+
+def select(tree: Path, units: Sequence[ChangedUnit]) -> Selection:
+    """The tests of ``tree``'s ``tests/`` that reach ``units`` (see above)."""
+    tests_dir = tree / "tests"
+    if not tests_dir.is_dir():
+        return Selection(reason=f"{tree} has no tests/ folder")
+    by_module: dict[str, list[ChangedUnit]] = {}
+    for unit in units:
+        module = module_name(unit.path)
+        if module is not None:
+            by_module.setdefault(module, []).append(unit)
+    if not by_module:
+        return Selection(reason="the patch changes no module of the vllm package")
+    reaching: dict[str, dict[str, set[str]]] = {}
+    narrowing: dict[str, frozenset[str]] = {}
+    for module, changed in by_module.items():
+        reaching[module], narrowed = _reaching_names(tree / changed[0].path, changed)
+        narrowing.update(narrowed)
+    selection = Selection()
+    reached: set[str] = set()
+    for path in _test_files(tests_dir):
+        relative = path.relative_to(tree).as_posix()
+        module = _parsed(path, tuple(by_module))
+        if module is None:
+            continue
+        found = _select_in_file(
+            relative, module, by_module, (reaching, narrowing), selection
+        )
+        for nodeid, parts in found.items():
+            selection.tests[nodeid] = parts
+            reached.update(parts)
+    selection.unreached = [u.part for u in units if u.part not in reached]
+    if not selection.importers:
+        selection.reason = "no test module of tests/ imports a module the patch changes"
+    elif not selection.tests:
+        selection.reason = (
+            "the test modules that import the changed modules have no test "
+            "that refers to a changed unit"
+        )
+    return selection
+
+
+def _test_files(tests_dir: Path) -> Iterator[Path]:
+    for path in sorted(tests_dir.rglob("*.py")):
+        name = path.name
+        if name.startswith(TEST_FILE_PREFIX) or name.endswith("_test.py"):
+            yield path
+
+
+def _parsed(path: Path, modules: tuple[str, ...]) -> ast.Module | None:
+    """The test file's syntax tree, where its text can import one of
+    ``modules`` (``vllm.a.b`` or ``from vllm.a import b``); None where it
+    cannot, or does not parse. Parsed once per run of verify."""
+    source = _read(path)
+    if source is None or not any(
+        m in source
+        or (m.rpartition(".")[0] in source and m.rpartition(".")[2] in source)
+        for m in modules
+    ):
+        return None
+    stat = path.stat()
+    return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(path: Path, mtime_ns: int, size: int) -> ast.Module | None:
+    """One file's syntax tree; the key holds its time and size, so that a
+    file changed since is parsed again."""
+    source = _read(path)
+    try:
+        return ast.parse(source, str(path)) if source is not None else None
+    except SyntaxError:
+        return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+# -- the changed module: which of its names reach a changed unit ----------------
+
+
+def _reaching_names(
+    path: Path, units: Sequence[ChangedUnit]
+) -> tuple[dict[str, set[str]], dict[str, frozenset[str]]]:
+    """Each top-level name of the changed module (as the tree has it) whose
+    code reaches a changed unit, with the units it reaches; a unit's own
+    top-level name reaches it. A unit of the whole module (a module-level
+    statement, or a hand-written patch's file) is reached by any name.
+    Second: for a changed method, the methods a test must name to reach it
+    through its class (:func:`_methods_reaching`)."""
+    direct: dict[str, set[str]] = {}
+    whole = [u.part for u in units if u.kind in ("module-statement", "import")]
+    for unit in units:
+        if unit.kind not in ("module-statement", "import"):
+            direct.setdefault(unit.top_name, set()).add(unit.part)
+    source = _read(path) if path.is_file() else None
+    try:
+        module = ast.parse(source) if source is not None else None
+    except SyntaxError:
+        module = None
+    if module is None:
+        return {"*": set(whole), **direct}, {}
+    narrowing = {
+        unit.part: methods
+        for unit in units
+        if (methods := _methods_reaching(module, unit)) is not None
+    }
+    definitions = _definitions(module.body)
+    reaching = {name: set(parts) for name, parts in direct.items()}
+    # A name reaches what the names its code refers to reach: to a fixed point.
+    changed = True
+    while changed:
+        changed = False
+        for name, nodes in definitions.items():
+            refs = {r.split(".")[0] for node in nodes for r in _dotted_refs(node)}
+            gained = set().union(*(reaching.get(r, set()) for r in refs - {name}))
+            if not gained <= reaching.get(name, set()):
+                reaching.setdefault(name, set()).update(gained)
+                changed = True
+    if whole:
+        reaching["*"] = set(whole)
+    return reaching, narrowing
+
+
+#: Methods Python calls without naming them: a test that makes or uses an
+#: instance may reach them through the class alone.
+IMPLICIT_METHODS = ("__init__", "__new__", "__post_init__", "__call__")
+
+
+def _methods_reaching(module: ast.Module, unit: ChangedUnit) -> frozenset[str] | None:
+    """The methods of the unit's class whose code reaches the changed
+    method (through ``self.m``, ``cls.m`` or ``C.m``), the method included;
+    None where a test can reach it without naming one (a dunder, a method
+    the class's own statements use, a class the tree does not hold)."""
+    owner, _, method = unit.name.rpartition(".")
+    if unit.kind != "method" or "." in owner or method.startswith("__"):
+        return None
+    classes = [
+        s for s in module.body if isinstance(s, ast.ClassDef) and s.name == owner
+    ]
+    if not classes:
+        return None
+    methods = {
+        s.name: s
+        for s in classes[0].body
+        if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    selves = {"self", "cls", owner}
+    reaching = {method}
+    grown = True
+    while grown:
+        grown = False
+        for name, node in methods.items():
+            if name in reaching:
+                continue
+            chains = [r.split(".") for r in _dotted_refs(node)]
+            called = {c[1] for c in chains if len(c) > 1 and c[0] in selves}
+            if called & reaching:
+                reaching.add(name)
+                grown = True
+    if reaching & set(IMPLICIT_METHODS) or any(
+        name.startswith("__") for name in reaching
+    ):
+        return None
+    return frozenset(reaching)
+
+
+def _definitions(body: Iterable[ast.stmt]) -> dict[str, list[ast.AST]]:
+    """A block's functions, classes and assigned names, with their code."""
+    found: dict[str, list[ast.AST]] = {}
+    for statement in body:
+        match statement:
+            case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+                found.setdefault(name, []).append(statement)
+            case ast.ClassDef(name=name):
+                found.setdefault(name, []).append(statement)
+            case ast.Assign(targets=targets, value=value):
+                for target in targets:
+                    for node in ast.walk(target):
+                        if isinstance(node, ast.Name):
+                            found.setdefault(node.id, []).append(value)
+            case ast.AnnAssign(target=ast.Name(id=name), value=value) if value:
+                found.setdefault(name, []).append(value)
+            case ast.If(body=inner, orelse=other) | ast.Try(body=inner, orelse=other):
+                for name, nodes in _definitions([*inner, *other]).items():
+                    found.setdefault(name, []).extend(nodes)
+    return found
+
+
+def _dotted_refs(node: ast.AST) -> Iterator[str]:
+    """Every name the code uses, whole: ``a.b.c`` for ``a.b.c()`` (not also
+    ``a.b`` and ``a``), ``a`` for ``a[0]``."""
+    pending = [node]
+    while pending:
+        child = pending.pop()
+        match child:
+            case ast.Attribute() if dotted := _dotted(child):
+                yield dotted
+                continue
+            case ast.Name(id=name):
+                yield name
+        pending.extend(ast.iter_child_nodes(child))
+
+
+def _dotted(node: ast.expr) -> str:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return ""
+    return ".".join([node.id, *reversed(parts)])
+
+
+# -- a test file ----------------------------------------------------------------
+
+
+def _select_in_file(
+    relative: str,
+    module: ast.Module,
+    by_module: dict[str, list[ChangedUnit]],
+    changed: tuple[dict[str, dict[str, set[str]]], dict[str, frozenset[str]]],
+    selection: Selection,
+) -> dict[str, list[str]]:
+    """The tests of one file that reach a changed unit, by node id."""
+    reaching, narrowing = changed
+    bindings, starred = _bindings(module, by_module)
+    if not bindings and not starred:
+        return {}
+    selection.importers.append(relative)
+    if starred:
+        selection.coarse[relative] = (
+            f"`from {starred[0]} import *`: its names cannot be told apart"
+        )
+    definitions = _definitions(module.body)
+    found: dict[str, list[str]] = {}
+    for nodeid, nodes in _tests(relative, module):
+        refs, code = _closure(nodes, definitions)
+        parts = _reached(refs, bindings, reaching, starred, relative, selection)
+        # A changed method reached through its class alone: the test must
+        # name it, or a method of the class that calls it.
+        named = {
+            n.attr for c in code for n in ast.walk(c) if isinstance(n, ast.Attribute)
+        }
+        parts = {
+            part for part in parts if part not in narrowing or narrowing[part] & named
+        }
+        if parts:
+            found[nodeid] = sorted(parts)
+    return found
+
+
+def _bindings(
+    module: ast.Module, by_module: dict[str, list[ChangedUnit]]
+) -> tuple[dict[str, str], list[str]]:
+    """The file's local names for the changed modules and their members
+    (``m`` -> ``vllm.a.b``, ``X`` -> ``vllm.a.b.X``, ``vllm`` -> ``vllm``),
+    and the changed modules it star-imports."""
+    bindings: dict[str, str] = {}
+    starred: list[str] = []
+
+    def within(dotted: str) -> bool:
+        """A changed module, or a name inside one."""
+        return any(dotted == m or dotted.startswith(m + ".") for m in by_module)
+
+    for node in ast.walk(module):
+        match node:
+            case ast.Import(names=names):
+                for alias in names:
+                    if not within(alias.name):
+                        continue
+                    if alias.asname:
+                        bindings[alias.asname] = alias.name
+                    else:  # `import vllm.a.b` binds `vllm`
+                        root = alias.name.split(".")[0]
+                        bindings[root] = root
+            case ast.ImportFrom(module=str(source), names=names, level=0):
+                for alias in names:
+                    dotted = f"{source}.{alias.name}"
+                    if alias.name == "*":
+                        if source in by_module:
+                            starred.append(source)
+                    elif within(dotted):
+                        bindings[alias.asname or alias.name] = dotted
+    return bindings, starred
+
+
+def _tests(relative: str, module: ast.Module) -> Iterator[tuple[str, list[ast.AST]]]:
+    """The file's tests as pytest collects them by default, each with the
+    code it runs that the file holds: its function (decorators included:
+    ``parametrize`` arguments), and for a method its class's own
+    statements, setup methods and the methods it calls on ``self``."""
+    for statement in module.body:
+        match statement:
+            case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name) if (
+                name.startswith(TEST_FUNCTION_PREFIX)
+            ):
+                yield f"{relative}::{name}", [statement]
+            case ast.ClassDef(name=name) if _is_test_class(statement):
+                yield from _class_tests(f"{relative}::{name}", statement)
+
+
+def _is_test_class(node: ast.ClassDef) -> bool:
+    bases = {_dotted(base).rsplit(".", 1)[-1] for base in node.bases}
+    return node.name.startswith(TEST_CLASS_PREFIX) or "TestCase" in bases
+
+
+def _class_tests(
+    prefix: str, node: ast.ClassDef
+) -> Iterator[tuple[str, list[ast.AST]]]:
+    methods = {
+        s.name: s
+        for s in node.body
+        if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    shared: list[ast.AST] = [*node.decorator_list, *node.bases]
+    shared += [s for s in node.body if s.__class__.__name__ not in _FUNCTION_NODES]
+    shared += [m for n, m in methods.items() if n.lower().startswith("setup")]
+    for name, method in methods.items():
+        if not name.startswith(TEST_FUNCTION_PREFIX):
+            continue
+        nodes: list[ast.AST] = [method, *shared]
+        seen = {name}
+        pending = [method]
+        while pending:  # the methods it calls on self, and theirs
+            for ref in _dotted_refs(pending.pop()):
+                called = ref.split(".")[1] if ref.startswith("self.") else ""
+                if called in methods and called not in seen:
+                    seen.add(called)
+                    nodes.append(methods[called])
+                    pending.append(methods[called])
+        yield f"{prefix}::{name}", nodes
+
+
+_FUNCTION_NODES = ("FunctionDef", "AsyncFunctionDef")
+
+
+def _closure(
+    nodes: Sequence[ast.AST], definitions: dict[str, list[ast.AST]]
+) -> tuple[set[str], list[ast.AST]]:
+    """The dotted names ``nodes`` use, with those of the file's own helpers,
+    fixtures (a parameter named as a function of the file) and constants
+    they use, and theirs; and all that code."""
+    refs: set[str] = set()
+    seen: set[str] = set()
+    code = list(nodes)
+    pending = list(nodes)
+    while pending:
+        node = pending.pop()
+        names = set(_dotted_refs(node))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names |= {a.arg for a in [*node.args.args, *node.args.kwonlyargs]}
+        refs |= names
+        for name in names:
+            root = name.split(".")[0]
+            if root in definitions and root not in seen:
+                seen.add(root)
+                pending.extend(definitions[root])
+                code.extend(definitions[root])
+    return refs, code
+
+
+def _reached(
+    refs: set[str],
+    bindings: dict[str, str],
+    reaching: dict[str, dict[str, set[str]]],
+    starred: list[str],
+    relative: str,
+    selection: Selection,
+) -> set[str]:
+    """The changed units a test's names reach."""
+    parts: set[str] = set()
+    for ref in refs:
+        root, _, rest = ref.partition(".")
+        if root in bindings:
+            dotted = bindings[root] + (f".{rest}" if rest else "")
+            parts |= _units_named(dotted, reaching, relative, selection)
+        for module in starred:  # any name may be the module's
+            parts |= reaching[module].get(root, set())
+    return parts
+
+
+def _units_named(
+    dotted: str,
+    reaching: dict[str, dict[str, set[str]]],
+    relative: str,
+    selection: Selection,
+) -> set[str]:
+    """The units ``dotted`` (a name resolved through the file's imports)
+    reaches: a changed module's top-level name, or the module itself."""
+    parts: set[str] = set()
+    for module, names in reaching.items():
+        if dotted == module:  # the module object itself: its use is unknown
+            selection.coarse.setdefault(
+                relative, f"uses the module {module} itself: its names cannot be told"
+            )
+            parts |= set().union(*names.values()) if names else set()
+        elif dotted.startswith(module + "."):
+            top = dotted[len(module) + 1 :].split(".")[0]
+            parts |= names.get(top, set()) | names.get("*", set())
+    return parts

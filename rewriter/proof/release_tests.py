@@ -1,0 +1,288 @@
+"""The release's own tests of what a patch changes, before and after the fix.
+
+For each patch without a proof of its own (a derived patch), verify with a
+pristine tree selects the tests of the release's ``tests/`` that exercise
+the units the patch changes (``impact.py``: by import, then by name) and
+runs them with pytest in the proof environment on the pristine tree and on
+the tree, at once, each within the patch's time budget. Each selected test
+(each parametrization, as pytest reports it) then reads:
+
+- **pass-to-pass**: it passes before and after;
+- **fail-to-pass**: it fails before and passes after (the fix shows);
+- **pass-to-fail**: it passes before and fails after: a regression, which
+  fails verify;
+- **fails on both**: it fails the same way before and after, for a reason
+  that is not the fix's (counted apart, never as a failure of the fix);
+- **could not run**, with the reason: it skipped (it needs CUDA, say), the
+  proof environment lacks a package or the network (``failures.py``), it
+  needs a fixture of the tree's ``conftest.py`` (not loaded on the CPU:
+  ``tree_tests.py``), or the budget ran out before it ran.
+
+A patch whose pristine state is ``applied`` (upstream already has the fix)
+runs nothing: both trees hold the same code. Nothing here names a fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deepstack_patch.proof.envs import ProofEnv, subprocess_env
+from deepstack_patch.proof.failures import environment_cause, failure_summary
+from deepstack_patch.proof.forkserver import Spawn, run_subprocess
+from deepstack_patch.proof.impact import ChangedUnit, Selection, select
+from deepstack_patch.proof.pytest_results import SELECT_OPTION
+from deepstack_patch.proof.results import TestCase
+from deepstack_patch.proof.tree_tests import TestRun, run_pytest
+
+#: Seconds each patch's tests may take on each tree (they run side by side):
+#: importing vLLM's tested modules takes 10-20 s on 2 cores, a parser's
+#: tests a few more.
+DEFAULT_BUDGET_S = 120.0
+
+CONTINUE = "--continue-on-collection-errors"
+_MISSING_FIXTURE = re.compile(r"fixture '([\w]+)' not found")
+_FAILED = ("failed", "error")
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test's outcomes on the two trees, and what they say."""
+
+    __test__ = False
+
+    nodeid: str
+    before: str  # passed, failed, error, skipped, "" (not reported)
+    after: str
+    #: Why it could not run, or how it failed ("" for a pass).
+    reason: str = ""
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "nodeid": self.nodeid,
+            "before": self.before or None,
+            "after": self.after or None,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class ReleaseTests:
+    """One patch's run of the release's tests of what it changes."""
+
+    selection: Selection
+    budget_s: float
+    pass_to_pass: list[TestOutcome] = field(default_factory=list)
+    fail_to_pass: list[TestOutcome] = field(default_factory=list)
+    pass_to_fail: list[TestOutcome] = field(default_factory=list)
+    fails_on_both: list[TestOutcome] = field(default_factory=list)
+    could_not_run: list[TestOutcome] = field(default_factory=list)
+    #: Why nothing was run ("" when the tests ran).
+    not_run: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ran(self) -> int:
+        """Tests that ran to an outcome on both trees."""
+        return sum(
+            map(len, (self.pass_to_pass, self.fail_to_pass, self.pass_to_fail))
+        ) + len(self.fails_on_both)
+
+    @property
+    def problem(self) -> str:
+        """A regression; ``""`` where there is none."""
+        if not self.pass_to_fail:
+            return ""
+        first = self.pass_to_fail[0]
+        return (
+            f"release tests: {len(self.pass_to_fail)} pass on the pristine tree "
+            f"and fail after the fix (pass-to-fail), e.g. {first.nodeid}: "
+            f"{first.reason}"
+        )
+
+    @property
+    def summary(self) -> str:
+        """The counts in a few words."""
+        if self.not_run:
+            return f"none run: {self.not_run}"
+        counts = [
+            (len(self.pass_to_pass), "pass-to-pass"),
+            (len(self.fail_to_pass), "fail-to-pass"),
+            (len(self.pass_to_fail), "pass-to-fail"),
+            (len(self.fails_on_both), "fail on both"),
+            (len(self.could_not_run), "could not run"),
+        ]
+        return ", ".join(f"{n} {label}" for n, label in counts if n) or "none run"
+
+    def reasons(self) -> dict[str, int]:
+        """Why tests could not run (and fail on both), each with its count."""
+        found: dict[str, int] = {}
+        for outcome in [*self.could_not_run, *self.fails_on_both]:
+            found[outcome.reason] = found.get(outcome.reason, 0) + 1
+        return found
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "selected": sorted(self.selection.tests),
+            "importers": self.selection.importers,
+            "coarse": self.selection.coarse,
+            "unreached": self.selection.unreached,
+            "not_run": self.not_run,
+            "budget_s": self.budget_s,
+            "seconds": self.seconds,
+            "pass_to_pass": [o.nodeid for o in self.pass_to_pass],
+            "fail_to_pass": [o.nodeid for o in self.fail_to_pass],
+            "pass_to_fail": [o.json() for o in self.pass_to_fail],
+            "fails_on_both": [o.json() for o in self.fails_on_both],
+            "could_not_run": [o.json() for o in self.could_not_run],
+        }
+
+
+@dataclass
+class Pending:
+    """A patch's selection, and its runs on the pristine tree and the tree
+    (None: nothing to run)."""
+
+    selection: Selection
+    runs: tuple[Future[TestRun], Future[TestRun]] | None = None
+
+
+def submit(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: Path,
+    pristine: Path,
+    units: list[ChangedUnit],
+    budget_s: float,
+    spawn: Spawn = run_subprocess,
+) -> Pending:
+    """Select a patch's tests and start them on both trees."""
+    selection = select(tree, units)
+    if not selection.tests:
+        return Pending(selection)
+    before, after = (
+        pool.submit(_run, env, root, selection, budget_s, spawn)
+        for root in (pristine, tree)
+    )
+    return Pending(selection, (before, after))
+
+
+def _run(
+    env: ProofEnv, tree: Path, selection: Selection, budget_s: float, spawn: Spawn
+) -> TestRun:
+    # pytest is given the files, and our plugin keeps the selected tests: a
+    # test file that cannot import (a package it lacks) then stops none of
+    # the others, where a node id of it would end the session.
+    files = {nodeid.split("::")[0]: [] for nodeid in selection.tests}
+    with tempfile.TemporaryDirectory(prefix="deepstack-select-") as scratch:
+        wanted = Path(scratch) / "selected.json"
+        wanted.write_text(json.dumps(sorted(selection.tests)))
+        options = [CONTINUE, f"{SELECT_OPTION}={wanted}"]
+        return run_pytest(
+            env.python, tree, files, [], env=subprocess_env(tree),
+            timeout=budget_s, spawn=spawn, options=options,
+        )  # fmt: skip
+
+
+def collect(pending: Pending, budget_s: float) -> ReleaseTests:
+    """The outcome of :func:`submit`'s runs, each test compared."""
+    selection = pending.selection
+    if pending.runs is None:
+        return ReleaseTests(selection, budget_s, not_run=selection.reason)
+    before, after = (future.result() for future in pending.runs)
+    result = ReleaseTests(selection, budget_s)
+    result.seconds = max(before.seconds, after.seconds)
+    for outcome in compare(selection, before, after, budget_s):
+        _bucket(result, outcome).append(outcome)
+    return result
+
+
+def _bucket(result: ReleaseTests, outcome: TestOutcome) -> list[TestOutcome]:
+    """The count a compared test goes to. What the environment lacked on
+    either tree decides first: a test that needed the network on one side
+    shows nothing about the fix, whatever the other side says."""
+    match outcome.before, outcome.after, outcome.reason:
+        case _, _, reason if reason.startswith(CANNOT_RUN):
+            return result.could_not_run
+        case "passed", "passed", _:
+            return result.pass_to_pass
+        case (("failed" | "error"), "passed", _):
+            return result.fail_to_pass
+        case "passed", ("failed" | "error"), _:
+            return result.pass_to_fail
+        case (("failed" | "error"), ("failed" | "error"), _):
+            return result.fails_on_both
+    return result.could_not_run
+
+
+#: How a reason that is no failure of the code starts.
+CANNOT_RUN = "could not run: "
+
+
+def compare(
+    selection: Selection, before: TestRun, after: TestRun, budget_s: float
+) -> list[TestOutcome]:
+    """Each selected test (each parametrization) on both trees."""
+    sides = [_by_test(selection, run) for run in (before, after)]
+    outcomes = []
+    for nodeid in sorted({*sides[0], *sides[1]}):
+        cases = [side.get(nodeid) for side in sides]
+        outcome = [case.outcome if case else "" for case in cases]
+        reason = _cannot_run(cases, [before, after], budget_s)
+        if not reason and outcome[1] in _FAILED:
+            reason = failure_summary(cases[1].message if cases[1] else "")
+        elif not reason and outcome[0] in _FAILED:
+            reason = failure_summary(cases[0].message if cases[0] else "")
+        outcomes.append(TestOutcome(nodeid, outcome[0], outcome[1], reason))
+    return outcomes
+
+
+def _by_test(selection: Selection, run: TestRun) -> dict[str, TestCase | None]:
+    """A run's case of each selected test: by its own node id (with its
+    parameters), a file's error for a file that did not import, None for
+    a selected test the run did not report."""
+    found: dict[str, TestCase | None] = {}
+    file_errors = {c.nodeid: c for c in run.cases if "::" not in c.nodeid}
+    for nodeid in selection.tests:
+        mine = [c for c in run.cases if _is_case_of(c.nodeid, nodeid)]
+        for case in mine:
+            found[case.nodeid] = case
+        if not mine:
+            found[nodeid] = file_errors.get(nodeid.split("::")[0])
+    return found
+
+
+def _is_case_of(case: str, nodeid: str) -> bool:
+    return case == nodeid or case.startswith((nodeid + "[", nodeid + "::"))
+
+
+def _cannot_run(
+    cases: list[TestCase | None], runs: list[TestRun], budget_s: float
+) -> str:
+    """Why a test could not run on one of the trees (``""``: it ran on both)."""
+    for case, run in zip(cases, runs, strict=True):
+        if case is None:
+            if run.error and "timed out" in run.error:
+                why = f"the time budget ({budget_s:.0f} s) ran out before it ran"
+            else:
+                why = "pytest did not report it"
+            return CANNOT_RUN + why
+    for case in cases:
+        assert case is not None
+        if case.outcome == "skipped":
+            return CANNOT_RUN + f"skipped ({case.message or 'no reason given'})"
+        cause = environment_cause(case.message)
+        if case.outcome in _FAILED and cause:
+            return CANNOT_RUN + cause
+        missing = _MISSING_FIXTURE.search(case.message)
+        if case.outcome == "error" and missing:
+            return CANNOT_RUN + (
+                f"it needs the fixture {missing[1]!r}, which verify does not load "
+                "on the CPU (the tree's conftest.py)"
+            )
+    return ""
