@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.derived import (
     docstrings,
+    entries,
     imports,
     moved,
     names,
@@ -263,9 +264,16 @@ class DerivedPatch(Patch):
                     states.append((PatchState.DRIFTED, located.reason))
                     spans.append(_lines(node))
                     continue
-                state, reason, span = _recognise_edit(
-                    compiled, located, shapes_of, unit.name
-                )
+                if edit.kind == "entry":
+                    entry = _recognise_entry(compiled, located, unit.kind)
+                    if entry is None:  # the literal is not in this tree
+                        return None
+                    state, reason, span, line = entry
+                    lines += [line] if line else []
+                else:
+                    state, reason, span = _recognise_edit(
+                        compiled, located, shapes_of, unit.name
+                    )
             states.append((state, reason))
             spans.append(span)
         first = min((s for s, _ in spans), default=1)
@@ -473,6 +481,40 @@ def _recognise_edit(
     if nothing and _in_unit_once(compiled, located, shapes_of):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
+
+
+def _recognise_entry(
+    compiled: CompiledEdit, located: _Located, unit_kind: str
+) -> tuple[PatchState, str, tuple[int, int], int] | None:
+    """An entry edit's state, its span and the line of its entries (see
+    :mod:`.entries`); None where the unit is an entry of a literal of the
+    module or a class and no statement there binds the literal's name."""
+    pattern = compiled.entries
+    assert pattern is not None
+    where = _where(located.owner)
+    found = entries.holders(pattern, located.block)
+    if len(found) != 1:
+        named = [n for n in located.block if entries.bound_name(n) == pattern.name]
+        if not found and unit_kind == "entry" and pattern.name and not named:
+            return None
+        if found:
+            reason = f"{pattern.what()} found {len(found)} times in {where}"
+        elif named:
+            reason = (
+                f"{pattern.what()} in {where} is not the statement the fix "
+                f"expects, its entries aside (`{shapes.quoted(pattern.prefix)}`)"
+            )
+        else:
+            reason = f"`{shapes.quoted(pattern.prefix)}` not found in {where}"
+        return PatchState.DRIFTED, reason, _span(compiled, located), 0
+    statement, container = found[0]
+    held = entries.entries_of(container)
+    state, start, _, why = entries.where_in(pattern, held)
+    line = held[start].first if start < len(held) else statement.lineno
+    span = _span(compiled, located)
+    if isinstance(located.unit_node, ast.Module | ast.ClassDef):
+        span = _lines(statement)
+    return PatchState(state), why, span, line
 
 
 def _in_unit_once(
