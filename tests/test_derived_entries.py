@@ -5,11 +5,13 @@ as ``patch`` writes it. Small synthetic modules only (no vLLM code)."""
 
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
 from deepstack_patch.engine.derived import entries, load_derived, write_derived
 from deepstack_patch.engine.derived.units import units_of_change
+from deepstack_patch.engine.footprint import named_unit
 from deepstack_patch.engine.protocol import PatchState
 
 from tests.test_derive import (
@@ -260,3 +262,18 @@ def test_a_data_file_derived_before_entries_were_units_still_loads(
     monkeypatch.undo()
     loaded = load_derived(write_derived(patch, tmp_path))
     assert states(loaded, SCHEDULE) == {"Scheduler.schedule": (PatchState.NEEDED, "")}
+
+
+def test_an_entry_units_footprint_is_its_statement() -> None:
+    """``list --footprint`` and ``watch`` find every unit of a derived patch
+    again by its name: an entry's is its literal's statement."""
+    module = ast.parse(
+        registry(*BASE).replace("\n\n\ndef read", "\nLIMIT = 1\n\n\ndef read")
+    )
+    found = named_unit(module, 'environment_variables["D.E"]')
+    assert (
+        isinstance(found, ast.AnnAssign) and found.target.id == "environment_variables"
+    )
+    assert named_unit(module, "environment_variables(name=)") is found
+    assert isinstance(named_unit(module, "LIMIT (1)"), ast.Assign)
+    assert named_unit(module, 'other["D"]') is None
