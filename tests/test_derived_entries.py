@@ -277,3 +277,23 @@ def test_an_entry_units_footprint_is_its_statement() -> None:
     assert named_unit(module, "environment_variables(name=)") is found
     assert isinstance(named_unit(module, "LIMIT (1)"), ast.Assign)
     assert named_unit(module, 'other["D"]') is None
+
+
+def test_entries_that_do_not_check_out_are_derived_as_their_statement(
+    tmp_path,
+) -> None:
+    """A literal bound twice (a module redefines it) cannot be told apart
+    by its skeleton: derive's self-check on the base refuses the entry, and
+    the statement is carried whole, as before entries were units."""
+    twice = registry(*BASE) + "\n" + registry(*BASE).split("\n\n", 1)[1]
+    before, after = twice, twice.replace('"D", "4"', '"D", "9"', 1)
+    base = _tree(tmp_path / "base", {PATH: before}).root
+    diff = tmp_path / "fix.diff"
+    diff.write_text(git_diff(PATH, before, after))
+    out = tmp_path / "out"
+    code, output = run(*derive_args(diff, base, out), "--format", "json")
+    assert code == 0, output
+    assert [(u["kind"], u["name"]) for u in json.loads(output)["units"]] == [
+        ("module-statement", "environment_variables")
+    ]
+    assert [u.kind for u in units_of_change(PATH, before, after)] == ["entry"]

@@ -215,6 +215,10 @@ class _Differ:
                 for at in (i1 - 1, i2)
             ]
             edit = Edit("entry", steps, anchors[0], anchors[1], texts[0], texts[1])
+            try:  # read back as the engine reads it, or the statement whole
+                entries.Pattern.of(*texts, *(a.code if a else "" for a in anchors))
+            except (SyntaxError, ValueError):
+                return False
             made.append(_Found(edit, chain, code=(texts[0], texts[1])))
         self.found += made
         return True
@@ -412,9 +416,13 @@ def _inside_only(was: ast.stmt, now: ast.stmt, memo: shapes.Memo) -> bool:
     return True
 
 
-def units_of_change(path: str, before: str, after: str) -> list[Unit]:
-    """The units of one file's change (empty if no code changed)."""
-    differ = _Differ(before, after)
+def units_of_change(
+    path: str, before: str, after: str, by_entries: bool = True
+) -> list[Unit]:
+    """The units of one file's change (empty if no code changed);
+    ``by_entries=False``: a large literal's statement whole (see
+    :mod:`.entries`)."""
+    differ = _Differ(before, after, by_entries)
     differ.block(ast.parse(before).body, ast.parse(after).body, (), ())
     units: dict[tuple[str, str], list[Edit]] = {}
     texts: dict[tuple[str, str], tuple[str, str]] = {}
