@@ -12,6 +12,7 @@ import pytest
 from deepstack_patch.engine.derived import entries, load_derived, write_derived
 from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.footprint import named_unit
+from deepstack_patch.engine.plan import rewrite_text
 from deepstack_patch.engine.protocol import PatchState
 
 from tests.test_derive import (
@@ -297,3 +298,39 @@ def test_entries_that_do_not_check_out_are_derived_as_their_statement(
         ("module-statement", "environment_variables")
     ]
     assert [u.kind for u in units_of_change(PATH, before, after)] == ["entry"]
+
+
+MLA = """def is_mla(config):
+    if not config:
+        return False
+    elif config.model_type in (
+%s    ):
+        return True
+    return False
+"""
+MODELS = [f'        "m{n}",\n' for n in range(8)]
+
+
+def test_an_element_of_a_tuple_in_an_elif_test_is_carried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = MLA % "".join(MODELS)
+    after = before.replace('"m0"', '"M0"')
+    (unit,) = units_of_change(PATH, before, after)
+    assert [e.kind for e in unit.edits] == ["entry"]
+    release = MLA % "".join([*MODELS[:5], '        "other",\n', *MODELS[5:]])
+    assert written(before, after, release, monkeypatch) == release.replace(
+        '"m0"', '"M0"'
+    )
+
+
+def test_a_header_and_its_block_both_changed_are_never_cut_to_the_entries() -> None:
+    """Were the header's entries an edit alone, the block's change would be
+    lost: the statement stays one edit, and the rewrite gives the fix."""
+    before = MLA % "".join(MODELS)
+    after = before.replace('"m0"', '"M0"').replace("return True", "return None")
+    patch = derived(before, after)
+    assert [e.kind for u in patch.units for e in u.edits] != ["entry"]
+    assert ast.dump(ast.parse(rewrite_text(patch, before, PATH))) == ast.dump(
+        ast.parse(after)
+    )

@@ -130,14 +130,25 @@ def _children(node: ast.AST) -> Iterator[ast.AST]:
             yield from (item for item in value if isinstance(item, ast.AST))
 
 
+#: The fields of a compound statement's header that may hold a container
+#: (an ``if``'s or ``elif``'s test: ``model_type in ("a", "b", ...)``).
+HEADER_FIELDS = {ast.If: ("test",), ast.While: ("test",), ast.For: ("target", "iter")}
+
+
 def container_of(statement: ast.stmt) -> ast.AST | None:
     """The statement's container (see the module's docstring), where it has
-    :data:`LARGE` entries or more; None for a compound statement."""
-    if shapes.is_compound(statement) or shapes.is_docstring(statement):
+    :data:`LARGE` entries or more; in an ``if``, ``elif``, ``while`` or
+    ``for``, in its header; None for another compound statement."""
+    if shapes.is_docstring(statement):
         return None
+    pending: list[ast.AST] = [statement]
+    if shapes.is_compound(statement):
+        fields = HEADER_FIELDS.get(type(statement), ())  # type: ignore[call-overload]
+        pending = [getattr(statement, name) for name in fields]
+        if not pending:
+            return None
     best: ast.AST | None = None
     size = 0
-    pending: list[ast.AST] = [statement]
     while pending:
         node = pending.pop(0)
         if isinstance(node, CONTAINERS):
@@ -148,10 +159,14 @@ def container_of(statement: ast.stmt) -> ast.AST | None:
     return best if size >= LARGE else None
 
 
-def skeleton(statement: ast.stmt, container: ast.AST) -> str:
-    """The statement's shape with ``container``'s entries left out."""
+def skeleton(statement: ast.stmt, container: ast.AST, whole: bool = False) -> str:
+    """The statement's shape with ``container``'s entries left out (a
+    compound statement's header: its blocks are not the edit's; with
+    ``whole``, its blocks too)."""
     saved = _empty(container)
     try:
+        if shapes.is_compound(statement) and not whole:
+            return "skeleton " + shapes.header(statement, {})
         return "skeleton " + shapes.shape(statement, {})
     finally:
         _restore(container, saved)
@@ -235,7 +250,11 @@ def wrapper(statement: ast.stmt, container: ast.AST) -> tuple[str, str]:
             container.elts = [ast.Starred(marker, ast.Load())]  # type: ignore[attr-defined]
             written = "*" + _MARKER
     try:
-        code = ast.unparse(statement)
+        code = (
+            shapes.header_code(statement)
+            if shapes.is_compound(statement)
+            else ast.unparse(statement)
+        )
     finally:
         _restore(container, saved)
     before, _, after = code.partition(written)
@@ -244,7 +263,8 @@ def wrapper(statement: ast.stmt, container: ast.AST) -> tuple[str, str]:
 
 def wrapped(prefix: str, lines: Sequence[str], suffix: str, raw: set[int]) -> str:
     """The recorded code: ``lines`` (an entries' region, dedented; ``raw``:
-    the indices of those inside a string) between the skeleton's lines."""
+    the indices of those inside a string) between the skeleton's lines (a
+    header's ``suffix`` goes on with its block, ``...``)."""
     inner = [
         line if index in raw or not line.strip() else WRAP_INDENT + line
         for index, line in enumerate(lines)
@@ -278,12 +298,11 @@ def read(code: str) -> Recorded:
     lines = code.split("\n")
     if lines and lines[-1] == "":
         lines = lines[:-1]
-    last = len(lines)
-    holders = [
-        n
-        for n in ast.walk(node)
-        if isinstance(n, CONTAINERS) and n.lineno == 1 and n.end_lineno == last
-    ]
+    # The container opens on the first line and closes last of those that
+    # do (a header's block comes after it).
+    opened = [n for n in ast.walk(node) if isinstance(n, CONTAINERS) and n.lineno == 1]
+    last = max((n.end_lineno or 1 for n in opened), default=1)
+    holders = [n for n in opened if n.end_lineno == last]
     if not holders or last < 2:
         raise ValueError(f"no literal or call holds the entries of {code!r}")
     container = holders[-1]  # the innermost: ast.walk goes breadth first

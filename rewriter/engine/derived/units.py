@@ -52,7 +52,9 @@ class _Differ:
         statement holding a large literal or call by its skeleton, so that
         one whose entries alone changed is the same statement (see
         :mod:`.entries`)."""
-        container = entries.container_of(node) if self.by_entries else None
+        if not self.by_entries or shapes.is_compound(node):
+            return shapes.identity(node, self.memo)
+        container = entries.container_of(node)
         if container is None:
             return shapes.identity(node, self.memo)
         return entries.skeleton(node, container)
@@ -90,9 +92,10 @@ class _Differ:
                 and i2 - i1 == j2 - j1
                 and all(_header_only(was, now, self.memo) for was, now in pairs)
             ):
-                for offset, (_, now) in enumerate(pairs):
+                for offset, (was, now) in enumerate(pairs):
                     at = i1 + offset
-                    self.header_edit(old, at, now, steps, chain, stable)
+                    if not self.entries(was, now, steps, chain):
+                        self.header_edit(old, at, now, steps, chain, stable)
                 continue
             if tag != "equal":
                 self.edit(old_block, new_block, (i1, i2), (j1, j2), steps, chain)
@@ -171,6 +174,10 @@ class _Differ:
         new_container = entries.container_of(now)
         if old_container is None or new_container is None:
             return False
+        if type(old_container) is not type(new_container) or entries.skeleton(
+            was, old_container, whole=True
+        ) != entries.skeleton(now, new_container, whole=True):
+            return False  # more than the entries changed (a block, too)
         old = entries.entries_of(old_container)
         new = entries.entries_of(new_container)
         matcher = difflib.SequenceMatcher(
