@@ -334,3 +334,17 @@ def test_a_header_and_its_block_both_changed_are_never_cut_to_the_entries() -> N
     assert ast.dump(ast.parse(rewrite_text(patch, before, PATH))) == ast.dump(
         ast.parse(after)
     )
+
+
+def test_an_entry_of_a_class_attribute_is_named_by_its_class() -> None:
+    rows = "".join(f'        "k{n}": {n},\n' for n in range(7))
+    before = f"class Table:\n    WIDTHS = {{\n{rows}    }}\n"
+    after = before.replace('"k3": 3', '"k3": 30')
+    (unit,) = units_of_change(PATH, before, after)
+    assert (unit.kind, unit.name) == ("entry", 'Table.WIDTHS["k3"]')
+    patch = derived(before, after)
+    assert states(patch, before.replace('"k5": 5', '"k5": 50')) == {
+        'Table.WIDTHS["k3"]': (PatchState.NEEDED, "")
+    }
+    # No class: the unit is not in this tree.
+    assert states(patch, before.replace("class Table", "class Other")) == {}
