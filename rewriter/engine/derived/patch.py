@@ -66,6 +66,11 @@ if TYPE_CHECKING:
     import libcst
 
 
+#: A needed unit's detail for an edit that is made already (its docstring
+#: edit alone is to write): the rewrite leaves it.
+APPLIED_EDIT = "applied"
+
+
 class DerivedPatch(Patch):
     """A patch made from data (see the module's docstring)."""
 
@@ -284,6 +289,26 @@ class DerivedPatch(Patch):
             note = "; ".join(notes)
             return _UnitState(PatchState.NEEDED, (first, last), note, details, line)
         if kinds == {PatchState.APPLIED}:
+            pending = [
+                int(index)
+                for index, found in details.items()
+                if unit.edits[int(index)].kind == "docstring" and found
+            ]
+            if pending:
+                # Never applied while an edit is missing: the code is in,
+                # its docstring is still the one the fix rewords; the
+                # rewrite writes only that (APPLIED_EDIT marks the others).
+                for index, edit in enumerate(unit.edits):
+                    if edit.kind != "docstring":
+                        details[str(index)] = {APPLIED_EDIT: True}
+                return _UnitState(
+                    PatchState.NEEDED,
+                    (first, last),
+                    "its code is the fixed one; its docstring is still the one "
+                    "the fix rewords",
+                    details,
+                    line,
+                )
             return _UnitState(PatchState.APPLIED, (first, last), "", line=line)
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
         reason = "; ".join(drifted) or (
@@ -348,6 +373,7 @@ class DerivedPatch(Patch):
                         (self._compile(edit), finding.details.get(str(index), {}))
                         for index, edit in enumerate(unit.edits)
                         if edit.kind != "docstring"
+                        and not finding.details.get(str(index), {}).get(APPLIED_EDIT)
                     ],
                     finding.details.get("renaming", {}),
                 )
