@@ -348,3 +348,18 @@ def test_an_entry_of_a_class_attribute_is_named_by_its_class() -> None:
     }
     # No class: the unit is not in this tree.
     assert states(patch, before.replace("class Table", "class Other")) == {}
+
+
+def test_a_spread_neighbour_is_recorded_with_its_stars(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = "".join(f'    "k{n}": {n},\n' for n in range(6))
+    before = f"TABLE = {{\n    **BASE,\n{rows}}}\n"
+    after = before.replace("    **BASE,\n", '    **BASE,\n    "new": 9,\n')
+    (unit,) = units_of_change(PATH, before, after)
+    (edit,) = unit.edits
+    assert edit.before_anchor.code == "**BASE"
+    release = before.replace('"k4": 4', '"k4": 40')
+    assert written(before, after, release, monkeypatch) == release.replace(
+        "    **BASE,\n", '    **BASE,\n    "new": 9,\n'
+    )

@@ -356,9 +356,13 @@ def anchor_code(entry: Entry, container: ast.AST, lines: Sequence[str]) -> str:
     match container, entry.nodes:
         case ast.Dict(), (key, _):
             return f"{_source(lines, key)}: ..."
+        case ast.Dict(), (value,):  # `**other`
+            return "**" + _source(lines, value)
         case ast.Call(), (ast.keyword(arg=str(name)),):
             return f"{name}=..."
-    return _source(lines, entry.nodes[0], entry.nodes[-1], spread=True)
+        case ast.Call(), (ast.keyword(value=value),):  # `**kwargs`
+            return "**" + _source(lines, value)
+    return _source(lines, entry.nodes[0])
 
 
 def anchor_entry(code: str, container: ast.AST) -> Entry:
@@ -377,16 +381,10 @@ def anchor_entry(code: str, container: ast.AST) -> Entry:
     return dataclasses.replace(found[0], label=code)
 
 
-def _source(
-    lines: Sequence[str], first: ast.AST, last: ast.AST | None = None, spread=False
-) -> str:
-    last = last or first
-    text = ast.get_source_segment("".join(lines), first) if first is last else None
-    if first is not last or text is None or "\n" in text:
-        text = ast.unparse(first)
-    if spread and isinstance(first, ast.keyword) and first.arg is None:
-        return "**" + ast.unparse(first.value)
-    return text
+def _source(lines: Sequence[str], node: ast.AST) -> str:
+    """A node's code as the file writes it, where it holds one line."""
+    text = ast.get_source_segment("".join(lines), node)
+    return text if text is not None and "\n" not in text else ast.unparse(node)
 
 
 def label(entry: Entry, source: str = "") -> str:
@@ -396,7 +394,7 @@ def label(entry: Entry, source: str = "") -> str:
         case (ast.keyword(arg=str(name)),):
             return f"{name}="
     written = ast.get_source_segment(source, entry.nodes[0]) if source else None
-    if written is None or "\n" in written or len(entry.nodes) == 1:
+    if written is None or "\n" in written or entry.identity.startswith("spread"):
         written = entry.label
     return shapes.quoted(written, 40)
 
