@@ -159,3 +159,22 @@ def test_a_docstring_changed_alone_is_left_out_with_a_note(tmp_path: Path) -> No
         "line the fix changes away from the statements it changes is not "
         "carried)"
     ]
+
+
+def test_the_fixed_code_with_the_old_docstring_is_needed_not_applied(
+    tmp_path: Path,
+) -> None:
+    """A patch is never applied while one of its edits is missing (issue 40
+    item 5): the code is in, the docstring the fix rewords is not; the
+    rewrite writes the docstring alone."""
+    patch, _, _ = derive(tmp_path, BEFORE, AFTER)
+    code_only = AFTER.replace("[THWTHW...TT]", "[THTHWH...TT]")
+    found = finding(patch, code_only)
+    assert (found.state, found.reason) == (
+        PatchState.NEEDED,
+        "its code is the fixed one; its docstring is still the one the fix rewords",
+    )
+    assert rewrite_text(patch, code_only, PATH) == AFTER
+    # Another docstring (a vendor's) is left as it is: the fix is in.
+    vendor = code_only.replace("Reorganise the layout.", "Reorganise (vendor's).")
+    assert finding(patch, vendor).state is PatchState.APPLIED

@@ -163,6 +163,7 @@ def derive_patch_from_text(
     units, tests, skipped, results, notes = _read_changes(
         files, base, diff_name, base_label
     )
+    by_entries = any(edit.kind == "entry" for unit in units for edit in unit.edits)
     if not units:
         raise DeepstackError(
             "the diff changes no Python code: "
@@ -174,23 +175,38 @@ def derive_patch_from_text(
             "give the diff of the fix itself (its .py files outside tests/)",
             path=diff_name,
         )
-    patch = DerivedPatch(
-        id=patch_id,
-        title=title or f"{patch_id}, derived from its diff",
-        symptom=symptom,
-        base=base.version,
-        base_tree="" if not base_label.startswith("tree ") else str(base.root),
-        paths=list(results),
-        units=units,
-        tests=tests,
-        skipped_tests=skipped,
-        upstream_url=upstream_url,
-        fixed_in=fixed_in,
-    )
-    try:
-        round_trip = self_check(
-            patch, base if checked_on is None else checked_on(patch), results, notes
+
+    def made_of(units: list[Unit]) -> DerivedPatch:
+        return DerivedPatch(
+            id=patch_id,
+            title=title or f"{patch_id}, derived from its diff",
+            symptom=symptom,
+            base=base.version,
+            base_tree="" if not base_label.startswith("tree ") else str(base.root),
+            paths=list(results),
+            units=units,
+            tests=tests,
+            skipped_tests=skipped,
+            upstream_url=upstream_url,
+            fixed_in=fixed_in,
         )
+
+    patch = made_of(units)
+    try:
+        try:
+            round_trip = self_check(
+                patch, base if checked_on is None else checked_on(patch), results, notes
+            )
+        except DeepstackError:
+            if not by_entries:
+                raise
+            # A large literal's entries that do not check out as edits of
+            # their own: its statement whole, as before they were.
+            units = _read_changes(files, base, diff_name, base_label, False)[0]
+            patch = made_of(units)
+            round_trip = self_check(
+                patch, base if checked_on is None else checked_on(patch), results, notes
+            )
     except DeepstackError:
         raise
     except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
@@ -211,7 +227,11 @@ def derive_patch_from_text(
 
 
 def _read_changes(
-    files: Sequence[FileDiff], base: VllmTree, diff_name: str, base_label: str
+    files: Sequence[FileDiff],
+    base: VllmTree,
+    diff_name: str,
+    base_label: str,
+    by_entries: bool = True,
 ) -> tuple[
     list[Unit],
     list[RecordedTest],
@@ -267,7 +287,7 @@ def _read_changes(
             results[path] = (before, after)
             continue
         try:
-            changed = units_of_change(path, before, after)
+            changed = units_of_change(path, before, after, by_entries)
         except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
             raise _unexpected(exc, f"reading the change of {path}", diff_name) from exc
         if not changed:

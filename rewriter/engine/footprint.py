@@ -165,7 +165,9 @@ def named_unit(module: ast.Module, symbol: str) -> ast.AST | None:
     ``symbol`` names as a derived patch names its units: ``Outer.Inner``,
     ``Class.attr``, ``NAME``; ``NAME (2)`` is the second statement so named,
     and a statement that assigns no name is named by its kind (``if``,
-    ``expr``). None where there is none, and for ``imports``."""
+    ``expr``); an entry of a literal (``NAME["KEY"]``, ``NAME(name=)``) is
+    its statement. None where there is none, and for ``imports``."""
+    symbol = _without_entry(symbol)
     *scope, last = symbol.split(".")
     body: list[ast.stmt] = module.body
     for name in scope:
@@ -181,6 +183,15 @@ def named_unit(module: ast.Module, symbol: str) -> ast.AST | None:
         return None
     named = [node for node in body if statement_name([node]) == name]
     return named[index] if index < len(named) else None
+
+
+def _without_entry(symbol: str) -> str:
+    """``NAME["KEY"]`` or ``NAME(name=)``, an entry unit's name, is ``NAME``
+    (the key may hold dots); any other name as it is."""
+    import re
+
+    entry = re.fullmatch(r"([\w.]+?)(\[.*\]|\(\w+=\))", symbol)
+    return entry.group(1) if entry else symbol
 
 
 def unit_kind(node: ast.AST) -> str:

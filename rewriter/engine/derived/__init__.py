@@ -18,6 +18,8 @@ The package's modules, in the order a fix travels through them:
 - :mod:`.runtime`: only code whose attributes are there at run time (ty on
   the fixed file, run and cached by :mod:`.typecheck`; attribute names the
   release defines or reads somewhere);
+- :mod:`.entries`: an entry of a large literal or a keyword of a long call
+  as an edit of its own, found by its key whatever the other entries hold;
 - :mod:`.regions` and :mod:`.rewrite`: the lines an edit changes, and the
   rewrite that changes only those (as text; imports by name where it must).
 """

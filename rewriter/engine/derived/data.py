@@ -25,8 +25,11 @@ UNIT_KINDS = (
     "import",
     "new-file",
     "deleted-file",
+    # An entry of a large literal or a keyword of a long call of the module
+    # or a class (engine/derived/entries.py).
+    "entry",
 )
-EDIT_KINDS = ("body", "header", "imports", "docstring")
+EDIT_KINDS = ("body", "header", "imports", "docstring", "entry")
 
 #: The units that add or delete a whole file: ``after`` (``before``) is the
 #: file's whole text, the other side is "", and the data file records no
@@ -76,6 +79,10 @@ class Edit:
     its header (decorators, signature, bases) and gets ``header_after``.
     ``imports``: the module's imports ``inserted`` are added where missing
     and those of ``removed`` that nothing else uses are dropped.
+    ``entry``: in the statement of the block ``block`` leads to whose large
+    literal or call holds them, the entries ``removed`` (written inside
+    their statement) become ``inserted``; the anchors are the entries
+    around them, by key (engine/derived/entries.py).
     """
 
     kind: str

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deepstack_patch.engine.derived import shapes
+from deepstack_patch.engine.derived import entries, shapes
 from deepstack_patch.engine.derived.data import Anchor, Edit
 from deepstack_patch.engine.protocol import PatchState
 
@@ -61,6 +61,8 @@ class CompiledEdit:
     #: A header edit's compound statement, by its identity after the fix
     #: (an ``if`` is named by its header, which the fix changes).
     header_identity_after: str = ""
+    #: An entry edit's entries and the statement that holds them.
+    entries: entries.Pattern | None = None
 
     @classmethod
     def of(cls, edit: Edit) -> CompiledEdit:
@@ -82,6 +84,16 @@ class CompiledEdit:
             (shapes.identity(one_statement(with_block(s.header))), s.field, s.header)
             for s in edit.block
         )
+        pattern = None
+        anchors = (edit.before_anchor, edit.after_anchor)
+        if edit.kind == "entry":  # its anchors are entries, not statements
+            pattern = entries.Pattern.of(
+                edit.removed,
+                edit.inserted,
+                edit.before_anchor.code if edit.before_anchor else "",
+                edit.after_anchor.code if edit.after_anchor else "",
+            )
+            anchors = (None, None)
         headers = [
             shapes.header(one_statement(with_block(code))) if code else ""
             for code in (edit.header_before, edit.header_after)
@@ -89,8 +101,8 @@ class CompiledEdit:
         return cls(
             edit,
             steps,
-            key_of(edit.before_anchor),
-            key_of(edit.after_anchor),
+            key_of(anchors[0]),
+            key_of(anchors[1]),
             keys_of(edit.removed),
             keys_of(edit.inserted),
             headers[0],
@@ -99,6 +111,7 @@ class CompiledEdit:
             shapes.identity(one_statement(with_block(edit.header_after)))
             if edit.header_after
             else "",
+            pattern,
         )
 
     def step_identities(self, index: int) -> tuple[str, ...]:

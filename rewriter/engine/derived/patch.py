@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.derived import (
     docstrings,
+    entries,
     files,
     imports,
     moved,
@@ -64,6 +65,11 @@ from deepstack_patch.engine.protocol import (
 
 if TYPE_CHECKING:
     import libcst
+
+
+#: A needed unit's detail for an edit that is made already (its docstring
+#: edit alone is to write): the rewrite leaves it.
+APPLIED_EDIT = "applied"
 
 
 class DerivedPatch(Patch):
@@ -287,9 +293,16 @@ class DerivedPatch(Patch):
                     states.append((PatchState.DRIFTED, located.reason))
                     spans.append(_lines(node))
                     continue
-                state, reason, span = _recognise_edit(
-                    compiled, located, shapes_of, unit.name
-                )
+                if edit.kind == "entry":
+                    entry = _recognise_entry(compiled, located, unit.kind)
+                    if entry is None:  # the literal is not in this tree
+                        return None
+                    state, reason, span, line = entry
+                    lines += [line] if line else []
+                else:
+                    state, reason, span = _recognise_edit(
+                        compiled, located, shapes_of, unit.name
+                    )
             states.append((state, reason))
             spans.append(span)
         first = min((s for s, _ in spans), default=1)
@@ -300,6 +313,26 @@ class DerivedPatch(Patch):
             note = "; ".join(notes)
             return _UnitState(PatchState.NEEDED, (first, last), note, details, line)
         if kinds == {PatchState.APPLIED}:
+            pending = [
+                int(index)
+                for index, found in details.items()
+                if unit.edits[int(index)].kind == "docstring" and found
+            ]
+            if pending:
+                # Never applied while an edit is missing: the code is in,
+                # its docstring is still the one the fix rewords; the
+                # rewrite writes only that (APPLIED_EDIT marks the others).
+                for index, edit in enumerate(unit.edits):
+                    if edit.kind != "docstring":
+                        details[str(index)] = {APPLIED_EDIT: True}
+                return _UnitState(
+                    PatchState.NEEDED,
+                    (first, last),
+                    "its code is the fixed one; its docstring is still the one "
+                    "the fix rewords",
+                    details,
+                    line,
+                )
             return _UnitState(PatchState.APPLIED, (first, last), "", line=line)
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
         reason = "; ".join(drifted) or (
@@ -364,6 +397,7 @@ class DerivedPatch(Patch):
                         (self._compile(edit), finding.details.get(str(index), {}))
                         for index, edit in enumerate(unit.edits)
                         if edit.kind != "docstring"
+                        and not finding.details.get(str(index), {}).get(APPLIED_EDIT)
                     ],
                     finding.details.get("renaming", {}),
                 )
@@ -497,6 +531,40 @@ def _recognise_edit(
     if nothing and _in_unit_once(compiled, located, shapes_of):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
+
+
+def _recognise_entry(
+    compiled: CompiledEdit, located: _Located, unit_kind: str
+) -> tuple[PatchState, str, tuple[int, int], int] | None:
+    """An entry edit's state, its span and the line of its entries (see
+    :mod:`.entries`); None where the unit is an entry of a literal of the
+    module or a class and no statement there binds the literal's name."""
+    pattern = compiled.entries
+    assert pattern is not None
+    where = _where(located.owner)
+    found = entries.holders(pattern, located.block)
+    if len(found) != 1:
+        named = [n for n in located.block if entries.bound_name(n) == pattern.name]
+        if not found and unit_kind == "entry" and pattern.name and not named:
+            return None
+        if found:
+            reason = f"{pattern.what()} found {len(found)} times in {where}"
+        elif named:
+            reason = (
+                f"{pattern.what()} in {where} is not the statement the fix "
+                f"expects, its entries aside (`{shapes.quoted(pattern.prefix)}`)"
+            )
+        else:
+            reason = f"`{shapes.quoted(pattern.prefix)}` not found in {where}"
+        return PatchState.DRIFTED, reason, _span(compiled, located), 0
+    statement, container = found[0]
+    held = entries.entries_of(container)
+    state, start, _, why = entries.where_in(pattern, held)
+    line = held[start].first if start < len(held) else statement.lineno
+    span = _span(compiled, located)
+    if isinstance(located.unit_node, ast.Module | ast.ClassDef):
+        span = _lines(statement)
+    return PatchState(state), why, span, line
 
 
 def _in_unit_once(

@@ -235,6 +235,7 @@ def replaced(
     after: str,
     newline: str,
     own: Sequence[tuple[int, int]] = (),
+    raw: frozenset[int] | None = None,
 ) -> list[str] | None:
     """The region's lines with the fix's change from ``before`` to ``after``
     (recorded, dedented) made in them; None where the change cannot be
@@ -244,7 +245,9 @@ def replaced(
     is laid out otherwise in the target (``own``: the lines, 0-based in the
     file, of the target's statements the fix removes), each of those
     statements counts as one line, matched by its place: the blank and
-    comment lines around them are still matched as text."""
+    comment lines around them are still matched as text. ``raw``: the
+    lines of ``after`` inside a string, where ``after`` is not statements
+    (a literal's entries, :mod:`.entries`)."""
     old, new = _split(before), _split(after)
     target = region.text(lines)
     plan = merged(old, new, target)
@@ -252,7 +255,7 @@ def replaced(
         plan = _merged_by_statement(old, new, target, region, own)
     if plan is None:
         return None
-    written = _written(new, region, newline)
+    written = _written(new, region, newline, raw)
     out = [
         lines[region.first + index] if source == "target" else written[index]
         for source, index in plan
@@ -430,12 +433,19 @@ def _statement_lines(new: Sequence[str]) -> list[int]:
     return found
 
 
-def _written(new: Sequence[str], region: Region, newline: str) -> list[str]:
+def _written(
+    new: Sequence[str],
+    region: Region,
+    newline: str,
+    raw: frozenset[int] | None = None,
+) -> list[str]:
     """Each line of ``new`` as it goes into the region: at the region's
-    indentation (a line inside a string and a blank line as they are), the
-    first line an ``elif`` where the region's first statement was one."""
-    body = _parsed(new)
-    raw = string_lines(body)
+    indentation (a line inside a string, ``raw`` where given, and a blank
+    line as they are), the first line an ``elif`` where the region's first
+    statement was one."""
+    body = _parsed(new) if raw is None else []
+    if raw is None:
+        raw = frozenset(string_lines(body))
     elif_line = first_line(body[0]) - 1 if body and region.elif_line >= 0 else -1
     out = []
     for index, line in enumerate(new):

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import libcst as cst
-from deepstack_patch.engine.derived import regions, rename, shapes
+from deepstack_patch.engine.derived import entries, regions, rename, shapes
 from deepstack_patch.engine.derived.match import (
     ShapeCache,
     bound_name,
@@ -111,6 +111,8 @@ class _Text:
         walk = _Walk(compiled, renaming)
         if compiled.edit.kind == "header":
             self.header(lines, walk.statement(tree.body), walk)
+        elif compiled.edit.kind == "entry":
+            self.entries(lines, walk.block(tree.body), walk)
         else:
             self.statements(lines, walk.block(tree.body), walk)
 
@@ -226,6 +228,36 @@ class _Text:
             out = regions.replaced_statements(
                 lines, region, removed, after, self.newline
             )
+        self.replace(lines, region, out)
+
+    def entries(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:
+        """An entry edit: the lines of the entries it changes, found by their
+        keys in the statement its skeleton names (:mod:`.entries`)."""
+        pattern = walk.compiled.entries
+        assert pattern is not None
+        if walk.inside_function and walk.renaming:
+            raise RewriteRefused("the entries of a function whose locals are renamed")
+        found = entries.locate(pattern, block)
+        if isinstance(found, str):
+            raise RewriteRefused(found)
+        start, end = found.start, found.end
+        region = entries.region(lines, found.container, found.entries, start, end)
+        if isinstance(region, str):
+            raise RewriteRefused(region)
+        if start == end and start > 0:
+            previous = found.entries[start - 1]
+            if not entries.has_comma(lines, previous):  # the entries go after it
+                lines[previous.last - 1] = entries.with_comma(lines, previous)
+        out = regions.replaced(
+            lines,
+            region,
+            pattern.old.text,
+            pattern.new.text,
+            self.newline,
+            raw=pattern.new.raw,
+        )
+        if out is None:  # the lines around them are not the recorded ones
+            out = entries.replaced_entries(lines, region, found, pattern, self.newline)
         self.replace(lines, region, out)
 
     def imports_as_text(

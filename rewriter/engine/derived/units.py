@@ -15,7 +15,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deepstack_patch.engine.derived import regions, shapes
+from deepstack_patch.engine.derived import entries, regions, shapes
 from deepstack_patch.engine.derived.data import Anchor, Edit, Step, Unit
 from deepstack_patch.engine.derived.match import one_statement, with_block
 from deepstack_patch.engine.source import code_lines
@@ -35,14 +35,29 @@ class _Found:
 
 
 class _Differ:
-    def __init__(self, before: str, after: str) -> None:
+    def __init__(self, before: str, after: str, by_entries: bool = True) -> None:
         self.before_lines = code_lines(before)
         self.after_lines = code_lines(after)
         self.found: list[_Found] = []
         self.memo: shapes.Memo = {}
+        #: Whether a large literal's entries are edits of their own (a data
+        #: file derived before they were holds the whole statement).
+        self.by_entries = by_entries
 
     def shape(self, node: ast.stmt) -> str:
         return shapes.shape(node, self.memo)
+
+    def aligned_by(self, node: ast.stmt) -> str:
+        """What aligns a statement with its other version: its identity; a
+        statement holding a large literal or call by its skeleton, so that
+        one whose entries alone changed is the same statement (see
+        :mod:`.entries`)."""
+        if not self.by_entries or shapes.is_compound(node):
+            return shapes.identity(node, self.memo)
+        container = entries.container_of(node)
+        if container is None:
+            return shapes.identity(node, self.memo)
+        return entries.skeleton(node, container)
 
     def block(
         self,
@@ -54,8 +69,8 @@ class _Differ:
         old = shapes.without_docstring(old_block)
         new = shapes.without_docstring(new_block)
         matcher = difflib.SequenceMatcher(
-            a=[shapes.identity(n, self.memo) for n in old],
-            b=[shapes.identity(n, self.memo) for n in new],
+            a=[self.aligned_by(n) for n in old],
+            b=[self.aligned_by(n) for n in new],
             autojunk=False,
         )
         opcodes = matcher.get_opcodes()
@@ -77,9 +92,10 @@ class _Differ:
                 and i2 - i1 == j2 - j1
                 and all(_header_only(was, now, self.memo) for was, now in pairs)
             ):
-                for offset, (_, now) in enumerate(pairs):
+                for offset, (was, now) in enumerate(pairs):
                     at = i1 + offset
-                    self.header_edit(old, at, now, steps, chain, stable)
+                    if not self.entries(was, now, steps, chain):
+                        self.header_edit(old, at, now, steps, chain, stable)
                 continue
             if tag != "equal":
                 self.edit(old_block, new_block, (i1, i2), (j1, j2), steps, chain)
@@ -91,7 +107,7 @@ class _Differ:
                 if _inside_only(was, now, self.memo):
                     around = self.neighbours(old, i1 + offset, stable)
                     self.inside(was, now, steps, chain, around)
-                else:
+                elif not self.entries(was, now, steps, chain):
                     at = i1 + offset
                     self.edit(
                         old_block,
@@ -142,6 +158,84 @@ class _Differ:
             if definition and name == "body" and _first_def(chain):
                 self.docstring(old_inner, new_inner or [], (*steps, step), chain)
             self.block(old_inner, new_inner, (*steps, step), chain)
+
+    def entries(
+        self,
+        was: ast.stmt,
+        now: ast.stmt,
+        steps: tuple[Step, ...],
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+    ) -> bool:
+        """A statement whose large literal or call changed in its entries
+        alone: an ``entry`` edit for each run of entries the fix changes
+        (:mod:`.entries`); False where the entries do not each hold whole
+        lines with a comma after them (the statement is then one edit)."""
+        old_container = entries.container_of(was)
+        new_container = entries.container_of(now)
+        if old_container is None or new_container is None:
+            return False
+        if type(old_container) is not type(new_container) or entries.skeleton(
+            was, old_container, whole=True
+        ) != entries.skeleton(now, new_container, whole=True):
+            return False  # more than the entries changed (a block, too)
+        old = entries.entries_of(old_container)
+        new = entries.entries_of(new_container)
+        matcher = difflib.SequenceMatcher(
+            a=[e.identity for e in old], b=[e.identity for e in new], autojunk=False
+        )
+        runs: list[tuple[int, int, int, int]] = []
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            changed = (
+                [(i1, i2, j1, j2)]
+                if tag != "equal"
+                else [
+                    (i1 + k, i1 + k + 1, j1 + k, j1 + k + 1)
+                    for k in range(i2 - i1)
+                    if old[i1 + k].shape != new[j1 + k].shape
+                ]
+            )
+            for run in changed:
+                if runs and runs[-1][1] == run[0] and runs[-1][3] == run[2]:
+                    runs[-1] = (runs[-1][0], run[1], runs[-1][2], run[3])
+                else:
+                    runs.append(run)
+        prefix, suffix = entries.wrapper(was, old_container)
+        made = []
+        for i1, i2, j1, j2 in runs:
+            texts = []
+            for lines, container, found, start, end in (
+                (self.before_lines, old_container, old, i1, i2),
+                (self.after_lines, new_container, new, j1, j2),
+            ):
+                region = entries.region(lines, container, found, start, end)
+                around = found[max(start - 1, 0) : end + 1]
+                if isinstance(region, str) or not all(
+                    entries.has_comma(lines, e) for e in around
+                ):
+                    return False
+                raw = {i - region.first for i in region.raw}
+                texts.append(entries.wrapped(prefix, region.text(lines), suffix, raw))
+            anchors = [
+                self.entry_anchor(old[at], old_container)
+                if 0 <= at < len(old)
+                else None
+                for at in (i1 - 1, i2)
+            ]
+            edit = Edit("entry", steps, anchors[0], anchors[1], texts[0], texts[1])
+            try:  # read back as the engine reads it, or the statement whole
+                entries.Pattern.of(*texts, *(a.code if a else "" for a in anchors))
+            except (SyntaxError, ValueError):
+                return False
+            made.append(_Found(edit, chain, code=(texts[0], texts[1])))
+        self.found += made
+        return True
+
+    def entry_anchor(self, entry: entries.Entry, container: ast.AST) -> Anchor:
+        """A neighbour entry, by its key (``"K": ...``, ``name=...``), an
+        element or a spread by its code."""
+        code = entries.anchor_code(entry, container, self.before_lines)
+        keyed = entry.identity.startswith(("key ", "keyword "))
+        return Anchor(code, "header" if keyed else "statement")
 
     def docstring(
         self,
@@ -329,9 +423,13 @@ def _inside_only(was: ast.stmt, now: ast.stmt, memo: shapes.Memo) -> bool:
     return True
 
 
-def units_of_change(path: str, before: str, after: str) -> list[Unit]:
-    """The units of one file's change (empty if no code changed)."""
-    differ = _Differ(before, after)
+def units_of_change(
+    path: str, before: str, after: str, by_entries: bool = True
+) -> list[Unit]:
+    """The units of one file's change (empty if no code changed);
+    ``by_entries=False``: a large literal's statement whole (see
+    :mod:`.entries`)."""
+    differ = _Differ(before, after, by_entries)
     differ.block(ast.parse(before).body, ast.parse(after).body, (), ())
     units: dict[tuple[str, str], list[Edit]] = {}
     texts: dict[tuple[str, str], tuple[str, str]] = {}
@@ -397,6 +495,9 @@ def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]
     texts = found.code if found.code != ("", "") else (edit.removed, edit.inserted)
     if edit.kind == "imports":
         return "import", "imports", texts
+    if edit.kind == "entry":
+        name = entries.unit_name(edit.removed, edit.inserted)
+        return "entry", f"{prefix}.{name}" if prefix else name, texts
     statements = [
         *shapes.parse_statements(edit.removed),
         *shapes.parse_statements(edit.inserted),
@@ -442,10 +543,12 @@ def statement_name(statements: Sequence[ast.stmt]) -> str:
     return type(statements[0]).__name__.lower() if statements else "statement"
 
 
-def edits_of_change(before: str, after: str) -> list[Edit]:
+def edits_of_change(before: str, after: str, by_entries: bool = True) -> list[Edit]:
     """The edits between two versions of a piece of code, as
     :func:`units_of_change` finds them (in order), without grouping them
-    into units: what the loader compares a unit's recorded edits with."""
-    differ = _Differ(before, after)
+    into units: what the loader compares a unit's recorded edits with
+    (``by_entries=False``: as derive found them before a literal's entries
+    were edits of their own, :mod:`.entries`)."""
+    differ = _Differ(before, after, by_entries)
     differ.block(ast.parse(before).body, ast.parse(after).body, (), ())
     return [found.edit for found in differ.found]
