@@ -182,7 +182,9 @@ def test_apply_says_the_fix_cannot_run_here_not_that_the_shape_is_unknown(
         "error: vllm/toy.py:4: local#t drifted: the fix's code cannot run on this "
         "release: the fix reads `ToyConfig.strict`, which this release lacks"
     ) in text.stderr
-    assert "carry that change first (derive it too)" in text.stderr
+    # No upstream change is known to add it: the hint names none.
+    assert "adapt the fix to this release by hand" in text.stderr
+    assert "upstream change" not in text.stderr
     assert "--skip local#t" in text.stderr
     assert (root / "vllm/toy.py").read_text() == TOY
     json_run = subprocess.run(
@@ -306,6 +308,174 @@ def test_a_read_the_release_makes_only_narrowed_from_none_is_no_new_diagnostic(
     assert report.state is state, report.reason
     if state is PatchState.DRIFTED:
         assert report.reason.startswith("the fix reads `Parser.close`")
+
+
+# -- names there at run time from outside vLLM (issue 40, item 4) ---------------
+
+PARSER_SUBCLASS = """import argparse
+
+
+class FlexParser(argparse.ArgumentParser):
+    def load(self, args):
+        return args
+"""
+PROCESSOR = """from transformers.processing_utils import ProcessorMixin
+
+
+class ToyProcessor(ProcessorMixin):
+    def special(self):
+        return []
+"""
+#: A vLLM class between the fix's class and the outside one, in another file.
+BASE_PARSER = (
+    "from argparse import ArgumentParser\n\n\nclass Base(ArgumentParser):\n    pass\n"
+)
+CHILD_PARSER = """from vllm.base import Base
+
+
+class Child(Base):
+    def load(self, args):
+        return args
+"""
+TORCH_MODEL = """from torch import nn
+
+
+class Head(nn.Module):
+    def combine(self, hidden):
+        return hidden
+"""
+OWN_PROCESSOR = PROCESSOR.replace(
+    "    def special(self):",
+    "    def __init__(self):\n        self.tok = None\n\n    def special(self):",
+)
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "state"),
+    [
+        # argparse's ArgumentParser has it (vllm#51573 on 0.20.2).
+        pytest.param(
+            PARSER_SUBCLASS,
+            "return args",
+            "return self._option_string_actions",
+            PatchState.NEEDED,
+            id="standard-library",
+        ),
+        # argparse has no such name (ty reads the standard library too).
+        pytest.param(
+            PARSER_SUBCLASS,
+            "return args",
+            "return self._option_strings_map",
+            PatchState.DRIFTED,
+            id="standard-library-lacks-it",
+        ),
+        pytest.param(
+            CHILD_PARSER,
+            "return args",
+            "return self._option_string_actions",
+            PatchState.NEEDED,
+            id="through-a-vllm-base-of-another-file",
+        ),
+        # What a transformers processor holds (vllm#47298's tokenizer).
+        pytest.param(
+            PROCESSOR,
+            "return []",
+            "return self.tokenizer.add_tokens([])",
+            PatchState.NEEDED,
+            id="dependency",
+        ),
+        pytest.param(
+            OWN_PROCESSOR,
+            "return []",
+            "return self.tok.add_tokens([])",
+            PatchState.DRIFTED,
+            id="an-attribute-vllm-sets",
+        ),
+        # A torch module answers what vLLM registers: never inherited.
+        pytest.param(
+            TORCH_MODEL,
+            "return hidden",
+            "return self.fc_norm_after(hidden)",
+            PatchState.DRIFTED,
+            id="torch-module",
+        ),
+    ],
+)
+def test_an_attribute_inherited_from_a_class_outside_vllm_is_there(
+    tmp_path: Path, file: str, old: str, new: str, state: PatchState
+) -> None:
+    """No vLLM file defines or reads the name; the class inherits it from
+    the standard library or a dependency (read where this Python has the
+    source), so it is there at run time. What a vLLM class would have to
+    define, or a torch module, still drifts."""
+    path = "vllm/child.py" if file is CHILD_PARSER else "vllm/toy.py"
+    root = whole_tree(tmp_path, {path: file, "vllm/base.py": BASE_PARSER})
+    report = report_of(root, patch_of("local#o", path, file, file.replace(old, new)))
+    assert report.state is state, report.reason
+    if state is PatchState.DRIFTED:
+        missing = new.removeprefix("return self.").split("(")[0]
+        assert missing.rpartition(".")[2] in report.reason
+        assert "this release lacks" in report.reason or (
+            "which nothing in this release defines or reads" in report.reason
+        )
+
+
+TOKENIZER = """from typing import Protocol
+
+
+class TokenizerLike(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
+"""
+ABSTRACT = """from abc import ABC, abstractmethod
+
+
+class TokenizerLike(ABC):
+    @abstractmethod
+    def decode(self, ids: list[int]) -> str: ...
+"""
+IMPLEMENTED = (
+    ABSTRACT
+    + """
+
+class Own(TokenizerLike):
+    def decode(self, ids: list[int]) -> str:
+        return ""
+"""
+)
+INFO = """from vllm.tokenizers import TokenizerLike
+
+
+def pad_id(tokenizer: TokenizerLike):
+    return 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("interface", "state"),
+    [
+        pytest.param(TOKENIZER, PatchState.NEEDED, id="protocol"),  # vllm#39344
+        pytest.param(ABSTRACT, PatchState.NEEDED, id="abstract-not-implemented"),
+        pytest.param(IMPLEMENTED, PatchState.DRIFTED, id="abstract-implemented"),
+        pytest.param(
+            CONFIG.replace("ToyConfig", "TokenizerLike"),
+            PatchState.DRIFTED,
+            id="concrete",
+        ),
+    ],
+)
+def test_an_attribute_ty_misses_on_an_open_interface_is_there(
+    tmp_path: Path, interface: str, state: PatchState
+) -> None:
+    """ty says ``TokenizerLike`` has no ``unk_token_id``; where it is a
+    Protocol (or an abstract class no vLLM class derives from), the object
+    at run time comes from outside vLLM, a Hugging Face tokenizer, which
+    has it; a class vLLM implements does not, nor does a concrete one."""
+    fixed = INFO.replace("return 0", "return tokenizer.unk_token_id or 0")
+    root = whole_tree(tmp_path, {"vllm/tokenizers.py": interface, "vllm/info.py": INFO})
+    report = report_of(root, patch_of("local#i", "vllm/info.py", INFO, fixed))
+    assert report.state is state, report.reason
+    if state is PatchState.DRIFTED:
+        assert report.reason.startswith("the fix reads `TokenizerLike.unk_token_id`")
 
 
 # -- where the checks run: a tree that holds the whole package ---------------------

@@ -17,7 +17,8 @@ The package's modules, in the order a fix travels through them:
   names a module ``__getattr__`` declares (``vllm.envs``);
 - :mod:`.runtime`: only code whose attributes are there at run time (ty on
   the fixed file, run and cached by :mod:`.typecheck`; attribute names the
-  release defines or reads somewhere);
+  release defines or reads somewhere; :mod:`.outside`, the attributes
+  there at run time from outside vLLM);
 - :mod:`.regions` and :mod:`.rewrite`: the lines an edit changes, and the
   rewrite that changes only those (as text; imports by name where it must).
 """

@@ -22,6 +22,10 @@ here, for a unit that is otherwise ``needed``:
   third-party packages (torch above all) are absent, so their types are
   unknown, and unknown is never an error.
 
+Neither refuses a name that is there at run time from outside vLLM: an
+attribute a class inherits from the standard library or a dependency, or
+one ty misses on an open interface (a ``Protocol``): :mod:`.outside`.
+
 Both need the release's whole ``vllm`` package; where the tree cannot tell
 (a partial extraction not asked for it: a derived patch asks, ``also_reads``)
 they are not run, never guessed. ty is run by :mod:`.typecheck`, and the
@@ -47,7 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepstack_patch.engine.derived import typecheck
+from deepstack_patch.engine.derived import outside, typecheck
 from deepstack_patch.engine.derived.data import Unit
 from deepstack_patch.engine.derived.match import code_nodes, import_aliases
 from deepstack_patch.engine.derived.names import (
@@ -106,9 +110,13 @@ def settle_runtime(
     package = _package(context)
     modules = _module_names(context, path) | _imported_names(added_imports(patch, path))
     # ty's words first: they name the type (``ModelConfig.is_diffusion``).
+    # What ty found on an open interface is there at run time (``excused``).
+    excused: set[str] = set()
     why = typed_problem(
-        patch, units, states, path, context, package
-    ) or undefined_attribute(patch, needed, modules, package)
+        patch, units, states, path, context, package, excused
+    ) or undefined_attribute(
+        patch, needed, modules, package, _sources(context, package), excused
+    )
     if not why:
         return states
     return {  # the detail tells verify's runtime stage (proof/runtime_stage.py)
@@ -168,11 +176,16 @@ def undefined_attribute(
     needed: Sequence[Unit],
     file_modules: set[str],
     package: Package,
+    sources: outside.Sources | None = None,
+    excused: Iterable[str] = (),
 ) -> str:
     """The first attribute the needed units' fix newly reads that the
-    release neither defines nor reads anywhere; empty where there is none.
-    ``file_modules``: what the file's imports bind (:func:`_module_names`)."""
-    own = _defined_by_patch(patch)
+    release neither defines nor reads anywhere, nor inherits from a class
+    outside vLLM (:func:`.outside.inherited`, read in ``sources``); empty
+    where there is none. ``file_modules``: what the file's imports bind
+    (:func:`_module_names`); ``excused``: attribute names ty read off an
+    open interface (:func:`typed_problem`)."""
+    own = _defined_by_patch(patch) | set(excused)
     for unit in needed:
         new = [n for e in unit.edits for n in code_nodes(e.inserted, e.header_after)]
         old = [n for e in unit.edits for n in code_nodes(e.removed, e.header_before)]
@@ -195,7 +208,13 @@ def undefined_attribute(
                 or _root(node) in modules
             ):
                 continue
-            if not _known(name, package):
+            if not _known(name, package) and not (
+                sources is not None
+                and unit.kind == "method"
+                and outside.inherited(
+                    node, unit.name.rpartition(".")[0], unit.path, sources
+                )
+            ):
                 shown = ast.unparse(node)
                 shown = shown if len(shown) <= 60 else "…" + shown[-59:]
                 return (
@@ -267,17 +286,16 @@ def _defined_by_patch(patch: DerivedPatch, outside: str = "") -> set[str]:
 
 
 def _known(name: str, package: Package) -> bool:
-    """Whether the package defines ``name`` or reads it as an attribute: read
-    off its text (a definition or a read anywhere, a comment's aside)."""
-    word = name.encode()
-    evidence = re.compile(
-        rb"(?:\.\s*|\bdef\s+|\bclass\s+|['\"])"
-        + re.escape(word)
-        + rb"\b|\b"
-        + re.escape(word)
-        + rb"\s*(?::|=(?!=))"
-    )
-    return any(word in raw and evidence.search(raw) for _path, raw in package.files)
+    """Whether the package defines ``name`` or reads it as an attribute."""
+    return outside.mentions(name, (raw for _path, raw in package.files))
+
+
+def _sources(context: TreeContext, package: Package) -> outside.Sources:
+    """The package's files, the one being recognised as the plan hands it."""
+    key = ("runtime sources", context.root)
+    if key not in context.memo:
+        context.memo[key] = outside.Sources({**dict(package.files), **context.sources})
+    return context.memo[key]  # type: ignore[return-value]
 
 
 # -- the type checker ----------------------------------------------------------------
@@ -290,9 +308,13 @@ def typed_problem(
     path: str,
     context: TreeContext,
     package: Package,
+    excused: set[str] | None = None,
 ) -> str:
     """ty's first new "cannot run" diagnostic on the fix's lines, worded;
-    empty where there is none (cached, see the module's docstring)."""
+    empty where there is none (cached, see the module's docstring). Into
+    ``excused`` go the attribute names ty says a type lacks where that type
+    is an open interface (:func:`_of_open_interface`): there at run time."""
+    excused = set() if excused is None else excused
     raw = context.sources.get(path)
     if raw is None:
         try:
@@ -304,6 +326,7 @@ def typed_problem(
     )
     cached = typecheck.cached(key)
     if cached is not None:
+        excused |= set(typecheck.cached_excused(key))
         return cached
     fixed = _fixed_bytes(patch, units, states, path, raw)
     if fixed is None:  # the rewrite refused: apply says so, with its reason
@@ -323,14 +346,15 @@ def typed_problem(
         if old[identity] > 0:
             old[identity] -= 1
             continue
-        if (
-            diagnostic.line in lines
-            and _cannot_run(diagnostic)
-            and not _about_its_own(diagnostic, own)
-        ):
+        if diagnostic.line not in lines or not _cannot_run(diagnostic):
+            continue
+        if _of_open_interface(diagnostic, context, package):
+            excused.add(_MISSING.search(diagnostic.message)["name"])  # type: ignore[index]
+            continue
+        if not _about_its_own(diagnostic, own):
             found = worded(diagnostic, path, units)
             break
-    typecheck.store(key, found)
+    typecheck.store(key, found, sorted(excused))
     return found
 
 
@@ -362,6 +386,21 @@ def _about_its_own(diagnostic: typecheck.Diagnostic, own: set[str]) -> bool:
     a name it defines in the file checked: ``self.only = config.only`` in
     one ``__init__`` (vllm#50275) still reads ``config.only``."""
     return any(word in own for word in re.findall(r"`(\w+)`", diagnostic.message))
+
+
+def _of_open_interface(
+    diagnostic: typecheck.Diagnostic, context: TreeContext, package: Package
+) -> bool:
+    """Whether ty says an attribute is missing on a type whose objects at
+    run time may come from outside vLLM (:func:`.outside.open_interface`:
+    a ``Protocol``, an abstract class vLLM does not implement)."""
+    missing = _MISSING.search(diagnostic.message)
+    return (
+        diagnostic.rule == "missing-attribute"
+        and missing is not None
+        and diagnostic.message.startswith("Object of type")
+        and outside.open_interface(missing["owner"], _sources(context, package))
+    )
 
 
 _MISSING = re.compile(
