@@ -20,10 +20,11 @@ from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import apply_tree
 from deepstack_patch.engine.derived import DerivedPatch, typecheck, write_derived
 from deepstack_patch.engine.derived.units import units_of_change
+from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.series import assemble_series, patches_from_folder
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
 from deepstack_patch.patches import SERIES
 
 from tests.support import TARGETS
@@ -493,20 +494,21 @@ NORMED = MODEL.replace("return hidden", "return self.model.fc_norm(hidden)")
 
 
 @pytest.mark.parametrize(
-    ("layout", "state"),
+    "layout",
     [
-        ("checkout", PatchState.DRIFTED),  # pyproject.toml: a checkout, an sdist
-        ("installed", PatchState.DRIFTED),  # vllm-*.dist-info: site-packages
-        ("bare", PatchState.NEEDED),  # vllm/ alone: not known whole, not run
+        "checkout",  # pyproject.toml: a checkout, an sdist
+        "installed",  # vllm-*.dist-info: site-packages
+        "bare",  # vllm/ and PKG-INFO alone: a vendor's repository (issue 40, 7)
     ],
 )
 def test_the_checks_run_on_every_tree_that_holds_the_whole_package(
-    tmp_path: Path, layout: str, state: PatchState
+    tmp_path: Path, layout: str
 ) -> None:
-    """An installed vLLM (its dist-info's RECORD) is whole, as a checkout is:
-    an attribute its package defines nowhere drifts there (apply --installed
-    and wheel would otherwise write it); a folder that only holds ``vllm/``
-    may lack files, so nothing is judged missing there (docs/derive.md)."""
+    """An installed vLLM (its dist-info's RECORD) is whole, as a checkout is,
+    and so is a folder this tool did not extract partially, without
+    ``pyproject.toml`` (a copy of 0.20.2's ``vllm/`` and ``PKG-INFO`` took
+    vllm#45468 as needed, unchecked): an attribute its package defines
+    nowhere drifts there (docs/derive.md)."""
     root = whole_tree(tmp_path, {"vllm/head.py": MODEL})
     if layout != "checkout":
         (root / "pyproject.toml").unlink()
@@ -516,11 +518,50 @@ def test_the_checks_run_on_every_tree_that_holds_the_whole_package(
         (info / "METADATA").write_text("Metadata-Version: 2.4\nName: vllm\n")
         (info / "RECORD").write_text("vllm/__init__.py,,\nvllm/head.py,,\n")
     report = report_of(root, patch_of("local#h", "vllm/head.py", MODEL, NORMED))
-    assert report.state is state, report.reason
-    if state is PatchState.DRIFTED:
-        assert "`self.model.fc_norm`, which nothing in this release defines" in (
-            report.reason
-        )
+    assert report.state is PatchState.DRIFTED, report.reason
+    assert "`self.model.fc_norm`, which nothing in this release defines" in (
+        report.reason
+    )
+
+
+def test_a_partial_extraction_without_the_package_says_the_names_went_unchecked(
+    tmp_path: Path,
+) -> None:
+    """This tool's partial extraction not asked for the whole package cannot
+    tell what the fix reads: the patch is needed and says that its runtime
+    names were not checked; ``apply`` writes it only with
+    ``--unchecked-names`` (issue 40, item 7)."""
+    root = whole_tree(tmp_path / "tree", {"vllm/head.py": MODEL})
+    (root / "pyproject.toml").unlink()
+    (root / ASKED_FOR).write_text("PKG-INFO\nvllm/__init__.py\nvllm/head.py\n")
+    patch = patch_of("local#h", "vllm/head.py", MODEL, NORMED)
+    report = report_of(root, patch)
+    assert report.state is PatchState.NEEDED
+    assert report.reason == (
+        "runtime names not checked: this partial tree does not hold the "
+        "release's whole vllm package"
+    )
+    with pytest.raises(DeepstackError) as refused:
+        apply_tree(VllmTree.open(root), [patch], {patch.id})
+    assert refused.value.message.startswith(
+        "local#h is needed, but what its code reads at run time was not checked"
+    )
+    assert "--unchecked-names" in refused.value.hint
+    assert (root / "vllm/head.py").read_text() == MODEL
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    write_derived(patch, folder)
+    command = [sys.executable, "-m", "deepstack_patch", "apply", "--vllm-src"]
+    command += [str(root), "--patches", str(folder), "--only", "local#h"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "error: vllm/head.py:" in run.stderr and "not checked" in run.stderr
+    assert (root / "vllm/head.py").read_text() == MODEL
+    forced = subprocess.run(
+        [*command, "--unchecked-names"], capture_output=True, text=True, timeout=120
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert (root / "vllm/head.py").read_text() == NORMED
 
 
 # -- verify: a test that stubs what the fix reads proves nothing ----------------

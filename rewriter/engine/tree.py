@@ -211,7 +211,8 @@ def dist_info_beside(root: Path) -> Path | None:
 # -- the tree being recognised --------------------------------------------------
 
 
-#: A tree with one of these files is whole: a file it lacks is not in the release.
+#: A tree with one of these files is whole: a file it lacks is not in the
+#: release (as is any tree without :data:`ASKED_FOR`).
 _WHOLE_TREE = ("pyproject.toml", "setup.py")
 
 #: So is an installed vLLM (site-packages): its wheel put every file there.
@@ -239,8 +240,9 @@ class TreeContext:
 
     def lacks(self, relpath: str) -> bool:
         """Whether the release lacks the file ``relpath``: it is not here, and
-        the tree is whole, or a partial extraction that was asked for it. A
-        file a partial extraction was not asked for is unknown: False."""
+        the tree is whole (anything but this tool's partial extraction), or
+        a partial extraction that was asked for it. A file a partial
+        extraction was not asked for is unknown: False."""
         if (self.root / relpath).exists():
             return False
         key = ("asked for", self.root)
@@ -252,12 +254,18 @@ class TreeContext:
 
 def _asked_for(root: Path) -> Callable[[str], bool] | None:
     """What the tree at ``root`` was asked to hold: None for a whole tree
-    (every file of the release: a checkout, an sdist, an installed vLLM),
-    else a matcher of the paths a partial extraction was asked for (nothing,
-    where it lists none)."""
+    (every file of the release: a checkout, an sdist, an installed vLLM, or
+    any folder this tool did not extract partially: a vendor's repository
+    that holds ``vllm/`` without ``pyproject.toml``), else a matcher of the
+    paths the tool's partial extraction was asked for (nothing, where its
+    list cannot be read)."""
     if any((root / name).is_file() for name in _WHOLE_TREE) or any(
         (found / "RECORD").is_file() for found in root.glob(_INSTALLED)
     ):
+        return None
+    if not (root / ASKED_FOR).exists():
+        # Not the tool's partial extraction: taken as whole, so that what a
+        # derived patch reads is looked up rather than skipped unseen.
         return None
     try:
         listed = (root / ASKED_FOR).read_text().split("\n")

@@ -28,11 +28,12 @@ one ty misses on an open interface (a ``Protocol``): :mod:`.outside`.
 
 Both need the release's whole ``vllm`` package; where the tree cannot tell
 (a partial extraction not asked for it: a derived patch asks, ``also_reads``)
-they are not run, never guessed. ty is run by :mod:`.typecheck`, and the
-typed check's verdict is cached (``runtime-names/`` in the cache folder,
-:mod:`.typecheck` too) under a digest of everything it
-depends on: every file of the tree's ``vllm`` package, the file, the
-patch's data, this package's code and ty's version.
+they are not run, never guessed, and the needed part says so (``apply``
+writes it only with ``--unchecked-names``, issue 40, item 7). ty is run
+by :mod:`.typecheck`, and the typed check's verdict is cached
+(``runtime-names/`` in the cache folder, :mod:`.typecheck` too) under a
+digest of everything it depends on: every file of the tree's ``vllm``
+package, the file, the patch's data, this package's code and ty's version.
 
 Nothing here runs for a hand-written patch, or without a tree (a patch's
 examples, ``rewrite_text``).
@@ -84,6 +85,16 @@ CANNOT_RUN = frozenset(
 #: module's (what the fix reads at run time is not there).
 RUNTIME = "runtime_names"
 
+#: The key of a needed finding's details that says what its code reads at
+#: run time was not checked: the tree is this tool's partial extraction,
+#: without the release's whole ``vllm`` package.
+UNCHECKED = "runtime_names_unchecked"
+
+NOT_CHECKED = (
+    "runtime names not checked: this partial tree does not hold the "
+    "release's whole vllm package"
+)
+
 #: The files the checks read: the release's whole ``vllm`` package (what a
 #: partial extraction holds for a derived patch, ``also_reads``).
 PACKAGE_FILES = ("vllm/**/*.py", "vllm/**/*.pyi")
@@ -105,8 +116,10 @@ def settle_runtime(
         and (state := states.get(unit.part)) is not None
         and state.state is PatchState.NEEDED
     ]
-    if context is None or not needed or not package_is_whole(context):
+    if context is None or not needed:
         return states
+    if not package_is_whole(context):
+        return _unchecked(states)
     package = _package(context)
     modules = _module_names(context, path) | _imported_names(added_imports(patch, path))
     # ty's words first: they name the type (``ModelConfig.is_diffusion``).
@@ -122,6 +135,22 @@ def settle_runtime(
     return {  # the detail tells verify's runtime stage (proof/runtime_stage.py)
         part: dataclasses.replace(
             state, state=PatchState.DRIFTED, reason=why, details={RUNTIME: why}
+        )
+        if state is not None and state.state is PatchState.NEEDED
+        else state
+        for part, state in states.items()
+    }
+
+
+def _unchecked(states: dict[str, Any]) -> dict[str, Any]:
+    """``states`` with each needed part saying that what its code reads at
+    run time was not checked (``apply`` writes it only when told to:
+    ``UNCHECKED``), never silently needed."""
+    return {
+        part: dataclasses.replace(
+            state,
+            reason=NOT_CHECKED,
+            details={**state.details, UNCHECKED: NOT_CHECKED},
         )
         if state is not None and state.state is PatchState.NEEDED
         else state
