@@ -32,6 +32,7 @@ from deepstack_patch.engine.derived import (
     names,
     rename,
     shapes,
+    signature,
 )
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
@@ -460,11 +461,15 @@ def _recognise_edit(
             return PatchState.NEEDED, "", span
         if now == compiled.header_after:
             return PatchState.APPLIED, "", span
+        # A def's header is compared only in the parts the fix changes.
+        found = _header_in_parts(compiled, located.target)
+        if isinstance(found, PatchState):
+            return found, "", span
         first = shapes.quoted(compiled.edit.header_before)
         return (
             PatchState.DRIFTED,
             f"the header of {unit_name} is neither the one the fix expects "
-            f"(`{first}`) nor the fixed one",
+            f"(`{first}`) nor the fixed one{found}",
             span,
         )
     state, nothing = body_state(compiled, located.block, shapes_of)
@@ -473,6 +478,21 @@ def _recognise_edit(
     if nothing and _in_unit_once(compiled, located, shapes_of):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
+
+
+def _header_in_parts(compiled: CompiledEdit, target: ast.stmt) -> PatchState | str:
+    """A def header's state compared in the parts the fix changes
+    (:mod:`.signature`); else what of the change the target lacks, as the
+    end of a reason (empty for another statement)."""
+    before = signature.recorded(compiled.edit.header_before)
+    after = signature.recorded(compiled.edit.header_after)
+    now = signature.of(target)
+    if before is None or after is None or now is None:
+        return ""
+    found = signature.state(before, after, now)
+    if isinstance(found, PatchState):
+        return found
+    return f", in {found}"
 
 
 def _in_unit_once(
