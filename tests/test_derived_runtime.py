@@ -24,7 +24,7 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.series import assemble_series, patches_from_folder
-from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
+from deepstack_patch.engine.tree import ASKED_FOR, VllmTree, link_copy
 from deepstack_patch.patches import SERIES
 
 from tests.support import TARGETS
@@ -670,7 +670,8 @@ def test_each_kind_drifts_named_alike_on_the_whole_and_the_partial_release(
     """Adds: a typed attribute, an undeclared vllm.envs setting and an
     attribute the release defines nowhere, cut from 0.20.2's own files, drift
     with the same reason under ``status --release`` (a partial extraction,
-    whole vllm package) as on the whole tree, ``apply`` writes nothing, and a
+    whole vllm package) as on the whole tree and on a copy without its
+    ``pyproject.toml``, ``apply`` writes nothing, and a
     right fix of the same shape stays needed."""
     release = release_tree("0.20.2")
     folder = tmp_path / "patches"
@@ -695,14 +696,21 @@ def test_each_kind_drifts_named_alike_on_the_whole_and_the_partial_release(
     assert status.returncode == 2, status.stderr
     partial = {p["id"]: p for p in json.loads(status.stdout)["patches"]}
     whole = plan_tree(VllmTree.open(release), patches, rewrite=False)
+    # A vendor's copy: vllm/ and PKG-INFO, no pyproject.toml (issue 40, 7).
+    vendor = link_copy(release, tmp_path / "vendor")
+    for name in ("pyproject.toml", "setup.py"):
+        (vendor / name).unlink(missing_ok=True)
+    copied = plan_tree(VllmTree.open(vendor), patches, rewrite=False)
     for patch_id, (_path, _old, _new, reason) in CASES.items():
         report = whole.report(patch_id)
         expected = PatchState.DRIFTED if reason else PatchState.NEEDED
         assert report.state is expected, (patch_id, report.reason)
         assert partial[patch_id]["state"] == expected.value, partial[patch_id]
+        assert copied.report(patch_id).state is expected, patch_id
         if reason:
             assert reason in report.reason, (patch_id, report.reason)
             assert reason in json.dumps(partial[patch_id]), partial[patch_id]
+            assert reason in copied.report(patch_id).reason, patch_id
     copy = patched_copy("0.20.2")
     drifted = [p for p in patches if p.id != "local#right"]
     result = apply_tree(VllmTree.open(copy), drifted, {p.id for p in drifted})
