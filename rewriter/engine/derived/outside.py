@@ -54,16 +54,21 @@ class Sources:
     what was parsed of it."""
 
     files: Mapping[str, bytes]
-    parsed: dict[str, ast.Module | None] = field(default_factory=dict)
+    #: Each file's bytes when it was parsed, and what they parsed to.
+    parsed: dict[str, tuple[bytes | None, ast.Module | None]] = field(
+        default_factory=dict
+    )
 
     def module(self, relpath: str) -> ast.Module | None:
-        if relpath not in self.parsed:
-            raw = self.files.get(relpath)
+        raw = self.files.get(relpath)
+        known = self.parsed.get(relpath)
+        if known is None or known[0] is not raw:  # new, or rewritten since
             try:
-                self.parsed[relpath] = ast.parse(raw) if raw is not None else None
+                module = ast.parse(raw) if raw is not None else None
             except (SyntaxError, ValueError):
-                self.parsed[relpath] = None
-        return self.parsed[relpath]
+                module = None
+            known = self.parsed[relpath] = (raw, module)
+        return known[1]
 
     def module_path(self, dotted: str) -> str | None:
         """The file of the ``vllm`` module ``dotted`` (a.b -> a/b.py)."""

@@ -47,7 +47,7 @@ import difflib
 import hashlib
 import os
 import re
-from collections import Counter
+from collections import ChainMap, Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -320,10 +320,12 @@ def _known(name: str, package: Package) -> bool:
 
 
 def _sources(context: TreeContext, package: Package) -> outside.Sources:
-    """The package's files, the one being recognised as the plan hands it."""
+    """The package's files, those being recognised as the plan hands them
+    (a live view: the plan notes each file as it reaches it)."""
     key = ("runtime sources", context.root)
     if key not in context.memo:
-        context.memo[key] = outside.Sources({**dict(package.files), **context.sources})
+        files = ChainMap(context.sources, dict(package.files))
+        context.memo[key] = outside.Sources(files)  # type: ignore[arg-type]
     return context.memo[key]  # type: ignore[return-value]
 
 
