@@ -564,6 +564,22 @@ def test_a_partial_extraction_without_the_package_says_the_names_went_unchecked(
     assert (root / "vllm/head.py").read_text() == NORMED
 
 
+def test_verify_s_runtime_stage_is_not_run_where_the_names_went_unchecked(
+    tmp_path: Path,
+) -> None:
+    """The stage judged on a partial tree without the package looked
+    nothing up: ``not-run``, saying why, never ``passed``."""
+    from deepstack_patch.proof.runtime_stage import runtime_stages
+
+    root = whole_tree(tmp_path, {"vllm/head.py": MODEL})
+    (root / "pyproject.toml").unlink()
+    (root / ASKED_FOR).write_text("vllm/head.py\n")
+    patch = patch_of("local#h", "vllm/head.py", MODEL, NORMED)
+    stage = runtime_stages(VllmTree.open(root), [patch], [patch])["local#h"]
+    assert stage.status == "not-run"
+    assert stage.message.startswith("runtime names not checked")
+
+
 # -- verify: a test that stubs what the fix reads proves nothing ----------------
 
 
