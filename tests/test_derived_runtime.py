@@ -324,6 +324,9 @@ PROCESSOR = """from transformers.processing_utils import ProcessorMixin
 
 
 class ToyProcessor(ProcessorMixin):
+    def vocab(self):
+        return self.tokenizer.get_vocab()
+
     def special(self):
         return []
 """
@@ -384,6 +387,15 @@ OWN_PROCESSOR = PROCESSOR.replace(
             "return self.tokenizer.add_tokens([])",
             PatchState.NEEDED,
             id="dependency",
+        ),
+        # The dependency's own attribute, read off self: a vLLM subclass's
+        # field a later change added looks the same; not taken.
+        pytest.param(
+            PROCESSOR,
+            "return []",
+            "return self.special_tokens_map_v2",
+            PatchState.DRIFTED,
+            id="a-dependency-s-attribute-of-self",
         ),
         pytest.param(
             OWN_PROCESSOR,

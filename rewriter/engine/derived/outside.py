@@ -12,8 +12,11 @@ Two such cases, each read off the release's own code, never guessed:
   ``transformers.ProcessorMixin``), and no vLLM class on the way defines
   ``name`` (a definition, a class-level name, a ``self.name =``). Where
   this Python holds that module's source (the standard library), the name
-  must be in it; a dependency of vLLM is not installed beside this tool,
-  so its class is taken as having it. ``torch`` is never such a base: an
+  must be in it. A dependency of vLLM is not installed beside this tool:
+  what its object holds (``self.tokenizer.add_tokens``, ``tokenizer``
+  being the dependency's) is taken as there, but not ``self.name`` itself,
+  which looks the same as a field of the vLLM subclass that a later change
+  added (a transformers config's). ``torch`` is never such a base: an
   ``nn.Module`` answers the submodules and parameters that vLLM's own
   code registers, which are vLLM's attributes, not torch's.
 - **an open interface**: ty says a type has no such attribute, and that
@@ -102,7 +105,10 @@ def inherited(node: ast.Attribute, class_name: str, path: str, sources: Sources)
     if first in hierarchy.defined:
         return ""
     for base in hierarchy.outside:
-        if _may_define(base, first):
+        # ``self.name`` itself only where the base's source names it: on a
+        # dependency's class it looks the same as a vLLM subclass's field
+        # that a later change added (a transformers config's).
+        if _may_define(base, first, trusted=len(chain) > 1):
             return base
     return ""
 
@@ -218,14 +224,14 @@ def _dotted(node: ast.expr) -> str:
     return ""
 
 
-def _may_define(base: str, name: str) -> bool:
+def _may_define(base: str, name: str, *, trusted: bool) -> bool:
     """Whether the class ``base`` (dotted, outside vLLM) may have ``name``:
     where this Python holds its module's source (the standard library), the
     name is in it; elsewhere (a dependency of vLLM, not installed beside
-    this tool) it may."""
+    this tool) it may where ``trusted``."""
     top = base.split(".")[0]
     if top not in sys.stdlib_module_names:
-        return True
+        return trusted
     return mentions(name, _standard_sources(top))
 
 
