@@ -521,7 +521,11 @@ def test_the_checks_run_on_every_tree_that_holds_the_whole_package(
     ``pyproject.toml`` (a copy of 0.20.2's ``vllm/`` and ``PKG-INFO`` took
     vllm#45468 as needed, unchecked): an attribute its package defines
     nowhere drifts there (docs/derive.md)."""
-    root = whole_tree(tmp_path, {"vllm/head.py": MODEL})
+    # Its files import what it holds: its package is there whole.
+    root = whole_tree(
+        tmp_path,
+        {"vllm/head.py": MODEL, "vllm/user.py": "from vllm.head import Head\n"},
+    )
     if layout != "checkout":
         (root / "pyproject.toml").unlink()
     if layout == "installed":
@@ -534,6 +538,21 @@ def test_the_checks_run_on_every_tree_that_holds_the_whole_package(
     assert "`self.model.fc_norm`, which nothing in this release defines" in (
         report.reason
     )
+
+
+def test_a_vendor_s_few_files_cannot_tell_and_say_the_names_went_unchecked(
+    tmp_path: Path,
+) -> None:
+    """A tree without ``pyproject.toml`` whose files import ``vllm`` modules
+    it does not hold (a vendor's fork of a few files) cannot tell what the
+    release lacks: no module is judged missing, and the derived patch is
+    needed, saying its runtime names were not checked."""
+    user = "from vllm.config import ModelConfig\nfrom vllm.layers import Norm\n"
+    root = whole_tree(tmp_path, {"vllm/head.py": MODEL, "vllm/user.py": user})
+    (root / "pyproject.toml").unlink()
+    report = report_of(root, patch_of("local#h", "vllm/head.py", MODEL, NORMED))
+    assert report.state is PatchState.NEEDED
+    assert report.reason.startswith("runtime names not checked")
 
 
 def test_a_partial_extraction_without_the_package_says_the_names_went_unchecked(
