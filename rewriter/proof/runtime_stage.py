@@ -80,7 +80,9 @@ def runtime_stages(
         if missing:
             stages[patch.id] = RuntimeStage("failed", f"{missing[0]} (on {where})")
         elif unchecked:  # never "passed" where nothing was looked up
-            stages[patch.id] = RuntimeStage("not-run", f"{unchecked[0]} ({where})")
+            stages[patch.id] = RuntimeStage(
+                "not-run", f"runtime names not checked: {unchecked[0]} ({where})"
+            )
         else:
             stages[patch.id] = RuntimeStage(
                 "passed", f"what the fix reads is there ({where}: {report.state.value})"

@@ -90,10 +90,9 @@ RUNTIME = "runtime_names"
 #: without the release's whole ``vllm`` package.
 UNCHECKED = "runtime_names_unchecked"
 
-NOT_CHECKED = (
-    "runtime names not checked: this partial tree does not hold the "
-    "release's whole vllm package"
-)
+#: Why (``details[UNCHECKED]``), and the needed part's reason.
+UNCHECKED_WHY = "this partial tree does not hold the release's whole vllm package"
+NOT_CHECKED = f"runtime names not checked: {UNCHECKED_WHY}"
 
 #: The files the checks read: the release's whole ``vllm`` package (what a
 #: partial extraction holds for a derived patch, ``also_reads``).
@@ -150,7 +149,7 @@ def _unchecked(states: dict[str, Any]) -> dict[str, Any]:
         part: dataclasses.replace(
             state,
             reason=NOT_CHECKED,
-            details={**state.details, UNCHECKED: NOT_CHECKED},
+            details={**state.details, UNCHECKED: UNCHECKED_WHY},
         )
         if state is not None and state.state is PatchState.NEEDED
         else state
