@@ -75,6 +75,8 @@ def clone(tmp_path: Path) -> tuple[Path, str]:
             PATH: BEFORE,
             TEST_PATH: "def test_clamp():\n    pass\n",
             "README.md": "made up\n",
+            # A checkout is whole: what is not in it is not in the release.
+            "pyproject.toml": "[project]\nname = 'vllm'\n",
         },
         "Initial",
     )
