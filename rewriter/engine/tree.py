@@ -295,7 +295,8 @@ _VLLM_IMPORT = re.compile(
 
 def holds_its_package(root: Path) -> bool:
     """Whether the tree's ``vllm`` package holds the ``vllm`` modules its own
-    files import (:data:`_HELD_SHARE` of them; none imported: it cannot tell)."""
+    files import (:data:`_HELD_SHARE` of them; none imported: nothing says a
+    file is missing)."""
     imported: set[str] = set()
     for folder, _dirs, names in os.walk(root / "vllm"):
         for name in names:
@@ -308,7 +309,7 @@ def holds_its_package(root: Path) -> bool:
                     (m[1] or m[2]).decode() for m in _VLLM_IMPORT.finditer(raw)
                 )
     if not imported:
-        return False
+        return True
     held = sum(
         (root / f"{base}.py").is_file() or (root / base).is_dir()
         for base in (module.replace(".", "/") for module in imported)
