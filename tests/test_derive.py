@@ -30,7 +30,7 @@ from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree, rewrite_text
 from deepstack_patch.engine.protocol import PatchState
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
 
 PATH = "vllm/buffers.py"
 
@@ -519,12 +519,19 @@ def test_what_unidiff_reads_otherwise_is_read_as_git_reads_it() -> None:
 # -- the command: written, and every refusal ---------------------------------
 
 
-def _tree(root: Path, files: dict[str, str]) -> VllmTree:
+def _tree(root: Path, files: dict[str, str], *, partial: bool = False) -> VllmTree:
+    """A vLLM tree of ``files``: whole (as any folder without this tool's
+    list of what it extracted is), or with ``partial`` this tool's partial
+    extraction that lists nothing: no file known absent, and the runtime
+    names of a derived patch not checked (toy code whose attributes no toy
+    package defines)."""
     (root / "vllm").mkdir(parents=True, exist_ok=True)
     (root / "vllm" / "__init__.py").write_text("")
     (root / "PKG-INFO").write_text(
         "Metadata-Version: 2.4\nName: vllm\nVersion: 0.0.1\n"
     )
+    if partial:
+        (root / ASKED_FOR).write_text("")
     for path, text in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)

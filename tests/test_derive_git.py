@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from deepstack_patch.cli import main
+from deepstack_patch.engine.context import TreeContext
 from deepstack_patch.engine.derived import load_derived
+from deepstack_patch.engine.tree import ASKED_FOR
 
 PATH = "vllm/sampler.py"
 TEST_PATH = "tests/test_sampler.py"
@@ -74,6 +76,8 @@ def clone(tmp_path: Path) -> tuple[Path, str]:
             PATH: BEFORE,
             TEST_PATH: "def test_clamp():\n    pass\n",
             "README.md": "made up\n",
+            # A checkout is whole: what is not in it is not in the release.
+            "pyproject.toml": "[project]\nname = 'vllm'\n",
         },
         "Initial",
     )
@@ -413,6 +417,11 @@ def test_the_base_holds_the_modules_the_fix_imports_from(
     [base] = (tmp_path / "cache" / "commit-trees").iterdir()
     held = sorted(p.relative_to(base).as_posix() for p in base.rglob("*.py"))
     assert held == ["vllm/__init__.py", "vllm/helpers.py", "vllm/limits.py", PATH]
+    # A partial copy made by this tool, which lists that no file is known
+    # absent from it (a folder without the list is read as whole).
+    assert (base / ASKED_FOR).read_text() == ""
+    context = TreeContext(base)
+    assert not context.lacks("vllm/config.py")
 
 
 # -- issue 34 item 6: the commit carried; a base far past its tag ---------------

@@ -43,6 +43,9 @@ def test_statements_added_at_a_methods_end_after_its_blank_line(
         "    @staticmethod\n"
         "    def other():\n"
         "        return 0\n"
+        "\n"
+        "    def zero(self):\n"  # what the fix calls is there (ty reads it)
+        "        pass\n"
     )
     after = before.replace(
         "            self.b = 2\n\n",

@@ -19,7 +19,7 @@ from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.derived import DerivedPatch
 from deepstack_patch.engine.plan import rewrite_text
 from deepstack_patch.engine.protocol import Finding, PatchState
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
 
 PATH = "vllm/rope.py"
 
@@ -74,6 +74,9 @@ def derive(tmp_path: Path, before: str, after: str) -> tuple[DerivedPatch, str, 
         "Metadata-Version: 2.4\nName: vllm\nVersion: 0.0.1\n"
     )
     (root / PATH).write_text(before)
+    # This tool's partial extraction (toy code: ``Cache.store`` is defined
+    # nowhere): runtime names are not what is tested here.
+    (root / ASKED_FOR).write_text("")
     diff = "".join(
         difflib.unified_diff(
             before.splitlines(keepends=True),

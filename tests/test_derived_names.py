@@ -57,12 +57,14 @@ def states(patch: DerivedPatch, source: str, path: str = PATH) -> dict[str, tupl
 
 def make_tree(root: Path, files: dict[str, str], *, whole: bool = True) -> VllmTree:
     """A vLLM tree; ``whole``: with its pyproject.toml, as a checkout or an
-    sdist has it (a partial extraction has not)."""
+    sdist has it; else this tool's partial extraction, with its list of
+    what it was asked for (empty unless ``files`` gives one)."""
     for path, text in {
         "vllm/__init__.py": "",
         "vllm/models/__init__.py": "",
         "PKG-INFO": "Metadata-Version: 2.4\nName: vllm\nVersion: 0.0.1\n",
         **({"pyproject.toml": "[project]\nname = 'vllm'\n"} if whole else {}),
+        **({} if whole else {ASKED_FOR: ""}),
         **files,
     }.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)

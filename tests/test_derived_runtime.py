@@ -20,10 +20,11 @@ from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import apply_tree
 from deepstack_patch.engine.derived import DerivedPatch, typecheck, write_derived
 from deepstack_patch.engine.derived.units import units_of_change
+from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.series import assemble_series, patches_from_folder
-from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.engine.tree import ASKED_FOR, VllmTree, link_copy
 from deepstack_patch.patches import SERIES
 
 from tests.support import TARGETS
@@ -182,7 +183,9 @@ def test_apply_says_the_fix_cannot_run_here_not_that_the_shape_is_unknown(
         "error: vllm/toy.py:4: local#t drifted: the fix's code cannot run on this "
         "release: the fix reads `ToyConfig.strict`, which this release lacks"
     ) in text.stderr
-    assert "carry that change first (derive it too)" in text.stderr
+    # No upstream change is known to add it: the hint names none.
+    assert "adapt the fix to this release by hand" in text.stderr
+    assert "upstream change" not in text.stderr
     assert "--skip local#t" in text.stderr
     assert (root / "vllm/toy.py").read_text() == TOY
     json_run = subprocess.run(
@@ -308,6 +311,186 @@ def test_a_read_the_release_makes_only_narrowed_from_none_is_no_new_diagnostic(
         assert report.reason.startswith("the fix reads `Parser.close`")
 
 
+# -- names there at run time from outside vLLM (issue 40, item 4) ---------------
+
+PARSER_SUBCLASS = """import argparse
+
+
+class FlexParser(argparse.ArgumentParser):
+    def load(self, args):
+        return args
+"""
+PROCESSOR = """from transformers.processing_utils import ProcessorMixin
+
+
+class ToyProcessor(ProcessorMixin):
+    def vocab(self):
+        return self.tokenizer.get_vocab()
+
+    def special(self):
+        return []
+"""
+#: A vLLM class between the fix's class and the outside one, in another file.
+BASE_PARSER = (
+    "from argparse import ArgumentParser\n\n\nclass Base(ArgumentParser):\n    pass\n"
+)
+CHILD_PARSER = """from vllm.base import Base
+
+
+class Child(Base):
+    def load(self, args):
+        return args
+"""
+TORCH_MODEL = """from torch import nn
+
+
+class Head(nn.Module):
+    def combine(self, hidden):
+        return hidden
+"""
+OWN_PROCESSOR = PROCESSOR.replace(
+    "    def special(self):",
+    "    def __init__(self):\n        self.tok = None\n\n    def special(self):",
+)
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "state"),
+    [
+        # argparse's ArgumentParser has it (vllm#51573 on 0.20.2).
+        pytest.param(
+            PARSER_SUBCLASS,
+            "return args",
+            "return self._option_string_actions",
+            PatchState.NEEDED,
+            id="standard-library",
+        ),
+        # argparse has no such name (ty reads the standard library too).
+        pytest.param(
+            PARSER_SUBCLASS,
+            "return args",
+            "return self._option_strings_map",
+            PatchState.DRIFTED,
+            id="standard-library-lacks-it",
+        ),
+        pytest.param(
+            CHILD_PARSER,
+            "return args",
+            "return self._option_string_actions",
+            PatchState.NEEDED,
+            id="through-a-vllm-base-of-another-file",
+        ),
+        # What a transformers processor holds (vllm#47298's tokenizer).
+        pytest.param(
+            PROCESSOR,
+            "return []",
+            "return self.tokenizer.add_tokens([])",
+            PatchState.NEEDED,
+            id="dependency",
+        ),
+        # The dependency's own attribute, read off self: a vLLM subclass's
+        # field a later change added looks the same; not taken.
+        pytest.param(
+            PROCESSOR,
+            "return []",
+            "return self.special_tokens_map_v2",
+            PatchState.DRIFTED,
+            id="a-dependency-s-attribute-of-self",
+        ),
+        pytest.param(
+            OWN_PROCESSOR,
+            "return []",
+            "return self.tok.add_tokens([])",
+            PatchState.DRIFTED,
+            id="an-attribute-vllm-sets",
+        ),
+        # A torch module answers what vLLM registers: never inherited.
+        pytest.param(
+            TORCH_MODEL,
+            "return hidden",
+            "return self.fc_norm_after(hidden)",
+            PatchState.DRIFTED,
+            id="torch-module",
+        ),
+    ],
+)
+def test_an_attribute_inherited_from_a_class_outside_vllm_is_there(
+    tmp_path: Path, file: str, old: str, new: str, state: PatchState
+) -> None:
+    """No vLLM file defines or reads the name; the class inherits it from
+    the standard library or a dependency (read where this Python has the
+    source), so it is there at run time. What a vLLM class would have to
+    define, or a torch module, still drifts."""
+    path = "vllm/child.py" if file is CHILD_PARSER else "vllm/toy.py"
+    root = whole_tree(tmp_path, {path: file, "vllm/base.py": BASE_PARSER})
+    report = report_of(root, patch_of("local#o", path, file, file.replace(old, new)))
+    assert report.state is state, report.reason
+    if state is PatchState.DRIFTED:
+        missing = new.removeprefix("return self.").split("(")[0]
+        assert missing.rpartition(".")[2] in report.reason
+        assert "this release lacks" in report.reason or (
+            "which nothing in this release defines or reads" in report.reason
+        )
+
+
+TOKENIZER = """from typing import Protocol
+
+
+class TokenizerLike(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
+"""
+ABSTRACT = """from abc import ABC, abstractmethod
+
+
+class TokenizerLike(ABC):
+    @abstractmethod
+    def decode(self, ids: list[int]) -> str: ...
+"""
+IMPLEMENTED = (
+    ABSTRACT
+    + """
+
+class Own(TokenizerLike):
+    def decode(self, ids: list[int]) -> str:
+        return ""
+"""
+)
+INFO = """from vllm.tokenizers import TokenizerLike
+
+
+def pad_id(tokenizer: TokenizerLike):
+    return 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("interface", "state"),
+    [
+        pytest.param(TOKENIZER, PatchState.NEEDED, id="protocol"),  # vllm#39344
+        pytest.param(ABSTRACT, PatchState.NEEDED, id="abstract-not-implemented"),
+        pytest.param(IMPLEMENTED, PatchState.DRIFTED, id="abstract-implemented"),
+        pytest.param(
+            CONFIG.replace("ToyConfig", "TokenizerLike"),
+            PatchState.DRIFTED,
+            id="concrete",
+        ),
+    ],
+)
+def test_an_attribute_ty_misses_on_an_open_interface_is_there(
+    tmp_path: Path, interface: str, state: PatchState
+) -> None:
+    """ty says ``TokenizerLike`` has no ``unk_token_id``; where it is a
+    Protocol (or an abstract class no vLLM class derives from), the object
+    at run time comes from outside vLLM, a Hugging Face tokenizer, which
+    has it; a class vLLM implements does not, nor does a concrete one."""
+    fixed = INFO.replace("return 0", "return tokenizer.unk_token_id or 0")
+    root = whole_tree(tmp_path, {"vllm/tokenizers.py": interface, "vllm/info.py": INFO})
+    report = report_of(root, patch_of("local#i", "vllm/info.py", INFO, fixed))
+    assert report.state is state, report.reason
+    if state is PatchState.DRIFTED:
+        assert report.reason.startswith("the fix reads `TokenizerLike.unk_token_id`")
+
+
 # -- where the checks run: a tree that holds the whole package ---------------------
 
 #: ``self.model`` is untyped (a torch module in vLLM): only the release's
@@ -323,21 +506,26 @@ NORMED = MODEL.replace("return hidden", "return self.model.fc_norm(hidden)")
 
 
 @pytest.mark.parametrize(
-    ("layout", "state"),
+    "layout",
     [
-        ("checkout", PatchState.DRIFTED),  # pyproject.toml: a checkout, an sdist
-        ("installed", PatchState.DRIFTED),  # vllm-*.dist-info: site-packages
-        ("bare", PatchState.NEEDED),  # vllm/ alone: not known whole, not run
+        "checkout",  # pyproject.toml: a checkout, an sdist
+        "installed",  # vllm-*.dist-info: site-packages
+        "bare",  # vllm/ and PKG-INFO alone: a vendor's repository (issue 40, 7)
     ],
 )
 def test_the_checks_run_on_every_tree_that_holds_the_whole_package(
-    tmp_path: Path, layout: str, state: PatchState
+    tmp_path: Path, layout: str
 ) -> None:
-    """An installed vLLM (its dist-info's RECORD) is whole, as a checkout is:
-    an attribute its package defines nowhere drifts there (apply --installed
-    and wheel would otherwise write it); a folder that only holds ``vllm/``
-    may lack files, so nothing is judged missing there (docs/derive.md)."""
-    root = whole_tree(tmp_path, {"vllm/head.py": MODEL})
+    """An installed vLLM (its dist-info's RECORD) is whole, as a checkout is,
+    and so is a folder this tool did not extract partially, without
+    ``pyproject.toml`` (a copy of 0.20.2's ``vllm/`` and ``PKG-INFO`` took
+    vllm#45468 as needed, unchecked): an attribute its package defines
+    nowhere drifts there (docs/derive.md)."""
+    # Its files import what it holds: its package is there whole.
+    root = whole_tree(
+        tmp_path,
+        {"vllm/head.py": MODEL, "vllm/user.py": "from vllm.head import Head\n"},
+    )
     if layout != "checkout":
         (root / "pyproject.toml").unlink()
     if layout == "installed":
@@ -346,11 +534,81 @@ def test_the_checks_run_on_every_tree_that_holds_the_whole_package(
         (info / "METADATA").write_text("Metadata-Version: 2.4\nName: vllm\n")
         (info / "RECORD").write_text("vllm/__init__.py,,\nvllm/head.py,,\n")
     report = report_of(root, patch_of("local#h", "vllm/head.py", MODEL, NORMED))
-    assert report.state is state, report.reason
-    if state is PatchState.DRIFTED:
-        assert "`self.model.fc_norm`, which nothing in this release defines" in (
-            report.reason
-        )
+    assert report.state is PatchState.DRIFTED, report.reason
+    assert "`self.model.fc_norm`, which nothing in this release defines" in (
+        report.reason
+    )
+
+
+def test_a_vendor_s_few_files_cannot_tell_and_say_the_names_went_unchecked(
+    tmp_path: Path,
+) -> None:
+    """A tree without ``pyproject.toml`` whose files import ``vllm`` modules
+    it does not hold (a vendor's fork of a few files) cannot tell what the
+    release lacks: no module is judged missing, and the derived patch is
+    needed, saying its runtime names were not checked."""
+    user = "from vllm.config import ModelConfig\nfrom vllm.layers import Norm\n"
+    root = whole_tree(tmp_path, {"vllm/head.py": MODEL, "vllm/user.py": user})
+    (root / "pyproject.toml").unlink()
+    report = report_of(root, patch_of("local#h", "vllm/head.py", MODEL, NORMED))
+    assert report.state is PatchState.NEEDED
+    assert report.reason.startswith("runtime names not checked")
+
+
+def test_a_partial_extraction_without_the_package_says_the_names_went_unchecked(
+    tmp_path: Path,
+) -> None:
+    """This tool's partial extraction not asked for the whole package cannot
+    tell what the fix reads: the patch is needed and says that its runtime
+    names were not checked; ``apply`` writes it only with
+    ``--unchecked-names`` (issue 40, item 7)."""
+    root = whole_tree(tmp_path / "tree", {"vllm/head.py": MODEL})
+    (root / "pyproject.toml").unlink()
+    (root / ASKED_FOR).write_text("PKG-INFO\nvllm/__init__.py\nvllm/head.py\n")
+    patch = patch_of("local#h", "vllm/head.py", MODEL, NORMED)
+    report = report_of(root, patch)
+    assert report.state is PatchState.NEEDED
+    assert report.reason == (
+        "runtime names not checked: this partial tree does not hold the "
+        "release's whole vllm package"
+    )
+    with pytest.raises(DeepstackError) as refused:
+        apply_tree(VllmTree.open(root), [patch], {patch.id})
+    assert refused.value.message.startswith(
+        "local#h is needed, but what its code reads at run time was not checked"
+    )
+    assert "--unchecked-names" in refused.value.hint
+    assert (root / "vllm/head.py").read_text() == MODEL
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    write_derived(patch, folder)
+    command = [sys.executable, "-m", "deepstack_patch", "apply", "--vllm-src"]
+    command += [str(root), "--patches", str(folder), "--only", "local#h"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "error: vllm/head.py:" in run.stderr and "not checked" in run.stderr
+    assert (root / "vllm/head.py").read_text() == MODEL
+    forced = subprocess.run(
+        [*command, "--unchecked-names"], capture_output=True, text=True, timeout=120
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert (root / "vllm/head.py").read_text() == NORMED
+
+
+def test_verify_s_runtime_stage_is_not_run_where_the_names_went_unchecked(
+    tmp_path: Path,
+) -> None:
+    """The stage judged on a partial tree without the package looked
+    nothing up: ``not-run``, saying why, never ``passed``."""
+    from deepstack_patch.proof.runtime_stage import runtime_stages
+
+    root = whole_tree(tmp_path, {"vllm/head.py": MODEL})
+    (root / "pyproject.toml").unlink()
+    (root / ASKED_FOR).write_text("vllm/head.py\n")
+    patch = patch_of("local#h", "vllm/head.py", MODEL, NORMED)
+    stage = runtime_stages(VllmTree.open(root), [patch], [patch])["local#h"]
+    assert stage.status == "not-run"
+    assert stage.message.startswith("runtime names not checked")
 
 
 # -- verify: a test that stubs what the fix reads proves nothing ----------------
@@ -459,7 +717,8 @@ def test_each_kind_drifts_named_alike_on_the_whole_and_the_partial_release(
     """Adds: a typed attribute, an undeclared vllm.envs setting and an
     attribute the release defines nowhere, cut from 0.20.2's own files, drift
     with the same reason under ``status --release`` (a partial extraction,
-    whole vllm package) as on the whole tree, ``apply`` writes nothing, and a
+    whole vllm package) as on the whole tree and on a copy without its
+    ``pyproject.toml``, ``apply`` writes nothing, and a
     right fix of the same shape stays needed."""
     release = release_tree("0.20.2")
     folder, last = tmp_path / "patches", tmp_path / "last"
@@ -487,14 +746,21 @@ def test_each_kind_drifts_named_alike_on_the_whole_and_the_partial_release(
     assert status.returncode == 2, status.stderr
     partial = {p["id"]: p for p in json.loads(status.stdout)["patches"]}
     whole = plan_tree(VllmTree.open(release), patches, rewrite=False)
+    # A vendor's copy: vllm/ and PKG-INFO, no pyproject.toml (issue 40, 7).
+    vendor = link_copy(release, tmp_path / "vendor")
+    for name in ("pyproject.toml", "setup.py"):
+        (vendor / name).unlink(missing_ok=True)
+    copied = plan_tree(VllmTree.open(vendor), patches, rewrite=False)
     for patch_id, (_path, _old, _new, reason) in CASES.items():
         report = whole.report(patch_id)
         expected = PatchState.DRIFTED if reason else PatchState.NEEDED
         assert report.state is expected, (patch_id, report.reason)
         assert partial[patch_id]["state"] == expected.value, partial[patch_id]
+        assert copied.report(patch_id).state is expected, patch_id
         if reason:
             assert reason in report.reason, (patch_id, report.reason)
             assert reason in json.dumps(partial[patch_id]), partial[patch_id]
+            assert reason in copied.report(patch_id).reason, patch_id
     copy = patched_copy("0.20.2")
     drifted = [p for p in patches if p.id != "local#right"]
     result = apply_tree(VllmTree.open(copy), drifted, {p.id for p in drifted})

@@ -49,7 +49,8 @@ def test_a_body_starting_with_a_comment_is_derived(tmp_path: Path, before: str) 
     after = before.replace("return self.name", "return self.name.strip()")
     if "return None" in before:
         after = before.replace("(self):", "(self, strict=False):")
-    root = _tree(tmp_path / "base", {PATH: before}).root
+    # ``self.name.strip``: no toy package reads ``strip``; not what is tested.
+    root = _tree(tmp_path / "base", {PATH: before}, partial=True).root
     diff = tmp_path / "fix.diff"
     diff.write_text(git_diff(PATH, before, after))
     code, output = run(*derive_args(diff, root, tmp_path / "out"))
@@ -360,7 +361,8 @@ def test_derive_over_mutated_diffs_exits_0_or_2_never_a_traceback(
         after = _mutated(before, rng)
         if after == before:
             continue
-        root = _tree(tmp_path / f"base{number}", {PATH: before}).root
+        # Toy code: its attributes' runtime names are not what is tested.
+        root = _tree(tmp_path / f"base{number}", {PATH: before}, partial=True).root
         diff = tmp_path / f"fix{number}.diff"
         diff.write_text(git_diff(PATH, before, after))
         code, output = run(*derive_args(diff, root, tmp_path / f"out{number}"))
@@ -410,3 +412,89 @@ def test_a_module_if_whose_header_alone_changes_is_a_whole_statement_unit() -> N
     # The unit reads as the statement, before and after (it parses).
     assert unit.before == before.split("\n\n")[1]
     assert unit.after == after.split("\n\n")[1]
+
+
+# -- a def's header compared in the parts the fix changes (issue 40, item 4) -----
+
+SIGNATURE_BEFORE = (
+    "class Request:\n"
+    "    def __init__(\n"
+    "        self,\n"
+    "        request_id: str,\n"
+    "        prompt_is_token_ids: list[bool] | None = None,\n"
+    "        priority: int = 0,\n"
+    "        reasoning_ended: bool | None = None,\n"
+    "    ) -> None:\n"
+    "        self.request_id = request_id\n"
+)
+ENDED = "        reasoning_ended: bool | None = None,\n"
+KWARGS = "        reasoning_parser_kwargs: dict | None = None,\n"
+SIGNATURE_AFTER = SIGNATURE_BEFORE.replace(ENDED, ENDED + KWARGS)
+#: 0.20.0's header: without a parameter the fix does not touch (vllm#41199).
+WITHOUT_ONE = SIGNATURE_BEFORE.replace(
+    "        prompt_is_token_ids: list[bool] | None = None,\n", ""
+)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        WITHOUT_ONE,
+        # Another default, a comment and a decorator: parts the fix keeps.
+        SIGNATURE_BEFORE.replace(
+            "priority: int = 0,", "priority: int = 1,  # ours"
+        ).replace("    def __init__(", "    @traced\n    def __init__("),
+    ],
+    ids=["a-parameter-fewer", "other-parts-differ"],
+)
+def test_a_header_that_differs_where_the_fix_does_not_change_it_is_carried(
+    target: str,
+) -> None:
+    patch = derived(SIGNATURE_BEFORE, SIGNATURE_AFTER)
+    assert [e.kind for u in patch.units for e in u.edits] == ["header"]
+    assert states(patch, target)["Request.__init__"] == (PatchState.NEEDED, "")
+    fixed = rewrite_text(patch, target, PATH)
+    assert fixed == target.replace(ENDED, ENDED + KWARGS)
+    assert states(patch, fixed)["Request.__init__"] == (PatchState.APPLIED, "")
+    assert rewrite_text(patch, fixed, PATH) == fixed
+
+
+@pytest.mark.parametrize(
+    ("target", "named"),
+    [
+        # The neighbour the fix inserts after is gone.
+        (SIGNATURE_BEFORE.replace(ENDED, ""), "`reasoning_parser_kwargs`"),
+        # The parameter the fix adds is there already, typed otherwise.
+        (
+            SIGNATURE_BEFORE.replace(
+                ENDED, ENDED + "        reasoning_parser_kwargs: str = '',\n"
+            ),
+            "`reasoning_parser_kwargs`",
+        ),
+        # Another parameter between the neighbours.
+        (
+            SIGNATURE_BEFORE.replace(ENDED, ENDED + "        extra: int = 0,\n"),
+            "`reasoning_parser_kwargs`",
+        ),
+    ],
+    ids=["neighbour-gone", "added-there-otherwise", "another-in-between"],
+)
+def test_a_header_that_differs_where_the_fix_changes_it_drifts(
+    target: str, named: str
+) -> None:
+    patch = derived(SIGNATURE_BEFORE, SIGNATURE_AFTER)
+    state, reason = states(patch, target)["Request.__init__"]
+    assert state is PatchState.DRIFTED
+    assert reason.startswith("the header of Request.__init__ is neither the one")
+    assert f"in its parameters {named}" in reason
+
+
+def test_a_changed_parameter_must_be_as_the_fix_expects() -> None:
+    """The fix changes ``priority``'s default: a target whose ``priority``
+    is typed otherwise drifts, one that differs elsewhere is carried."""
+    after = SIGNATURE_BEFORE.replace("priority: int = 0,", "priority: int = 5,")
+    patch = derived(SIGNATURE_BEFORE, after)
+    other = SIGNATURE_BEFORE.replace("priority: int = 0,", "priority: float = 0,")
+    assert states(patch, other)["Request.__init__"][0] is PatchState.DRIFTED
+    fixed = rewrite_text(patch, WITHOUT_ONE, PATH)
+    assert fixed == WITHOUT_ONE.replace("priority: int = 0,", "priority: int = 5,")

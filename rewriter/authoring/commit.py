@@ -271,6 +271,7 @@ def parent_files(clone: Clone, change: CommitChange, paths: list[str]) -> Path:
     the vllm modules they import from, and of ``vllm/__init__.py``, written
     once into the cache."""
     from deepstack_patch.engine.cache import cache_dir
+    from deepstack_patch.engine.tree import ASKED_FOR
     from deepstack_patch.fetch.archives import write_once
 
     # The vllm modules the changed files import from, as the commit has
@@ -284,7 +285,9 @@ def parent_files(clone: Clone, change: CommitChange, paths: list[str]) -> Path:
         )
     }
     wanted = sorted({*paths, *imported, "vllm/__init__.py"})
-    key = hashlib.sha256("\0".join([change.parent, *wanted]).encode()).hexdigest()
+    # "asked-for": a folder written before it listed (nothing) is not reused.
+    salted = [change.parent, "asked-for", *wanted]
+    key = hashlib.sha256("\0".join(salted).encode()).hexdigest()
     out = cache_dir() / "commit-trees" / f"{change.parent[:12]}-{key[:16]}"
     if out.is_dir():
         return out
@@ -302,6 +305,10 @@ def parent_files(clone: Clone, change: CommitChange, paths: list[str]) -> Path:
             target = staging / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(clone.blob(sha))
+        # A partial copy made here: an empty list, so that no file is taken
+        # as absent from the commit (engine/tree.py; a folder without the
+        # list is read as a whole tree).
+        (staging / ASKED_FOR).write_text("")
 
     return write_once(out, fill, f"the files of commit {change.parent[:12]}")
 

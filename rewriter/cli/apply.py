@@ -50,6 +50,13 @@ from deepstack_patch.engine.tree import VllmTree
     help="With --commit: accept uncommitted changes to other files (they are "
     "never committed).",
 )
+@click.option(
+    "--unchecked-names",
+    is_flag=True,
+    help="Write a needed derived patch whose runtime names (the attributes "
+    "its code reads) could not be checked: a partial tree without the "
+    "release's whole vllm package. Without it such a patch is refused.",
+)
 @format_option
 def apply(
     tree: VllmTree,
@@ -59,6 +66,7 @@ def apply(
     check: bool,
     commit: bool,
     allow_dirty: bool,
+    unchecked_names: bool,
     output_format: str,
 ) -> None:
     """Apply every needed patch to a tree, all files or none.
@@ -93,13 +101,25 @@ def apply(
             f"run with {flag} first to see what would change, then with --commit",
         )
     if commit:
-        sys.exit(apply_with_commits(tree, series, selected, allow_dirty, output_format))
+        sys.exit(
+            apply_with_commits(
+                tree, series, selected, allow_dirty, output_format, unchecked_names
+            )
+        )
     # A dry run computes the diff, and with --check also gives its verdict.
     mode = DRY_RUN if dry_run else CHECK if check else WRITE
     # The recognition cache serves only files nothing is rewritten in.
     cache = RecognitionCache.for_series(series)
     with said_after_the_write():
-        result = apply_tree(tree, series, selected, mode, cache, check=check)
+        result = apply_tree(
+            tree,
+            series,
+            selected,
+            mode,
+            cache,
+            check=check,
+            unchecked_names=unchecked_names,
+        )
         if result.drifted:
             fields = _apply_fields(result, dry_run, check)
             # Under --dry-run stdout is a diff (here an empty one), never a table.
@@ -237,13 +257,14 @@ def apply_with_commits(
     selected: set[str],
     allow_dirty: bool,
     output_format: str,
+    unchecked_names: bool = False,
 ) -> int:
     """Apply the needed patches as one git commit each; return the exit code."""
     from deepstack_patch.distribution.vcs import commit_series
     from deepstack_patch.output.documents import dump_json, plan_json
     from deepstack_patch.output.tables import print_plan_table, print_tree_header
 
-    result = commit_series(tree, series, selected, allow_dirty)
+    result = commit_series(tree, series, selected, allow_dirty, unchecked_names)
     if result.drifted:
         return refuse_drifted(result.plan, output_format, "apply")
     if result.detached:

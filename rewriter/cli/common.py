@@ -574,8 +574,9 @@ def drift_error(plan: Plan) -> DeepstackError:
         return DeepstackError(
             f"{names} drifted: the fix's code cannot run on this release: "
             f"{where.finding.details[RUNTIME]}; nothing was written",
-            "the fix reads what a later upstream change added: carry that "
-            f"change first (derive it too), or leave the patch out with {skip}",
+            # Which change would add it is not known here: none is named.
+            "the release lacks what the fix's code reads (above): adapt the "
+            f"fix to this release by hand, or leave the patch out with {skip}",
             **place,
         )
     reason = f" ({where.finding.reason})" if where and where.finding.reason else ""

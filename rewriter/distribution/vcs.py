@@ -21,7 +21,11 @@ from deepstack_patch.distribution.quilt import (
     upstream_reference,
     vllm_named,
 )
-from deepstack_patch.engine.apply import mark_applied, refuse_blocked
+from deepstack_patch.engine.apply import (
+    mark_applied,
+    refuse_blocked,
+    refuse_unchecked,
+)
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.locks import tree_lock
 from deepstack_patch.engine.plan import FileEdit, Plan
@@ -59,12 +63,18 @@ class CommitResult:
 
 
 def commit_series(
-    tree: VllmTree, series: Sequence[Patch], selected: set[str], allow_dirty: bool
+    tree: VllmTree,
+    series: Sequence[Patch],
+    selected: set[str],
+    allow_dirty: bool,
+    unchecked_names: bool = False,
 ) -> CommitResult:
     """Apply the needed patches of ``series`` as one git commit each.
 
     A drifted selected patch commits nothing: the result says so. A dirty
-    work tree (or a dirty file a patch rewrites) is refused before any write.
+    work tree (or a dirty file a patch rewrites) is refused before any write,
+    as is, unless ``unchecked_names``, a derived patch whose runtime names
+    were not checked (``apply_tree``).
     """
     repo = open_repository(tree)
     with tree_lock(tree.root):
@@ -73,6 +83,8 @@ def commit_series(
         if result.drifted:
             return result
         refuse_blocked(plan)
+        if not unchecked_names:
+            refuse_unchecked(plan)
         result.touched = sorted({e.relpath for step in steps for e in step.edits})
         added = {e.relpath for step in steps for e in step.edits if e.action == "add"}
         check_work_tree(repo, tree, result.touched, allow_dirty, added)

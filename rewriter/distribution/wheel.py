@@ -52,7 +52,7 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import Plan
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.recognition_cache import RecognitionCache
-from deepstack_patch.engine.tree import VllmTree, glob_matcher
+from deepstack_patch.engine.tree import ASKED_FOR, VllmTree, glob_matcher
 from deepstack_patch.fetch.cache import sha256_of
 
 if TYPE_CHECKING:
@@ -205,9 +205,8 @@ def _extract_tree(
         for patch in series
         for path in patch.whole_files
     ]
-    wanted = glob_matcher(
-        [*(pattern for patch in series for pattern in patch.paths), *folders]
-    )
+    patterns = [*(pattern for patch in series for pattern in patch.paths), *folders]
+    wanted = glob_matcher(patterns)
     members = [
         info
         for info in source.infolist()
@@ -229,6 +228,12 @@ def _extract_tree(
             )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(source.read(info))
+    if wanted is not None:
+        # A partial extraction of this tool's says what it was asked for, so
+        # that a file asked for and absent is known to be missing, and no
+        # other file is taken as missing (engine/tree.py, ASKED_FOR).
+        asked = [*patterns, "vllm/__init__.py", VERSION_MODULE]
+        (scratch / ASKED_FOR).write_text("".join(f"{p}\n" for p in asked))
     return VllmTree.open(scratch)
 
 

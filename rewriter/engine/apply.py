@@ -64,13 +64,16 @@ def apply_tree(
     cache: RecognitionCache | None = None,
     *,
     check: bool = False,
+    unchecked_names: bool = False,
 ) -> ApplyResult:
     """Plan ``series`` on ``tree``; in ``write`` mode write every edit or none.
 
     A drifted selected patch writes nothing. ``check`` computes states only
     (no rewrites); ``dry-run`` computes the edits without writing them, and
     with ``check=True`` also gives ``check``'s exit code. ``write`` and
-    ``dry-run`` refuse a selected patch blocked by one left out.
+    ``dry-run`` refuse a selected patch blocked by one left out, and a
+    needed derived patch whose runtime names were not checked unless
+    ``unchecked_names``.
     """
     writes = mode == WRITE
     with tree_lock(tree.root) if writes else contextlib.nullcontext():
@@ -80,6 +83,8 @@ def apply_tree(
         # written, and a write with a blocked patch writes nothing.
         if mode != CHECK and not result.drifted:
             refuse_blocked(plan)
+            if not unchecked_names:
+                refuse_unchecked(plan)
         if writes and not result.drifted:
             if plan.edits:
                 # What a write needs (the transaction, RECORD, bytecode) is
@@ -105,6 +110,33 @@ def refuse_blocked(plan: Plan) -> None:
         raise DeepstackError(
             f"{first.patch.id} {why}; nothing was written",
             f"{how}, or leave {first.patch.id} out (--skip {first.patch.id})",
+        )
+
+
+def refuse_unchecked(plan: Plan) -> None:
+    """A selected needed patch whose code's runtime names the tree could not
+    check (:mod:`.derived.runtime`: this tool's partial extraction without
+    the whole ``vllm`` package): refuse, writing nothing."""
+    from deepstack_patch.engine.derived.runtime import UNCHECKED
+
+    unchecked = [
+        (report, location)
+        for report in plan.reports
+        if report.selected
+        for location in report.locations
+        if location.state is PatchState.NEEDED and UNCHECKED in location.finding.details
+    ]
+    if unchecked:
+        report, where = unchecked[0]
+        raise DeepstackError(
+            f"{report.patch.id} is needed, but what its code reads at run time "
+            f"was not checked: {where.finding.details[UNCHECKED]}; nothing "
+            "was written",
+            "run it on a whole tree (a checkout, an sdist, an installed vLLM, "
+            "or --release), or write it unchecked with --unchecked-names, or "
+            f"leave it out with --skip {report.patch.id}",
+            path=where.path,
+            line=where.finding.line,
         )
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepstack_patch.engine.derived.runtime import RUNTIME
+from deepstack_patch.engine.derived.runtime import RUNTIME, UNCHECKED
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.tree import VllmTree
 
@@ -71,12 +71,20 @@ def runtime_stages(
             for loc in report.locations
             if loc.state is PatchState.DRIFTED and RUNTIME in loc.finding.details
         ]
+        unchecked = [
+            str(loc.finding.details[UNCHECKED])
+            for loc in report.locations
+            if UNCHECKED in loc.finding.details
+        ]
         where = f"vLLM {base.version} at {base.root}"
-        stages[patch.id] = (
-            RuntimeStage("failed", f"{missing[0]} (on {where})")
-            if missing
-            else RuntimeStage(
+        if missing:
+            stages[patch.id] = RuntimeStage("failed", f"{missing[0]} (on {where})")
+        elif unchecked:  # never "passed" where nothing was looked up
+            stages[patch.id] = RuntimeStage(
+                "not-run", f"runtime names not checked: {unchecked[0]} ({where})"
+            )
+        else:
+            stages[patch.id] = RuntimeStage(
                 "passed", f"what the fix reads is there ({where}: {report.state.value})"
             )
-        )
     return stages

@@ -17,7 +17,8 @@ The package's modules, in the order a fix travels through them:
   names a module ``__getattr__`` declares (``vllm.envs``);
 - :mod:`.runtime`: only code whose attributes are there at run time (ty on
   the fixed file, run and cached by :mod:`.typecheck`; attribute names the
-  release defines or reads somewhere);
+  release defines or reads somewhere; :mod:`.outside`, the attributes
+  there at run time from outside vLLM);
 - :mod:`.entries`: an entry of a large literal or a keyword of a long call
   as an edit of its own, found by its key whatever the other entries hold;
 - :mod:`.regions` and :mod:`.rewrite`: the lines an edit changes, and the

@@ -34,6 +34,7 @@ from deepstack_patch.engine.derived import (
     names,
     rename,
     shapes,
+    signature,
 )
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
@@ -518,11 +519,15 @@ def _recognise_edit(
             return PatchState.NEEDED, "", span
         if now == compiled.header_after:
             return PatchState.APPLIED, "", span
+        # A def's header is compared only in the parts the fix changes.
+        found = _header_in_parts(compiled, located.target)
+        if isinstance(found, PatchState):
+            return found, "", span
         first = shapes.quoted(compiled.edit.header_before)
         return (
             PatchState.DRIFTED,
             f"the header of {unit_name} is neither the one the fix expects "
-            f"(`{first}`) nor the fixed one",
+            f"(`{first}`) nor the fixed one{found}",
             span,
         )
     state, nothing = body_state(compiled, located.block, shapes_of)
@@ -565,6 +570,21 @@ def _recognise_entry(
     if isinstance(located.unit_node, ast.Module | ast.ClassDef):
         span = _lines(statement)
     return PatchState(state), why, span, line
+
+
+def _header_in_parts(compiled: CompiledEdit, target: ast.stmt) -> PatchState | str:
+    """A def header's state compared in the parts the fix changes
+    (:mod:`.signature`); else what of the change the target lacks, as the
+    end of a reason (empty for another statement)."""
+    before = signature.recorded(compiled.edit.header_before)
+    after = signature.recorded(compiled.edit.header_after)
+    now = signature.of(target)
+    if before is None or after is None or now is None:
+        return ""
+    found = signature.state(before, after, now)
+    if isinstance(found, PatchState):
+        return found
+    return f", in {found}"
 
 
 def _in_unit_once(

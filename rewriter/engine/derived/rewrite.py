@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import libcst as cst
-from deepstack_patch.engine.derived import entries, regions, rename, shapes
+from deepstack_patch.engine.derived import entries, regions, rename, shapes, signature
 from deepstack_patch.engine.derived.match import (
     ShapeCache,
     bound_name,
@@ -168,7 +168,8 @@ class _Text:
     def header(self, lines: list[str], node: ast.stmt, walk: _Walk) -> None:
         compiled = walk.compiled
         if shapes.header(node) != compiled.header_before:
-            raise RewriteRefused("the header is not the one the fix expects")
+            self.header_in_parts(lines, node, walk)
+            return
         fixed = shapes.parse_statements(with_block(compiled.edit.header_after))
         if [type(n) for n in fixed] != [type(node)]:
             raise RewriteRefused("the fixed header is another kind of statement")
@@ -186,6 +187,41 @@ class _Text:
         if out is None:  # not the recorded lines: the fixed header whole
             out = regions.rewritten(lines, region, after, self.newline)
         self.replace(lines, region, out)
+
+    def header_in_parts(self, lines: list[str], node: ast.stmt, walk: _Walk) -> None:
+        """A def's header that differs from the fix's in parts the fix does
+        not change (:mod:`.signature`): the fix's line diff made in its
+        lines, and the header written checked to be the target's with
+        exactly the fix's change; never the fix's header whole."""
+        edit = walk.compiled.edit
+        before = signature.recorded(edit.header_before)
+        after = signature.recorded(edit.header_after)
+        now = signature.of(node)
+        if before is None or after is None or now is None:
+            raise RewriteRefused("the header is not the one the fix expects")
+        expected = signature.fixed(before, after, now)
+        region = regions.header(lines, node)
+        if expected is None or isinstance(region, str):
+            raise RewriteRefused("the header is not the one the fix expects")
+        out = regions.replaced(
+            lines, region, edit.header_before, edit.header_after, self.newline
+        )
+        if out is None:
+            raise RewriteRefused(
+                "the fix's change to the header cannot be placed on its lines"
+            )
+        original = self.code
+        self.replace(lines, region, out)
+        try:
+            written = signature.of(walk.statement(ast.parse(self.code).body))
+        except (SyntaxError, RewriteRefused):
+            written = None
+        if written != expected:
+            self.code = original
+            raise RewriteRefused(
+                "the fix's change to the header, made in its lines, is not "
+                "the fix's change alone"
+            )
 
     def statements(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:
         compiled = walk.compiled

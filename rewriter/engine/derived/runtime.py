@@ -24,10 +24,16 @@ here, for a unit that is otherwise ``needed``:
 
 Both read the package as the earlier patches of the series leave it
 (:mod:`deepstack_patch.engine.context`: a name vllm#48879 adds is there for
-vllm#50358 after it). Both need the release's whole ``vllm`` package; where
-the tree cannot tell (a partial extraction not asked for it: a derived patch
-asks, ``also_reads``) they are not run, never guessed. ty is run by
-:mod:`.typecheck`, and the typed check's verdict is cached
+vllm#50358 after it). Neither refuses a name that is there at run time from
+outside vLLM: an attribute a class inherits from the standard library or a
+dependency, or one ty misses on an open interface (a ``Protocol``):
+:mod:`.outside`.
+
+Both need the release's whole ``vllm`` package; where the tree cannot tell
+(a partial extraction not asked for it: a derived patch asks, ``also_reads``)
+they are not run, never guessed, and the needed part says so (``apply``
+writes it only with ``--unchecked-names``, issue 40, item 7). ty is run
+by :mod:`.typecheck`, and the typed check's verdict is cached
 (``runtime-names/`` in the cache folder, :mod:`.typecheck` too) under a
 digest of everything it depends on: every file of the tree's ``vllm``
 package (as the earlier patches leave it), the file, the patch's data, this
@@ -45,13 +51,13 @@ import difflib
 import hashlib
 import os
 import re
-from collections import Counter
+from collections import ChainMap, Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from deepstack_patch.engine.context import TreeContext, tree_context
-from deepstack_patch.engine.derived import typecheck
+from deepstack_patch.engine.derived import outside, typecheck
 from deepstack_patch.engine.derived.data import Unit
 from deepstack_patch.engine.derived.match import code_nodes, import_aliases
 from deepstack_patch.engine.derived.names import (
@@ -83,6 +89,15 @@ CANNOT_RUN = frozenset(
 #: module's (what the fix reads at run time is not there).
 RUNTIME = "runtime_names"
 
+#: The key of a needed finding's details that says what its code reads at
+#: run time was not checked: the tree is this tool's partial extraction,
+#: without the release's whole ``vllm`` package.
+UNCHECKED = "runtime_names_unchecked"
+
+#: Why (``details[UNCHECKED]``), and the needed part's reason.
+UNCHECKED_WHY = "this partial tree does not hold the release's whole vllm package"
+NOT_CHECKED = f"runtime names not checked: {UNCHECKED_WHY}"
+
 #: The files the checks read: the release's whole ``vllm`` package (what a
 #: partial extraction holds for a derived patch, ``also_reads``).
 PACKAGE_FILES = ("vllm/**/*.py", "vllm/**/*.pyi")
@@ -104,17 +119,29 @@ def settle_runtime(
         and (state := states.get(unit.part)) is not None
         and state.state is PatchState.NEEDED
     ]
-    if context is None or not needed or not package_is_whole(context):
+    if context is None or not needed:
         return states
+    if not package_is_whole(context):
+        return _unchecked(states)
     package = _package(context)
     modules = _module_names(context, path) | _imported_names(added_imports(patch, path))
     # ty's words first: they name the type (``ModelConfig.is_diffusion``).
-    why = typed_problem(patch, units, states, path, context, package)
+    # What ty found on an open interface is there at run time (``excused``).
+    excused: set[str] = set()
+    why = typed_problem(patch, units, states, path, context, package, excused)
     if why:  # cached without the series' words: they depend on the series
         named = _NAMED.search(why)
         why += _defined_elsewhere(context, patch, named[1]) if named else ""
     else:
-        why = undefined_attribute(patch, needed, modules, package, context)
+        why = undefined_attribute(
+            patch,
+            needed,
+            modules,
+            package,
+            context,
+            _sources(context, package),
+            excused,
+        )
     if not why:
         return states
     return {  # the detail tells verify's runtime stage (proof/runtime_stage.py)
@@ -130,6 +157,22 @@ def settle_runtime(
 #: The name a "cannot run" diagnostic of ty is about: a missing attribute or
 #: member, an argument the callee does not take, a name not defined.
 _NAMED = re.compile(r"(?:has no (?:attribute|member)|Argument|Name) `(\w+)`")
+
+
+def _unchecked(states: dict[str, Any]) -> dict[str, Any]:
+    """``states`` with each needed part saying that what its code reads at
+    run time was not checked (``apply`` writes it only when told to:
+    ``UNCHECKED``), never silently needed."""
+    return {
+        part: dataclasses.replace(
+            state,
+            reason=NOT_CHECKED,
+            details={**state.details, UNCHECKED: UNCHECKED_WHY},
+        )
+        if state is not None and state.state is PatchState.NEEDED
+        else state
+        for part, state in states.items()
+    }
 
 
 def package_is_whole(context: TreeContext) -> bool:
@@ -209,13 +252,17 @@ def undefined_attribute(
     file_modules: set[str],
     package: Package,
     context: TreeContext | None = None,
+    sources: outside.Sources | None = None,
+    excused: Iterable[str] = (),
 ) -> str:
     """The first attribute the needed units' fix newly reads that the
-    release neither defines nor reads anywhere; empty where there is none.
-    ``file_modules``: what the file's imports bind (:func:`_module_names`);
-    ``context``, where given, names another patch of the series that
-    defines it."""
-    own = _defined_by_patch(patch)
+    release neither defines nor reads anywhere, nor inherits from a class
+    outside vLLM (:func:`.outside.inherited`, read in ``sources``); empty
+    where there is none. ``file_modules``: what the file's imports bind
+    (:func:`_module_names`); ``context``, where given, names another patch
+    of the series that defines it; ``excused``: attribute names ty read off
+    an open interface (:func:`typed_problem`)."""
+    own = _defined_by_patch(patch) | set(excused)
     for unit in needed:
         new = [n for e in unit.edits for n in code_nodes(e.inserted, e.header_after)]
         old = [n for e in unit.edits for n in code_nodes(e.removed, e.header_before)]
@@ -238,7 +285,13 @@ def undefined_attribute(
                 or _root(node) in modules
             ):
                 continue
-            if not _known(name, package):
+            if not _known(name, package) and not (
+                sources is not None
+                and unit.kind == "method"
+                and outside.inherited(
+                    node, unit.name.rpartition(".")[0], unit.path, sources
+                )
+            ):
                 shown = ast.unparse(node)
                 shown = shown if len(shown) <= 60 else "…" + shown[-59:]
                 return (
@@ -324,17 +377,18 @@ def _defined_by_patch(patch: DerivedPatch, outside: str = "") -> set[str]:
 
 
 def _known(name: str, package: Package) -> bool:
-    """Whether the package defines ``name`` or reads it as an attribute: read
-    off its text (a definition or a read anywhere, a comment's aside)."""
-    word = name.encode()
-    evidence = re.compile(
-        rb"(?:\.\s*|\bdef\s+|\bclass\s+|['\"])"
-        + re.escape(word)
-        + rb"\b|\b"
-        + re.escape(word)
-        + rb"\s*(?::|=(?!=))"
-    )
-    return any(word in raw and evidence.search(raw) for _path, raw in package.files)
+    """Whether the package defines ``name`` or reads it as an attribute."""
+    return outside.mentions(name, (raw for _path, raw in package.files))
+
+
+def _sources(context: TreeContext, package: Package) -> outside.Sources:
+    """The package's files, those being recognised as the plan hands them
+    (a live view: the plan notes each file as it reaches it)."""
+    key = ("runtime sources", context.root)
+    if key not in context.memo:
+        files = ChainMap(context.sources, dict(package.files))
+        context.memo[key] = outside.Sources(files)  # type: ignore[arg-type]
+    return context.memo[key]  # type: ignore[return-value]
 
 
 # -- the type checker ----------------------------------------------------------------
@@ -347,9 +401,13 @@ def typed_problem(
     path: str,
     context: TreeContext,
     package: Package,
+    excused: set[str] | None = None,
 ) -> str:
     """ty's first new "cannot run" diagnostic on the fix's lines, worded;
-    empty where there is none (cached, see the module's docstring)."""
+    empty where there is none (cached, see the module's docstring). Into
+    ``excused`` go the attribute names ty says a type lacks where that type
+    is an open interface (:func:`_of_open_interface`): there at run time."""
+    excused = set() if excused is None else excused
     # The files the patch adds are there once it is applied: the fixed file
     # may import them, and a new module is checked as the fix leaves it.
     added = {
@@ -368,6 +426,7 @@ def typed_problem(
     )
     cached = typecheck.cached(key)
     if cached is not None:
+        excused |= set(typecheck.cached_excused(key))
         return cached
     fixed = added.get(path) or _fixed_bytes(context, patch, units, states, path, raw)
     if fixed is None:  # the rewrite refused: apply says so, with its reason
@@ -397,14 +456,15 @@ def typed_problem(
         if old[identity] > 0:
             old[identity] -= 1
             continue
-        if (
-            diagnostic.line in lines
-            and _cannot_run(diagnostic)
-            and not _about_its_own(diagnostic, own)
-        ):
+        if diagnostic.line not in lines or not _cannot_run(diagnostic):
+            continue
+        if _of_open_interface(diagnostic, context, package):
+            excused.add(_MISSING.search(diagnostic.message)["name"])  # type: ignore[index]
+            continue
+        if not _about_its_own(diagnostic, own):
             found = worded(diagnostic, path, units)
             break
-    typecheck.store(key, found)
+    typecheck.store(key, found, sorted(excused))
     return found
 
 
@@ -436,6 +496,21 @@ def _about_its_own(diagnostic: typecheck.Diagnostic, own: set[str]) -> bool:
     a name it defines in the file checked: ``self.only = config.only`` in
     one ``__init__`` (vllm#50275) still reads ``config.only``."""
     return any(word in own for word in re.findall(r"`(\w+)`", diagnostic.message))
+
+
+def _of_open_interface(
+    diagnostic: typecheck.Diagnostic, context: TreeContext, package: Package
+) -> bool:
+    """Whether ty says an attribute is missing on a type whose objects at
+    run time may come from outside vLLM (:func:`.outside.open_interface`:
+    a ``Protocol``, an abstract class vLLM does not implement)."""
+    missing = _MISSING.search(diagnostic.message)
+    return (
+        diagnostic.rule == "missing-attribute"
+        and missing is not None
+        and diagnostic.message.startswith("Object of type")
+        and outside.open_interface(missing["owner"], _sources(context, package))
+    )
 
 
 _MISSING = re.compile(

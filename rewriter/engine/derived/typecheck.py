@@ -146,7 +146,7 @@ def _ty_binary() -> str:
 
 
 #: Bump when what is stored changes meaning.
-_CACHE_SCHEMA = "1"
+_CACHE_SCHEMA = "2"  # 2: the names excused beside the problem
 
 
 def cache_key(patch_data: bytes, path: str, raw: bytes, package_digest: str) -> str:
@@ -196,24 +196,39 @@ def _cache_file(key: str) -> Path | None:
         return None  # no cache folder: check every time
 
 
-def cached(key: str) -> str | None:
+def _stored(key: str) -> dict[str, Any]:
     file = _cache_file(key)
     try:
         stored: Any = json.loads(file.read_text()) if file else None
     except (OSError, ValueError):
-        return None
-    problem = stored.get("problem") if isinstance(stored, dict) else None
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def cached(key: str) -> str | None:
+    problem = _stored(key).get("problem")
     return problem if isinstance(problem, str) else None
 
 
-def store(key: str, problem: str) -> None:
+def cached_excused(key: str) -> list[str]:
+    """The attribute names a verdict found there at run time (see
+    :func:`store`)."""
+    excused = _stored(key).get("excused")
+    if not isinstance(excused, list):
+        return []
+    return [name for name in excused if isinstance(name, str)]
+
+
+def store(key: str, problem: str, excused: list[str] | None = None) -> None:
+    """Keep a verdict: the problem (empty: none), and the attribute names
+    ty said a type lacks that are there at run time all the same."""
     file = _cache_file(key)
     if file is None:
         return
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         partial = file.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"problem": problem}))
+        partial.write_text(json.dumps({"problem": problem, "excused": excused or []}))
         partial.replace(file)
     except OSError:
         pass  # a cache that cannot be written only costs time

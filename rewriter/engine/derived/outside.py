@@ -1,0 +1,319 @@
+"""Attributes that are there at run time although vLLM's code never names
+them (issue 40, item 4): :mod:`.runtime` refuses a fix whose code reads an
+attribute the release lacks, and asks this module first whether the
+attribute comes from outside vLLM.
+
+Two such cases, each read off the release's own code, never guessed:
+
+- **inherited from a class outside vLLM**: the fix reads ``self.name`` (or
+  ``self.inherited.name``) in a method of a class one of whose bases, its
+  own or a vLLM base's, resolves through the file's imports to a module
+  not under ``vllm`` (``argparse.ArgumentParser``,
+  ``transformers.ProcessorMixin``), and no vLLM class on the way defines
+  ``name`` (a definition, a class-level name, a ``self.name =``). Where
+  this Python holds that module's source (the standard library), the name
+  must be in it. A dependency of vLLM is not installed beside this tool:
+  what its object holds (``self.tokenizer.add_tokens``, ``tokenizer``
+  being the dependency's) is taken as there, but not ``self.name`` itself,
+  which looks the same as a field of the vLLM subclass that a later change
+  added (a transformers config's). ``torch`` is never such a base: an
+  ``nn.Module`` answers the submodules and parameters that vLLM's own
+  code registers, which are vLLM's attributes, not torch's.
+- **an open interface**: ty says a type has no such attribute, and that
+  type is a ``Protocol`` (any object with the right methods is one: vLLM's
+  ``TokenizerLike`` is at run time a Hugging Face tokenizer), or an
+  abstract class (``ABC``) that no class in vLLM derives from, so its
+  implementations live elsewhere. A concrete vLLM class (``ModelConfig``)
+  or an abstract one that vLLM implements is never open.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deepstack_patch.engine.derived.names import absolute_module
+
+#: The modules whose classes add no attribute a fix may read (``Generic``,
+#: ``Protocol``, ``ABC``) and whose text would name any word.
+_NO_ATTRIBUTES = frozenset({"typing", "typing_extensions", "abc", "builtins"})
+
+#: The packages whose classes never make an attribute present (see above).
+_NEVER_OUTSIDE = frozenset({"torch"})
+
+#: How many classes deep a class's vLLM bases are followed.
+_DEPTH = 8
+
+
+@dataclass
+class Sources:
+    """The release's ``vllm`` package, by relative path (the file being
+    recognised as the plan hands it over, where it is one of them), and
+    what was parsed of it."""
+
+    files: Mapping[str, bytes]
+    #: Each file's bytes when it was parsed, and what they parsed to.
+    parsed: dict[str, tuple[bytes | None, ast.Module | None]] = field(
+        default_factory=dict
+    )
+
+    def module(self, relpath: str) -> ast.Module | None:
+        raw = self.files.get(relpath)
+        known = self.parsed.get(relpath)
+        if known is None or known[0] is not raw:  # new, or rewritten since
+            try:
+                module = ast.parse(raw) if raw is not None else None
+            except (SyntaxError, ValueError):
+                module = None
+            known = self.parsed[relpath] = (raw, module)
+        return known[1]
+
+    def module_path(self, dotted: str) -> str | None:
+        """The file of the ``vllm`` module ``dotted`` (a.b -> a/b.py)."""
+        base = dotted.replace(".", "/")
+        for relpath in (f"{base}.py", f"{base}/__init__.py"):
+            if relpath in self.files:
+                return relpath
+        return None
+
+
+# -- inherited from a class outside vLLM ---------------------------------------------
+
+
+def inherited(node: ast.Attribute, class_name: str, path: str, sources: Sources) -> str:
+    """The class outside vLLM that ``node`` (``self.name`` or
+    ``self.inherited.name``, read in a method of the class ``class_name``
+    of ``path``) is an attribute of, dotted; empty where it is not one."""
+    chain: list[str] = []
+    value: ast.expr = node
+    while isinstance(value, ast.Attribute):
+        chain.insert(0, value.attr)
+        value = value.value
+    if not (isinstance(value, ast.Name) and value.id == "self") or len(chain) > 2:
+        return ""
+    hierarchy = _hierarchy(sources, path, class_name.split("."), 0)
+    if hierarchy is None or not hierarchy.outside:
+        return ""
+    # ``self.inherited.name``: ``inherited`` is the outside class's, so
+    # what it holds is an object vLLM does not define either.
+    first = chain[0]
+    if first in hierarchy.defined:
+        return ""
+    for base in hierarchy.outside:
+        # ``self.name`` itself only where the base's source names it: on a
+        # dependency's class it looks the same as a vLLM subclass's field
+        # that a later change added (a transformers config's).
+        if _may_define(base, first, trusted=len(chain) > 1):
+            return base
+    return ""
+
+
+@dataclass(frozen=True)
+class _Hierarchy:
+    #: Its bases outside vLLM, dotted, its vLLM bases' included.
+    outside: tuple[str, ...]
+    #: The names its vLLM classes define.
+    defined: frozenset[str]
+
+
+def _hierarchy(
+    sources: Sources, path: str, qualname: list[str], depth: int
+) -> _Hierarchy | None:
+    """The class ``qualname`` of ``path`` and its bases; None where it or a
+    base cannot be read (then nothing is taken as inherited)."""
+    module = sources.module(path)
+    if module is None or depth > _DEPTH:
+        return None
+    found = _class(module.body, qualname)
+    if found is None:
+        return None
+    outside: list[str] = []
+    defined = set(_defines(found))
+    imports = _imports(module, path)
+    for base in found.bases:
+        # ``Base[T]`` is ``Base``; a call or another expression is not read.
+        dotted = _dotted(base.value if isinstance(base, ast.Subscript) else base)
+        if not dotted:
+            return None
+        head, _, rest = dotted.partition(".")
+        if dotted == "object":
+            continue
+        if not rest and _class(module.body, [head]) is not None:
+            where, name = path, [head]  # a class of the same file
+        elif head in imports:
+            full = f"{imports[head]}.{rest}" if rest else imports[head]
+            top = full.split(".")[0]
+            if top != "vllm":
+                if top not in _NEVER_OUTSIDE and top not in _NO_ATTRIBUTES:
+                    outside.append(full)
+                continue
+            owner, _, last = full.rpartition(".")
+            relpath = sources.module_path(owner)
+            if relpath is None:
+                return None
+            where, name = relpath, [last]
+        else:
+            return None  # a name neither imported nor defined: not read
+        inner = _hierarchy(sources, where, name, depth + 1)
+        if inner is None:
+            return None
+        outside += inner.outside
+        defined |= inner.defined
+    return _Hierarchy(tuple(dict.fromkeys(outside)), frozenset(defined))
+
+
+def _class(body: Iterable[ast.stmt], qualname: list[str]) -> ast.ClassDef | None:
+    for node in body:
+        if isinstance(node, ast.ClassDef) and node.name == qualname[0]:
+            return node if len(qualname) == 1 else _class(node.body, qualname[1:])
+    return None
+
+
+def _defines(node: ast.ClassDef) -> set[str]:
+    """The names a class defines: in its body, and ``self.name`` anywhere in
+    its methods."""
+    found: set[str] = set()
+    for statement in node.body:
+        match statement:
+            case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+                found.add(name)
+            case ast.ClassDef(name=name):
+                found.add(name)
+            case ast.AnnAssign(target=ast.Name(id=name)):
+                found.add(name)
+            case ast.Assign(targets=targets):
+                found |= {t.id for t in targets if isinstance(t, ast.Name)}
+    for inner in ast.walk(node):
+        match inner:
+            case ast.Attribute(value=ast.Name(id="self"), attr=name, ctx=ast.Store()):
+                found.add(name)
+    return found
+
+
+def _imports(module: ast.Module, path: str) -> dict[str, str]:
+    """Name -> the dotted module or object the file's top-level imports bind."""
+    found: dict[str, str] = {}
+    for node in module.body:
+        match node:
+            case ast.Import(names=names):
+                for alias in names:
+                    if alias.asname:
+                        found[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        found[top] = top
+            case ast.ImportFrom(module=name, level=level, names=names):
+                origin = absolute_module(name or "", level or 0, path)
+                for alias in names:
+                    found[alias.asname or alias.name] = f"{origin}.{alias.name}"
+    return found
+
+
+def _dotted(node: ast.expr) -> str:
+    match node:
+        case ast.Name(id=name):
+            return name
+        case ast.Attribute(value=value, attr=attr):
+            inner = _dotted(value)
+            return f"{inner}.{attr}" if inner else ""
+    return ""
+
+
+def _may_define(base: str, name: str, *, trusted: bool) -> bool:
+    """Whether the class ``base`` (dotted, outside vLLM) may have ``name``:
+    where this Python holds its module's source (the standard library), the
+    name is in it; elsewhere (a dependency of vLLM, not installed beside
+    this tool) it may where ``trusted``."""
+    top = base.split(".")[0]
+    if top not in sys.stdlib_module_names:
+        return trusted
+    return mentions(name, _standard_sources(top))
+
+
+def _standard_sources(top: str) -> list[bytes]:
+    """The source files of the standard library's module ``top``."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return []
+    origin = Path(spec.origin)
+    files = (
+        sorted(origin.parent.rglob("*.py"))
+        if spec.submodule_search_locations
+        else [origin]
+    )
+    found = []
+    for file in files:
+        try:
+            found.append(file.read_bytes())
+        except OSError:
+            continue
+    return found
+
+
+def mentions(name: str, raws: Iterable[bytes]) -> bool:
+    """Whether code defines ``name`` or reads it as an attribute: read off
+    its text (a definition or a read anywhere, a comment's aside)."""
+    word = name.encode()
+    evidence = re.compile(
+        rb"(?:\.\s*|\bdef\s+|\bclass\s+|['\"])"
+        + re.escape(word)
+        + rb"\b|\b"
+        + re.escape(word)
+        + rb"\s*(?::|=(?!=))"
+    )
+    return any(word in raw and evidence.search(raw) for raw in raws)
+
+
+# -- open interfaces -------------------------------------------------------------------
+
+
+def open_interface(owner: str, sources: Sources) -> bool:
+    """Whether the type ty names ``owner`` (``TokenizerLike``, perhaps
+    ``TokenizerLike | None``) is an interface whose objects at run time may
+    come from outside vLLM (see the module's docstring): every class of
+    that name in the package is one."""
+    name = re.sub(r"\[.*\]$", "", _OR_NONE.sub("", owner)).rpartition(".")[2]
+    if not re.fullmatch(r"\w+", name):
+        return False
+    definition = re.compile(rb"^\s*class\s+" + re.escape(name.encode()) + rb"\b", re.M)
+    classes = [
+        found
+        for relpath, raw in sources.files.items()
+        if name.encode() in raw
+        and definition.search(raw)
+        and (module := sources.module(relpath)) is not None
+        for found in ast.walk(module)
+        if isinstance(found, ast.ClassDef) and found.name == name
+    ]
+    return bool(classes) and all(_is_open(c, sources) for c in classes)
+
+
+_OR_NONE = re.compile(r" \| None\b|\bNone \| ")
+
+
+def _is_open(node: ast.ClassDef, sources: Sources) -> bool:
+    bases = {
+        _dotted(b.value if isinstance(b, ast.Subscript) else b) for b in node.bases
+    }
+    last = {base.rpartition(".")[2] for base in bases}
+    if "Protocol" in last:
+        return True
+    metaclass = {_dotted(k.value).rpartition(".")[2] for k in node.keywords}
+    if "ABC" not in last and "ABCMeta" not in metaclass:
+        return False
+    # Abstract: open only where no class of vLLM derives from it.
+    derived = re.compile(
+        rb"\bclass\s+\w+\s*\([^)]*\b" + re.escape(node.name.encode()) + rb"\b"
+    )
+    return not any(
+        node.name.encode() in raw and derived.search(raw)
+        for raw in sources.files.values()
+    )
