@@ -44,9 +44,12 @@ def print_tree_header(console: Console, tree: VllmTree) -> None:
     )
 
 
-def print_plan_table(console: Console, plan: Plan) -> None:
+def print_plan_table(
+    console: Console, plan: Plan, left_out: Sequence[str] = ()
+) -> None:
     """A row per selected patch, with its parts and locations; the patches
-    ``--only``/``--skip`` left out, in one line under it."""
+    ``--only``/``--skip`` left out, in one line under it (``left_out``: the
+    ones ``--skip-drifted`` left out, which :func:`print_left_out` lists)."""
     table = new_table(console)
     table.add_column("patch", no_wrap=True)
     table.add_column("state", no_wrap=True)
@@ -93,10 +96,32 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         if report.blocked_reason and not report.applied_now:
             table.add_row("", "", f"  [yellow]{escape(report.blocked_reason)}[/]")
     console.print(table)
-    skipped = [r.patch.id for r in plan.reports if not r.selected]
+    skipped = [
+        r.patch.id
+        for r in plan.reports
+        if not r.selected and r.patch.id not in left_out
+    ]
     if skipped:
         console.print(
             f"[dim]skipped (not selected): {', '.join(skipped)}[/]", highlight=False
+        )
+
+
+def print_left_out(console: Console, left_out: Sequence[Any]) -> None:
+    """What ``apply --skip-drifted`` left out (``engine.apply.LeftOut``):
+    one line each, where and why, under a line that counts them."""
+    if not left_out:
+        return
+    drifted = sum(out.state is PatchState.DRIFTED for out in left_out)
+    others = len(left_out) - drifted
+    waiting = f", {others} that cannot go without them" if others else ""
+    console.print(f"[bold]left out[/], not written: {drifted} drifted{waiting}")
+    for out in left_out:
+        where = f" at {out.path}:{out.line}" if out.path else ""
+        console.print(
+            f"  {out.patch_id} [{STATE_STYLE[out.state]}]{out.state.value}[/]"
+            f"{where}: {escape(out.reason)}",
+            highlight=False,
         )
 
 
