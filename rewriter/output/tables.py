@@ -125,6 +125,24 @@ def print_left_out(console: Console, left_out: Sequence[Any]) -> None:
         )
 
 
+def print_state_counts(console: Console, plan: Plan) -> None:
+    """One line: how many selected patches are in each state, so a long
+    table ends with what it amounts to."""
+    from deepstack_patch.output.documents import state_counts
+
+    counts = state_counts(plan.reports)
+    selected = sum(counts.values())
+    total = len(plan.reports)
+    noun = "patch" if total == 1 else "patches"
+    head = (
+        f"{total} {noun}"
+        if selected == total
+        else f"{selected} of {total} {noun} selected"
+    )
+    states = ", ".join(f"{count} {state}" for state, count in counts.items())
+    console.print(f"{head}: {states}", highlight=False)
+
+
 def part_words(part: str) -> str:
     """A part as the table shows it. A derived patch's part is
     ``path::Class.method``, often wider than a terminal: shown as two
