@@ -227,6 +227,11 @@ class Patch:
         patch's unit); "" where a part may be in any file ``paths`` match."""
         return ""
 
+    def part_label(self, part: str) -> str:
+        """How ``part`` is shown in a table: its name, unless the patch knows
+        a better one (a derived patch's unit of unnamed statements)."""
+        return part
+
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
         """Report the state of every target location in one parsed file.
 

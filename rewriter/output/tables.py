@@ -78,13 +78,13 @@ def print_plan_table(
                 table.add_row(
                     "",
                     f"  [{STATE_STYLE[part_state]}]{part_state.value}[/]",
-                    f"  part {escape(part_words(part))}",
+                    f"  part {escape(part_words(patch.part_label(part)))}",
                 )
             part_locations = [
                 loc for loc in report.locations if loc.finding.part == part
             ]
             for loc in part_locations:
-                symbol = escape(one_field(loc.finding.symbol))
+                symbol = escape(one_field(symbol_label(patch, part, loc)))
                 text = f"  {loc.path}:{loc.finding.line} {symbol}"
                 if loc.state is not part_state:
                     text += f" [{STATE_STYLE[loc.state]}]{loc.state.value}[/]"
@@ -141,6 +141,15 @@ def print_state_counts(console: Console, plan: Plan) -> None:
     )
     states = ", ".join(f"{count} {state}" for state, count in counts.items())
     console.print(f"{head}: {states}", highlight=False)
+
+
+def symbol_label(patch: Patch, part: str, loc: Any) -> str:
+    """A location's symbol as the table shows it: the part's label where the
+    location is the part's own unit (a derived unit of unnamed statements)."""
+    name = part.partition("::")[2]
+    if name and loc.finding.symbol == name:
+        return patch.part_label(part).partition("::")[2] or name
+    return loc.finding.symbol
 
 
 def part_words(part: str) -> str:

@@ -128,6 +128,12 @@ class DerivedPatch(Patch):
         """A unit's part is ``path::name``: the file is the unit's own."""
         return next((unit.path for unit in self.units if unit.part == part), "")
 
+    def part_label(self, part: str) -> str:
+        """``path::label``: a unit of statements that bind no name (a ``try``,
+        a call) is shown by its code, not by the kind of its statement."""
+        unit = next((unit for unit in self.units if unit.part == part), None)
+        return f"{unit.path}::{unit.label}" if unit is not None else part
+
     # -- recognition ---------------------------------------------------
 
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
@@ -258,7 +264,12 @@ class DerivedPatch(Patch):
                     if isinstance(located, _Drifted)
                     else located.target or located.unit_node
                 )
-                lines += [] if isinstance(node, ast.Module) else [_lines(node)[0]]
+                if not isinstance(node, ast.Module):
+                    lines.append(_lines(node)[0])
+                elif isinstance(located, _Located):
+                    # A module's statement is shown at its own line, not
+                    # at the first line of the block around it.
+                    lines += _statement_line(compiled, located.block, shapes_of)
                 if isinstance(located, _Drifted):
                     states.append((PatchState.DRIFTED, located.reason))
                     spans.append(_lines(node))
@@ -473,6 +484,30 @@ def _recognise_edit(
     if nothing and _in_unit_once(compiled, located, shapes_of):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
+
+
+def _statement_line(
+    compiled: CompiledEdit, block: Sequence[ast.stmt], shapes_of: ShapeCache
+) -> list[int]:
+    """The line of the statements a module-level edit is about, where they
+    are found once: the first one it changes (or the one its insertion goes
+    before, else the end of the statement it goes after), or the first of
+    the fixed code; [] where that is not one place."""
+    statements = shapes.without_docstring(block)
+    before = occurrences(
+        block, compiled.before_pattern, compiled.at_start, compiled.at_end, shapes_of
+    )
+    if len(before) == 1:
+        position = before[0] + (
+            1 if compiled.anchored and compiled.before_anchor else 0
+        )
+        if position < len(statements):
+            return [_lines(statements[position])[0]]
+        return [_lines(statements[position - 1])[1]]
+    fixed = occurrences(block, compiled.inserted, False, False, shapes_of)
+    if compiled.inserted and len(fixed) == 1:
+        return [_lines(statements[fixed[0]])[0]]
+    return []
 
 
 def _in_unit_once(
