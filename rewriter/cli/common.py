@@ -577,7 +577,7 @@ def drift_error(plan: Plan, command: str = "") -> DeepstackError:
         )
     place = {
         "path": where.path if where else None,
-        "line": where.finding.line if where else None,
+        "line": where.finding.line or None if where else None,
     }
     if where and RUNTIME in where.finding.details:
         # The shape was recognised; what the fix reads is not there.

@@ -184,7 +184,7 @@ def _drifted_left_out(report: PatchReport) -> LeftOut:
         else finding.reason or report.reason
     )
     return LeftOut(
-        report.patch.id, PatchState.DRIFTED, reason, where.path, finding.line
+        report.patch.id, PatchState.DRIFTED, reason, where.path, finding.line or None
     )
 
 

@@ -85,7 +85,9 @@ def print_plan_table(
             ]
             for loc in part_locations:
                 symbol = escape(one_field(symbol_label(patch, part, loc)))
-                text = f"  {loc.path}:{loc.finding.line} {symbol}"
+                # Line 0: the unit is not in its file (an absent part).
+                line = f":{loc.finding.line}" if loc.finding.line else ""
+                text = f"  {loc.path}{line} {symbol}"
                 if loc.state is not part_state:
                     text += f" [{STATE_STYLE[loc.state]}]{loc.state.value}[/]"
                 if loc.finding.reason:
@@ -117,7 +119,8 @@ def print_left_out(console: Console, left_out: Sequence[Any]) -> None:
     waiting = f", {others} that cannot go without them" if others else ""
     console.print(f"[bold]left out[/], not written: {drifted} drifted{waiting}")
     for out in left_out:
-        where = f" at {out.path}:{out.line}" if out.path else ""
+        line = f":{out.line}" if out.line else ""
+        where = f" at {out.path}{line}" if out.path else ""
         console.print(
             f"  {out.patch_id} [{STATE_STYLE[out.state]}]{out.state.value}[/]"
             f"{where}: {escape(out.reason)}",

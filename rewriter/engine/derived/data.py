@@ -15,6 +15,9 @@ from deepstack_patch.engine.protocol import RecordedTest
 
 SCHEMA = 1
 
+#: How a part whose code this release never had begins its reason.
+NOT_IN_RELEASE = "not in this release: "
+
 #: The kinds of unit, as the data file names them.
 UNIT_KINDS = (
     "function",

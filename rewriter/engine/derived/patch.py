@@ -18,9 +18,10 @@ The data file is TOML (schema 1), one per patch; docs/derive.md describes it.
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from deepstack_patch.engine.derived import (
 )
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
+    NOT_IN_RELEASE,
     Edit,
     SkippedTest,
     Unit,
@@ -50,6 +52,7 @@ from deepstack_patch.engine.derived.match import (
     find_step,
     occurrences,
     one_statement,
+    with_block,
 )
 from deepstack_patch.engine.derived.reads import module_files
 from deepstack_patch.engine.derived.runtime import PACKAGE_FILES, settle_runtime
@@ -238,6 +241,7 @@ class DerivedPatch(Patch):
         states: list[tuple[PatchState, str]] = []
         spans: list[tuple[int, int]] = []
         lines: list[int] = []
+        taken: dict[str, frozenset[str]] = {}  # the file's names, read once
         details: dict[str, Any] = {}
         notes: list[str] = []
         for index, edit in enumerate(unit.edits):
@@ -271,12 +275,16 @@ class DerivedPatch(Patch):
                     # at the first line of the block around it.
                     lines += _statement_line(compiled, located.block, shapes_of)
                 if isinstance(located, _Drifted):
-                    states.append((PatchState.DRIFTED, located.reason))
+                    states.append(
+                        _or_never_here(edit, tree, unit, located.reason, taken)
+                    )
                     spans.append(_lines(node))
                     continue
                 state, reason, span = _recognise_edit(
                     compiled, located, shapes_of, unit.name
                 )
+                if state is PatchState.DRIFTED:
+                    state, reason = _or_never_here(edit, tree, unit, reason, taken)
             states.append((state, reason))
             spans.append(span)
         first = min((s for s, _ in spans), default=1)
@@ -288,6 +296,17 @@ class DerivedPatch(Patch):
             return _UnitState(PatchState.NEEDED, (first, last), note, details, line)
         if kinds == {PatchState.APPLIED}:
             return _UnitState(PatchState.APPLIED, (first, last), "", line=line)
+        if PatchState.NOT_APPLICABLE in kinds and kinds <= {
+            PatchState.NOT_APPLICABLE,
+            PatchState.APPLIED,
+        }:
+            # What the fix changes was never here (the rest, if any, is
+            # already as the fix leaves it): a bug this release never had.
+            never = [r for s, r in states if s is PatchState.NOT_APPLICABLE]
+            reason = "; ".join(dict.fromkeys(never))
+            return _UnitState(
+                PatchState.NOT_APPLICABLE, (first, last), reason, line=line
+            )
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
         reason = "; ".join(drifted) or (
             "part of the fix is there and part is not: "
@@ -484,6 +503,91 @@ def _recognise_edit(
     if nothing and _in_unit_once(compiled, located, shapes_of):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
+
+
+def _or_never_here(
+    edit: Edit,
+    tree: ast.Module,
+    unit: Unit,
+    reason: str,
+    names_of: dict[str, frozenset[str]],
+) -> tuple[PatchState, str]:
+    """A drifted edit, or not-applicable where the code it changes cannot be
+    in the file in any form: a name its removed code reads, and its fixed
+    code does not (``warning_once``, ``self.use_breakable_cg``), is nowhere
+    in the file. Where the fix takes away no name of its own (it changes a
+    number, a string, an order), or each is somewhere in the file, the
+    target may be there and differ: it stays drifted."""
+    if edit.kind == "header":
+        removed, kept = edit.header_before, edit.header_after
+    else:
+        removed, kept = edit.removed, edit.inserted
+    # A builtin (``dict``, ``len``) says nothing of where the code came from.
+    taken = read_names(removed) - read_names(kept) - _BUILTINS
+    if not taken:
+        return PatchState.DRIFTED, reason
+    if "file" not in names_of:
+        names_of["file"] = frozenset(names_in(tree))
+    absent = sorted(taken - names_of["file"])
+    if not absent:
+        return PatchState.DRIFTED, reason
+    shown = ", ".join(f"`{name}`" for name in absent)
+    verb = "is" if len(absent) == 1 else "are"
+    return PatchState.NOT_APPLICABLE, (
+        f"{NOT_IN_RELEASE}{shown}, which the fix takes away, {verb} nowhere in "
+        f"{unit.path}"
+    )
+
+
+_BUILTINS = frozenset(dir(builtins))
+
+
+def read_names(code: str) -> set[str]:
+    """The attributes and the names ``code`` reads without binding them: what
+    it depends on from outside (its locals may be renamed in a tree)."""
+    if not code.strip():
+        return set()
+    try:
+        statements = ast.parse(code)
+    except SyntaxError:  # a header: made a whole statement
+        try:
+            statements = ast.parse(with_block(code))
+        except SyntaxError:
+            return set()
+    bound = {
+        node.id
+        for node in ast.walk(statements)
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)
+    } | {node.arg for node in ast.walk(statements) if isinstance(node, ast.arg)}
+    found: set[str] = set()
+    for node in ast.walk(statements):
+        match node:
+            case ast.Attribute(attr=attr):
+                found.add(attr)
+            case ast.Name(id=name, ctx=ast.Load()) if name not in bound:
+                found.add(name)
+    return found
+
+
+def names_in(tree: ast.AST) -> Iterator[str]:
+    """Every identifier of a file: names, attributes, definitions,
+    arguments, keywords, imports (a superset of what code can read)."""
+    for node in ast.walk(tree):
+        match node:
+            case ast.Name(id=name) | ast.arg(arg=name):
+                yield name
+            case ast.Attribute(attr=name) | ast.keyword(arg=str(name)):
+                yield name
+            case (
+                ast.FunctionDef(name=name)
+                | ast.AsyncFunctionDef(name=name)
+                | ast.ClassDef(name=name)
+            ):
+                yield name
+            case ast.alias(name=name, asname=asname):
+                yield from name.split(".")
+                if asname:
+                    yield asname
 
 
 def _statement_line(
