@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from deepstack_patch.engine.derived import shapes
-from deepstack_patch.engine.derived.data import NOT_IN_RELEASE, Edit, Unit
+from deepstack_patch.engine.derived.data import Edit, Unit
 from deepstack_patch.engine.derived.declared import declared_names
 from deepstack_patch.engine.derived.match import (
     bound_name,
@@ -47,6 +47,7 @@ from deepstack_patch.engine.derived.match import (
     one_statement,
     with_block,
 )
+from deepstack_patch.engine.derived.never import imports_alone, is_there
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.tree import TreeContext, tree_context
 
@@ -104,29 +105,16 @@ def settle(
         code_states = [states[unit.part] for unit in code]
     else:  # an imports-only file: the patch's code is in its other files
         code_states = _code_states_elsewhere(patch, path)
-    # Code whose bug this release never had (not-applicable) is not there:
-    # it neither needs the fix's imports nor stands for the fix's presence.
-    present = [
-        s
-        for s in code_states or ()
-        if s is not None and s.state is not PatchState.NOT_APPLICABLE
-    ]
+    present = [s for s in code_states or () if is_there(s)]
     if code_states and not present:
         # No code of the fix here: its imports alone are nothing to do.
-        return {
-            unit.part: _imports_alone(unit, states[unit.part], tree, path)
-            if unit.kind == "import"
-            else states[unit.part]
-            for unit in units
-        }
+        for unit in imports:
+            settled[unit.part] = imports_alone(unit, states[unit.part], tree, path)
+        return settled
     absent = [unit for unit in code if states[unit.part] is None]
     for unit in code:
         state = states[unit.part]
-        if (
-            absent
-            and state is not None
-            and state.state is not PatchState.NOT_APPLICABLE
-        ):
+        if absent and is_there(state):
             settled[unit.part] = dataclasses.replace(
                 state,
                 state=PatchState.DRIFTED,
@@ -156,43 +144,6 @@ def settle(
                     state, state=PatchState.DRIFTED, reason=why, details={}
                 )
     return settled
-
-
-def _imports_alone(
-    unit: Unit, state: _State | None, tree: ast.Module, path: str
-) -> _State | None:
-    """The imports of a fix whose code is not in this file: nothing to do,
-    with what is missing in words. None where the code is absent and the
-    imports the fix removes are here (the file holds none of the fix)."""
-    removed = [
-        node
-        for edit in unit.edits
-        for node in shapes.parse_statements(edit.removed)
-        if isinstance(node, ast.Import | ast.ImportFrom)
-    ]
-    kept = {
-        alias
-        for edit in unit.edits
-        for alias in import_aliases(shapes.parse_statements(edit.inserted))
-    }
-    dropped = [alias for alias in import_aliases(removed) if alias not in kept]
-    here = set(
-        import_aliases(
-            [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
-        )
-    )
-    if state is None or not dropped or any(alias in here for alias in dropped):
-        return None
-    shown = "; ".join(f"`{ast.unparse(node)}`" for node in removed)
-    which = "import" if len(removed) == 1 else "imports"
-    verb = "is" if len(removed) == 1 else "are"
-    return dataclasses.replace(
-        state,
-        state=PatchState.NOT_APPLICABLE,
-        reason=f"{NOT_IN_RELEASE}{shown}, the {which} the fix removes, {verb} "
-        f"not in {path}",
-        details={},
-    )
 
 
 def _code_states_elsewhere(

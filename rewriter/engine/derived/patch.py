@@ -18,10 +18,9 @@ The data file is TOML (schema 1), one per patch; docs/derive.md describes it.
 from __future__ import annotations
 
 import ast
-import builtins
 import functools
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,6 @@ from deepstack_patch.engine.derived import (
 )
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
-    NOT_IN_RELEASE,
     Edit,
     SkippedTest,
     Unit,
@@ -52,8 +50,9 @@ from deepstack_patch.engine.derived.match import (
     find_step,
     occurrences,
     one_statement,
-    with_block,
+    statement_line,
 )
+from deepstack_patch.engine.derived.never import NeverHere
 from deepstack_patch.engine.derived.reads import module_files
 from deepstack_patch.engine.derived.runtime import PACKAGE_FILES, settle_runtime
 from deepstack_patch.engine.errors import DeepstackError
@@ -132,8 +131,7 @@ class DerivedPatch(Patch):
         return next((unit.path for unit in self.units if unit.part == part), "")
 
     def part_label(self, part: str) -> str:
-        """``path::label``: a unit of statements that bind no name (a ``try``,
-        a call) is shown by its code, not by the kind of its statement."""
+        """``path::label`` (``Unit.label``: unnamed statements by their code)."""
         unit = next((unit for unit in self.units if unit.part == part), None)
         return f"{unit.path}::{unit.label}" if unit is not None else part
 
@@ -241,7 +239,7 @@ class DerivedPatch(Patch):
         states: list[tuple[PatchState, str]] = []
         spans: list[tuple[int, int]] = []
         lines: list[int] = []
-        taken: dict[str, frozenset[str]] = {}  # the file's names, read once
+        never_here = NeverHere(tree, unit.path)
         details: dict[str, Any] = {}
         notes: list[str] = []
         for index, edit in enumerate(unit.edits):
@@ -273,18 +271,16 @@ class DerivedPatch(Patch):
                 elif isinstance(located, _Located):
                     # A module's statement is shown at its own line, not
                     # at the first line of the block around it.
-                    lines += _statement_line(compiled, located.block, shapes_of)
+                    lines += statement_line(compiled, located.block, shapes_of)
                 if isinstance(located, _Drifted):
-                    states.append(
-                        _or_never_here(edit, tree, unit, located.reason, taken)
-                    )
+                    states.append(never_here.judge(edit, located.reason))
                     spans.append(_lines(node))
                     continue
                 state, reason, span = _recognise_edit(
                     compiled, located, shapes_of, unit.name
                 )
                 if state is PatchState.DRIFTED:
-                    state, reason = _or_never_here(edit, tree, unit, reason, taken)
+                    state, reason = never_here.judge(edit, reason)
             states.append((state, reason))
             spans.append(span)
         first = min((s for s, _ in spans), default=1)
@@ -503,115 +499,6 @@ def _recognise_edit(
     if nothing and _in_unit_once(compiled, located, shapes_of):
         return PatchState.APPLIED, "", span
     return PatchState.DRIFTED, _drift_reason(compiled, located, shapes_of), span
-
-
-def _or_never_here(
-    edit: Edit,
-    tree: ast.Module,
-    unit: Unit,
-    reason: str,
-    names_of: dict[str, frozenset[str]],
-) -> tuple[PatchState, str]:
-    """A drifted edit, or not-applicable where the code it changes cannot be
-    in the file in any form: a name its removed code reads, and its fixed
-    code does not (``warning_once``, ``self.use_breakable_cg``), is nowhere
-    in the file. Where the fix takes away no name of its own (it changes a
-    number, a string, an order), or each is somewhere in the file, the
-    target may be there and differ: it stays drifted."""
-    if edit.kind == "header":
-        removed, kept = edit.header_before, edit.header_after
-    else:
-        removed, kept = edit.removed, edit.inserted
-    # A builtin (``dict``, ``len``) says nothing of where the code came from.
-    taken = read_names(removed) - read_names(kept) - _BUILTINS
-    if not taken:
-        return PatchState.DRIFTED, reason
-    if "file" not in names_of:
-        names_of["file"] = frozenset(names_in(tree))
-    absent = sorted(taken - names_of["file"])
-    if not absent:
-        return PatchState.DRIFTED, reason
-    shown = ", ".join(f"`{name}`" for name in absent)
-    verb = "is" if len(absent) == 1 else "are"
-    return PatchState.NOT_APPLICABLE, (
-        f"{NOT_IN_RELEASE}{shown}, which the fix takes away, {verb} nowhere in "
-        f"{unit.path}"
-    )
-
-
-_BUILTINS = frozenset(dir(builtins))
-
-
-def read_names(code: str) -> set[str]:
-    """The attributes and the names ``code`` reads without binding them: what
-    it depends on from outside (its locals may be renamed in a tree)."""
-    if not code.strip():
-        return set()
-    try:
-        statements = ast.parse(code)
-    except SyntaxError:  # a header: made a whole statement
-        try:
-            statements = ast.parse(with_block(code))
-        except SyntaxError:
-            return set()
-    bound = {
-        node.id
-        for node in ast.walk(statements)
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)
-    } | {node.arg for node in ast.walk(statements) if isinstance(node, ast.arg)}
-    found: set[str] = set()
-    for node in ast.walk(statements):
-        match node:
-            case ast.Attribute(attr=attr):
-                found.add(attr)
-            case ast.Name(id=name, ctx=ast.Load()) if name not in bound:
-                found.add(name)
-    return found
-
-
-def names_in(tree: ast.AST) -> Iterator[str]:
-    """Every identifier of a file: names, attributes, definitions,
-    arguments, keywords, imports (a superset of what code can read)."""
-    for node in ast.walk(tree):
-        match node:
-            case ast.Name(id=name) | ast.arg(arg=name):
-                yield name
-            case ast.Attribute(attr=name) | ast.keyword(arg=str(name)):
-                yield name
-            case (
-                ast.FunctionDef(name=name)
-                | ast.AsyncFunctionDef(name=name)
-                | ast.ClassDef(name=name)
-            ):
-                yield name
-            case ast.alias(name=name, asname=asname):
-                yield from name.split(".")
-                if asname:
-                    yield asname
-
-
-def _statement_line(
-    compiled: CompiledEdit, block: Sequence[ast.stmt], shapes_of: ShapeCache
-) -> list[int]:
-    """The line of the statements a module-level edit is about, where they
-    are found once: the first one it changes (or the one its insertion goes
-    before, else the end of the statement it goes after), or the first of
-    the fixed code; [] where that is not one place."""
-    statements = shapes.without_docstring(block)
-    before = occurrences(
-        block, compiled.before_pattern, compiled.at_start, compiled.at_end, shapes_of
-    )
-    if len(before) == 1:
-        position = before[0] + (
-            1 if compiled.anchored and compiled.before_anchor else 0
-        )
-        if position < len(statements):
-            return [_lines(statements[position])[0]]
-        return [_lines(statements[position - 1])[1]]
-    fixed = occurrences(block, compiled.inserted, False, False, shapes_of)
-    if compiled.inserted and len(fixed) == 1:
-        return [_lines(statements[fixed[0]])[0]]
-    return []
 
 
 def _in_unit_once(
