@@ -165,3 +165,14 @@ def test_an_import_the_fix_removes_is_named_where_it_is_absent(
         "not in this release: `from vllm.workspace import manager`, the import "
         f"the fix removes, is not in {GRAPHS}",
     )
+
+
+def test_a_renamed_local_is_no_sign_of_a_bug_never_there(tmp_path: Path) -> None:
+    """A vendor renamed a local the fix's removed code reads: the target is
+    there and differs, so the unit is never not-applicable for it."""
+    before = "def size(rows):\n    n = rows * 2\n    return n + 1\n"
+    after = "def size(rows):\n    n = rows * 2\n    return rows\n"
+    patch = patch_of((GRAPHS, before, after))
+    renamed = before.replace("n =", "count =").replace("n + 1", "count + 2")
+    report = report_on(tmp_path, patch, {GRAPHS: renamed})
+    assert report.state is PatchState.DRIFTED, report.reason

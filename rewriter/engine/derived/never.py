@@ -51,14 +51,16 @@ class NeverHere:
         self.path = path
         self._names: frozenset[str] | None = None
 
-    def judge(self, edit: Edit, reason: str) -> tuple[PatchState, str]:
+    def judge(self, unit: Unit, edit: Edit, reason: str) -> tuple[PatchState, str]:
         """A drifted edit's state: drifted (``reason``), or not-applicable
-        where a name it takes away is nowhere in the file."""
+        where a name it takes away is nowhere in the file. A local of the
+        unit never counts: a vendor may have renamed it."""
         if edit.kind == "header":
             removed, kept = edit.header_before, edit.header_after
         else:
             removed, kept = edit.removed, edit.inserted
         taken = read_names(removed) - read_names(kept) - _BUILTINS
+        taken -= bound_names(_parsed(unit.before) or _parsed(unit.after))
         if not taken:
             return PatchState.DRIFTED, reason
         if self._names is None:
@@ -74,23 +76,37 @@ class NeverHere:
         )
 
 
-def read_names(code: str) -> set[str]:
-    """The attributes and the names ``code`` reads without binding them: what
-    it depends on from outside (its locals may be renamed in a tree)."""
+def _parsed(code: str) -> ast.Module | None:
+    """Recorded code parsed; a header made a whole statement first."""
     if not code.strip():
-        return set()
+        return None
     try:
-        statements = ast.parse(code)
-    except SyntaxError:  # a header: made a whole statement
+        return ast.parse(code)
+    except SyntaxError:
         try:
-            statements = ast.parse(with_block(code))
+            return ast.parse(with_block(code))
         except SyntaxError:
-            return set()
-    bound = {
+            return None
+
+
+def bound_names(statements: ast.AST | None) -> set[str]:
+    """The names code binds: assigned, arguments, loop and ``with`` targets."""
+    if statements is None:
+        return set()
+    return {
         node.id
         for node in ast.walk(statements)
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)
     } | {node.arg for node in ast.walk(statements) if isinstance(node, ast.arg)}
+
+
+def read_names(code: str) -> set[str]:
+    """The attributes and the names ``code`` reads without binding them: what
+    it depends on from outside (its locals may be renamed in a tree)."""
+    statements = _parsed(code)
+    if statements is None:
+        return set()
+    bound = bound_names(statements)
     found: set[str] = set()
     for node in ast.walk(statements):
         match node:

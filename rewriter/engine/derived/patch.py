@@ -273,14 +273,14 @@ class DerivedPatch(Patch):
                     # at the first line of the block around it.
                     lines += statement_line(compiled, located.block, shapes_of)
                 if isinstance(located, _Drifted):
-                    states.append(never_here.judge(edit, located.reason))
+                    states.append(never_here.judge(unit, edit, located.reason))
                     spans.append(_lines(node))
                     continue
                 state, reason, span = _recognise_edit(
                     compiled, located, shapes_of, unit.name
                 )
                 if state is PatchState.DRIFTED:
-                    state, reason = never_here.judge(edit, reason)
+                    state, reason = never_here.judge(unit, edit, reason)
             states.append((state, reason))
             spans.append(span)
         first = min((s for s, _ in spans), default=1)
