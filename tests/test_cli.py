@@ -533,3 +533,31 @@ def test_a_relative_python_is_the_one_in_the_current_folder(
         assert f"--python {named}: cannot import torch, pytest" in result.stderr
     else:
         assert result.returncode in (0, 1), output
+
+
+def test_status_ends_with_the_count_of_each_state(needing_tree: Path) -> None:
+    """A long table ends with what it amounts to; JSON has the same counts
+    (issue 41, item 2)."""
+    code, output = run("status", "--vllm-src", str(needing_tree))
+    assert code == 0
+    total = len(SERIES)
+    assert output.rstrip().splitlines()[-1] == (
+        f"{total} patches: 1 needed, 0 drifted, 0 applied, {total - 1} not-applicable"
+    ), output
+    code, output = run(
+        "status", "--vllm-src", str(needing_tree), "--skip", "vllm#38933"
+    )
+    assert output.rstrip().splitlines()[-1] == (
+        f"{total - 1} of {total} patches selected: 1 needed, 0 drifted, "
+        f"0 applied, {total - 2} not-applicable"
+    ), output
+    code, output = run("status", "--vllm-src", str(needing_tree), "--format", "json")
+    document = json.loads(output)
+    assert document["counts"] == {
+        "needed": 1,
+        "drifted": 0,
+        "applied": 0,
+        "not-applicable": total - 1,
+    }
+    states = [p["state"] for p in document["patches"] if p["selected"]]
+    assert sum(document["counts"].values()) == len(states) == total

@@ -368,9 +368,12 @@ def test_a_patch_needed_in_one_file_and_absent_from_another_drifts(
     report = plan_tree(tree, [patch]).report(patch.id)
     assert report.state is PatchState.DRIFTED
     assert report.reason == (
-        "vllm/other.py::g: function g in vllm/other.py is absent while the patch "
-        "is needed elsewhere: it applies whole or not at all"
+        "vllm/other.py::g: function g in vllm/other.py is absent while f is "
+        "needed: it applies whole or not at all"
     )
+    # Shown at its own file, not at f's line in the other one.
+    (absent,) = [loc for loc in report.locations if loc.finding.part.endswith("::g")]
+    assert (absent.path, absent.finding.line) == (other, 0)
     whole = _tree(
         tmp_path / "whole",
         {PATH: "def f():\n    return 1\n", other: "def g():\n    return 1\n"},

@@ -199,3 +199,43 @@ def test_an_80_column_terminal_shows_a_derived_patch_whole(
     assert [word for word in words_piped if len(word) > WIDTH] == []
     shown_words = set(shown.split())
     assert [word for word in words_piped if word not in shown_words] == []
+
+
+# -- issue 41, item 6: a unit of unnamed statements ----------------------------------
+
+TRY_BEFORE = (
+    "X = 1\n\n\ntry:\n    import json\nexcept ImportError:\n    json = None\n\n\n"
+    "def answer():\n    return 41\n"
+)
+TRY_FIX = (
+    f"--- a/{TOY}\n+++ b/{TOY}\n@@ -1,10 +1,7 @@\n X = 1\n \n \n"
+    "-try:\n-    import json\n-except ImportError:\n-    json = None\n+import json\n"
+    " \n \n def answer():\n"
+)
+
+
+def test_a_unit_of_unnamed_statements_is_shown_by_its_code_and_line(
+    tmp_path: Path,
+) -> None:
+    """A module-level ``try`` the fix removes goes by its code, at its own
+    line (4), not by the word ``try`` at the module's first line."""
+    tree = toy_tree(tmp_path / "tree")
+    (tree / TOY).write_text(TRY_BEFORE)
+    (tmp_path / "fix.diff").write_text(TRY_FIX)
+    made = cli(
+        "derive", "--diff", "fix.diff", "--base-src", "tree", "--id", "acme#9",
+        "--out", "out", cwd=tmp_path,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    label = "`try: import json …`"
+    assert f"  module-statement {label} ({TOY})" in made.stdout, made.stdout
+    patches = ["--patches", str(tmp_path / "out"), "--only", "acme#9"]
+    status = cli("status", "--vllm-src", str(tree), *patches)
+    assert f"{TOY}:4 {label}" in status.stdout, status.stdout
+    document = json.loads(
+        cli("status", "--vllm-src", str(tree), *patches, "--format", "json").stdout
+    )
+    (patch,) = [p for p in document["patches"] if p["id"] == "acme#9"]
+    (location,) = patch["locations"]
+    # The data's name stays what it was: the label is for people.
+    assert (location["symbol"], location["line"]) == ("try", 4)

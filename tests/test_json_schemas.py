@@ -216,8 +216,10 @@ def test_a_document_that_breaks_a_shared_shape_fails_its_schema() -> None:
         "command": "status",
         "tree": {"path": "/t", "version": "0.20.2", "version_source": "PKG-INFO"},
         "patches": [],
+        "counts": {"needed": 0, "drifted": 0, "applied": 0, "not-applicable": 0},
     }
     assert errors("status", document) == []
+    assert errors("status", {k: v for k, v in document.items() if k != "counts"})
     broken = copy.deepcopy(document)
     del broken["tree"]["version"]
     assert errors("status", broken)

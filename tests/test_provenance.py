@@ -523,7 +523,8 @@ def test_status_shows_the_follow_ups_of_the_patches_that_matter(
     code, output = run("status", "--vllm-src", str(tree))
     assert code == 0
     assert "vllm#49094" not in output
-    assert output.splitlines()[-1] == (
+    # ... just above the counts that end status (issue 41, item 2).
+    assert output.splitlines()[-2] == (
         "1 upstream follow-up: `deepstack-patch status --verbose` or `list` shows it"
     )
 

@@ -327,6 +327,41 @@ def test_broken_module_names_its_line(tmp_path: Path) -> None:
     assert not [name for name in sys.modules if name.endswith("_broken")]
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("acme-5.toml", 'schema = 1\nid = "acme#5"\n[[units]]\nkind = "bogus"\n'),
+        ("half.toml", "schema = 1\nid =\n"),
+        ("broken.py", "import a_module_nobody_has\n"),
+        # The failing line is in a helper it imports: the file is still named.
+        ("uses_helper.py", "from _helper import X\n"),
+    ],
+)
+def test_a_broken_file_is_named_with_the_way_to_leave_it_out(
+    tmp_path: Path, vendor: Path, name: str, content: str
+) -> None:
+    """One broken file stops the command for the whole folder (safe), and
+    the error names it and says how to go on without it (issue 41, item 6)."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "acme12.py").write_text((vendor / "acme12.py").read_text())
+    (folder / "_helper.py").write_text("raise ImportError('helper broke')\n")
+    (folder / name).write_text(content)
+    code, out, err = run("list", "--patches", str(folder), "--format", "json")
+    assert code == 2, out
+    error = json.loads(out)["error"]
+    assert name in f"{error['path']} {error['message']}", error
+    assert (
+        f"rename it to _{name} (a file whose name starts with _ is not read) or "
+        f"move it out of {folder}"
+    ) in error["hint"], error["hint"]
+    # Renamed as the hint says, the folder's other patch is read.
+    (folder / name).rename(folder / f"_{name}")
+    code, out, err = run("list", "--patches", str(folder), "--format", "json")
+    assert code == 0, err
+    assert "acme#12" in [patch["id"] for patch in json.loads(out)["patches"]]
+
+
 def test_syntax_error_names_its_line(tmp_path: Path) -> None:
     folder = tmp_path / "vendor"
     folder.mkdir()

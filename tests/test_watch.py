@@ -408,3 +408,30 @@ def test_real_releases_the_buffer_construction_of_0_28_0(
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")
     second = run_watch(SERIES, "0.27.1", "0.28.0")
     assert [c.json() for c in second.changes] == [c.json() for c in first.changes]
+
+
+def test_new_changes_are_recorded_in_a_file_of_ones_own(tmp_path: Path) -> None:
+    """Without --reviewed the last line suggests --reviewed FILE, not the
+    watch.toml shipped with the tool (issue 41, item 6)."""
+    from deepstack_patch.output.watch import print_watch
+    from rich.console import Console
+
+    result = watched(
+        tmp_path,
+        {
+            "0.22.0": with_init(resize.BEFORE, INIT),
+            "0.23.0": with_init(resize.BEFORE, INIT_CHANGED),
+        },
+    )
+    assert result.new
+
+    def last_line(shipped: bool, reviewed_file: str) -> str:
+        result.reviewed_shipped, result.reviewed_file = shipped, reviewed_file
+        console = Console(record=True, width=400)
+        print_watch(console, result)
+        return console.export_text().rstrip().splitlines()[-1]
+
+    shipped = last_line(True, "/site-packages/deepstack_patch/watch.toml")
+    assert "--reviewed FILE" in shipped and "watch.toml" not in shipped, shipped
+    own = last_line(False, "/home/me/reviewed.toml")
+    assert own.endswith("record harmless ones in /home/me/reviewed.toml)"), own

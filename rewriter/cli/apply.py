@@ -17,6 +17,7 @@ from deepstack_patch.cli.common import (
     patches_option,
     refuse_drifted,
     select_options,
+    stderr_console,
     stdout_console,
     tree_options,
     warn,
@@ -37,6 +38,14 @@ from deepstack_patch.engine.tree import VllmTree
     is_flag=True,
     help="Write nothing; exit 0 if nothing is needed, 1 if patches are needed, "
     "2 on drifted targets or errors (like `ruff format --check`).",
+)
+@click.option(
+    "--skip-drifted",
+    is_flag=True,
+    help="Leave out each drifted patch, and every patch that requires it or "
+    "names it as companion, and apply the rest; each one left out is listed "
+    "with its location and reason. Exit 0 once the rest is written (or, "
+    "with --check, 1 if any of the rest is needed), whatever was left out.",
 )
 @click.option(
     "--commit",
@@ -64,6 +73,7 @@ def apply(
     skip: tuple[str, ...],
     dry_run: bool,
     check: bool,
+    skip_drifted: bool,
     commit: bool,
     allow_dirty: bool,
     unchecked_names: bool,
@@ -74,13 +84,17 @@ def apply(
     Each file's bytes are kept except the intended edit (encoding, newlines,
     mode, untouched lines). A second run changes nothing. If any selected
     patch is drifted (its target exists but has a shape it does not
-    recognise), nothing is written and the exit code is 2.
+    recognise), nothing is written and the exit code is 2; with
+    --skip-drifted the drifted ones (and what cannot go without them) are
+    left out, listed, and the rest is applied.
 
     \b
-    Exit codes: 0 applied, or nothing to do; 1 with --check: patches needed;
-    2 drifted targets or an error, nothing written; 130 interrupted before
-    the write completed, every file as it was (after it: the summary, then
-    "interrupted after the write", 0).
+    Exit codes: 0 applied, or nothing to do (with --skip-drifted: every
+    patch not left out is applied; the ones left out are listed, in JSON
+    under left_out); 1 with --check: patches needed; 2 drifted targets
+    (without --skip-drifted) or an error, nothing written; 130 interrupted
+    before the write completed, every file as it was (after it: the
+    summary, then "interrupted after the write", 0).
     """
     from deepstack_patch.engine.apply import CHECK, DRY_RUN, WRITE, apply_tree
     from deepstack_patch.engine.plan import select_patches
@@ -103,7 +117,13 @@ def apply(
     if commit:
         sys.exit(
             apply_with_commits(
-                tree, series, selected, allow_dirty, output_format, unchecked_names
+                tree,
+                series,
+                selected,
+                allow_dirty,
+                output_format,
+                unchecked_names,
+                skip_drifted,
             )
         )
     # A dry run computes the diff, and with --check also gives its verdict.
@@ -119,6 +139,7 @@ def apply(
             cache,
             check=check,
             unchecked_names=unchecked_names,
+            skip_drifted=skip_drifted,
         )
         if result.drifted:
             fields = _apply_fields(result, dry_run, check)
@@ -193,6 +214,7 @@ def _apply_fields(result: Any, dry_run: bool, check: bool) -> dict[str, Any]:
         "dry_run": dry_run,
         "check": check,
         "written": result.written,
+        "left_out": left_out_json(result.left_out),
     }
     if result.written:
         extra["applied"] = result.applied_now
@@ -206,24 +228,39 @@ def _apply_fields(result: Any, dry_run: bool, check: bool) -> dict[str, Any]:
     return extra
 
 
+def left_out_json(left_out: Sequence[Any]) -> list[dict[str, Any]]:
+    """What --skip-drifted left out (``engine.apply.LeftOut``), for JSON."""
+    return [
+        {
+            "id": out.patch_id,
+            "state": out.state.value,
+            "reason": out.reason,
+            "path": out.path,
+            "line": out.line,
+            "waits_for": list(out.waits_for),
+        }
+        for out in left_out
+    ]
+
+
 def _print_dry_run(result: Any) -> None:
     """The diff on stdout (for `git apply`, `patch -p1`); what it amounts to
     on stderr, as `ruff format --diff` says it, so the diff stays a diff."""
     from deepstack_patch.output.diffs import unified_diff
+    from deepstack_patch.output.tables import print_left_out
 
     sys.stdout.write(unified_diff(result.plan.edits))
+    print_left_out(stderr_console(), result.left_out)
     if result.check:
         needed = ", ".join(r.patch.id for r in result.plan.needed)
         click.echo(f"needed: {needed}" if needed else "nothing needed", err=True)
     elif not result.plan.edits:
-        click.echo(
-            "nothing to do: every selected patch is applied or not applicable",
-            err=True,
-        )
+        click.echo(nothing_to_do(result), err=True)
 
 
 def _print_apply(result: Any) -> None:
     from deepstack_patch.output.tables import (
+        print_left_out,
         print_open_follow_ups,
         print_plan_table,
         print_tree_header,
@@ -233,7 +270,8 @@ def _print_apply(result: Any) -> None:
     warn_hard_links(result.hard_links)
     console = stdout_console()
     print_tree_header(console, plan.tree)
-    print_plan_table(console, plan)
+    print_plan_table(console, plan, left_out=[out.patch_id for out in result.left_out])
+    print_left_out(console, result.left_out)
     if result.check:
         needed = ", ".join(r.patch.id for r in plan.needed)
         console.print(f"needed: {needed}" if needed else "nothing needed")
@@ -245,10 +283,14 @@ def _print_apply(result: Any) -> None:
         for relpath in result.written:
             console.print(f"  {relpath}")
     else:
-        console.print(
-            "nothing to do: every selected patch is applied or not applicable"
-        )
+        console.print(nothing_to_do(result))
     print_open_follow_ups(console, plan.reports)
+
+
+def nothing_to_do(result: Any) -> str:
+    """The line of a run with nothing to write: true of what it worked on."""
+    which = "other selected patch" if result.left_out else "selected patch"
+    return f"nothing to do: every {which} is applied or not applicable"
 
 
 def apply_with_commits(
@@ -258,13 +300,20 @@ def apply_with_commits(
     allow_dirty: bool,
     output_format: str,
     unchecked_names: bool = False,
+    skip_drifted: bool = False,
 ) -> int:
     """Apply the needed patches as one git commit each; return the exit code."""
     from deepstack_patch.distribution.vcs import commit_series
     from deepstack_patch.output.documents import dump_json, plan_json
-    from deepstack_patch.output.tables import print_plan_table, print_tree_header
+    from deepstack_patch.output.tables import (
+        print_left_out,
+        print_plan_table,
+        print_tree_header,
+    )
 
-    result = commit_series(tree, series, selected, allow_dirty, unchecked_names)
+    result = commit_series(
+        tree, series, selected, allow_dirty, unchecked_names, skip_drifted
+    )
     if result.drifted:
         return refuse_drifted(result.plan, output_format, "apply")
     if result.detached:
@@ -279,6 +328,7 @@ def apply_with_commits(
             dry_run=False,
             check=False,
             written=result.touched,
+            left_out=left_out_json(result.left_out),
             commits=[
                 {"id": c.patch_id, "sha": c.sha, "files": c.files}
                 for c in result.commits
@@ -288,12 +338,10 @@ def apply_with_commits(
         return EXIT_OK
     console = stdout_console()
     print_tree_header(console, tree)
-    print_plan_table(console, result.plan)
+    print_plan_table(console, result.plan, [out.patch_id for out in result.left_out])
+    print_left_out(console, result.left_out)
     if not result.commits:
-        console.print(
-            "nothing to do: every selected patch is applied or not applicable; "
-            "no commit made"
-        )
+        console.print(f"{nothing_to_do(result)}; no commit made")
     for commit in result.commits:
         console.print(
             f"[green]committed[/] {commit.sha[:12]} {commit.patch_id} "

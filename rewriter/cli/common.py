@@ -534,7 +534,7 @@ def refuse_drifted(
     from deepstack_patch.output.documents import dump_json, error_json, plan_json
     from deepstack_patch.output.tables import print_plan_table, print_tree_header
 
-    error = drift_error(plan)
+    error = drift_error(plan, command)
     if output_format == "json":
         document = plan_json(plan, command, **{"written": [], **extra})
         document["error"] = error_json(error)
@@ -547,11 +547,13 @@ def refuse_drifted(
     return EXIT_ERROR
 
 
-def drift_error(plan: Plan) -> DeepstackError:
+def drift_error(plan: Plan, command: str = "") -> DeepstackError:
     """The refusal of a plan with drifted selected patches, at the first
-    drifted location (the table, or the JSON patches, show every one)."""
+    drifted location (the table, or the JSON patches, show every one); the
+    hint leaves every one of them out, with what cannot go without them."""
     from deepstack_patch.engine.derived.runtime import RUNTIME
     from deepstack_patch.engine.protocol import PatchState
+    from deepstack_patch.engine.requirements import followers_of
 
     drifted = selected_drifted(plan)
     where = next(
@@ -564,10 +566,18 @@ def drift_error(plan: Plan) -> DeepstackError:
         None,
     )
     names = ", ".join(r.patch.id for r in drifted)
-    skip = f"--skip {drifted[0].patch.id}"
+    out = [r.patch.id for r in drifted]
+    out += followers_of(plan.reports, out)
+    the_patch = "the patch" if len(out) == 1 else "the patches"
+    skip = f"{the_patch} out with " + " ".join(f"--skip {i}" for i in out)
+    if command == "apply":
+        skip += (
+            " (or --skip-drifted, which leaves out every drifted patch and "
+            "what needs it)"
+        )
     place = {
         "path": where.path if where else None,
-        "line": where.finding.line if where else None,
+        "line": where.finding.line or None if where else None,
     }
     if where and RUNTIME in where.finding.details:
         # The shape was recognised; what the fix reads is not there.
@@ -576,7 +586,7 @@ def drift_error(plan: Plan) -> DeepstackError:
             f"{where.finding.details[RUNTIME]}; nothing was written",
             # Which change would add it is not known here: none is named.
             "the release lacks what the fix's code reads (above): adapt the "
-            f"fix to this release by hand, or leave the patch out with {skip}",
+            f"fix to this release by hand, or leave {skip}",
             **place,
         )
     reason = f" ({where.finding.reason})" if where and where.finding.reason else ""
@@ -584,6 +594,6 @@ def drift_error(plan: Plan) -> DeepstackError:
         f"{names} drifted: the target code has a shape this tool does not "
         f"recognise{reason}; nothing was written",
         "each drifted location in the table says what was expected; check the "
-        f"code there, or leave the patch out with {skip}",
+        f"code there, or leave {skip}",
         **place,
     )

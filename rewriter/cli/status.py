@@ -52,13 +52,19 @@ def status(
     cache = RecognitionCache.for_series(series)
     plan = plan_tree(tree, series, selected, rewrite=False, cache=cache)
     if output_format == "json":
-        from deepstack_patch.output.documents import dump_json, plan_json
+        from deepstack_patch.output.documents import (
+            dump_json,
+            plan_json,
+            state_counts,
+        )
 
-        click.echo(dump_json(plan_json(plan, "status")))
+        document = plan_json(plan, "status", counts=state_counts(plan.reports))
+        click.echo(dump_json(document))
     else:
         from deepstack_patch.output.tables import (
             print_open_follow_ups,
             print_plan_table,
+            print_state_counts,
             print_tree_header,
         )
 
@@ -66,4 +72,5 @@ def status(
         print_tree_header(console, tree)
         print_plan_table(console, plan)
         print_open_follow_ups(console, plan.reports, verbose=verbose)
+        print_state_counts(console, plan)
     sys.exit(EXIT_ERROR if selected_drifted(plan) else EXIT_OK)

@@ -55,8 +55,13 @@ def plan_steps(
     drifted patch the steps are empty: callers refuse.
     """
     full = plan_tree(tree, series, selected, progress=progress, cache=cache)
+    return full, steps_of(full, series)
+
+
+def steps_of(full: Plan, series: Sequence[Patch]) -> list[PatchStep]:
+    """:func:`plan_steps`'s steps, of a plan made already."""
     if any(r.selected and r.state.value == "drifted" for r in full.reports):
-        return full, []
+        return []
     edits_of: dict[str, list[FileEdit]] = {}
     for edit in full.edits:
         before = edit.old
@@ -81,8 +86,7 @@ def plan_steps(
                 "series writes",
                 "report it with `deepstack-patch status --format json`",
             )
-    steps = [PatchStep(p, edits_of[p.id]) for p in series if p.id in edits_of]
-    return full, steps
+    return [PatchStep(p, edits_of[p.id]) for p in series if p.id in edits_of]
 
 
 def upstream_reference(patch: Patch) -> str:

@@ -18,17 +18,20 @@ from deepstack_patch import __version__
 from deepstack_patch.distribution.quilt import (
     PatchStep,
     plan_steps,
+    steps_of,
     upstream_reference,
     vllm_named,
 )
 from deepstack_patch.engine.apply import (
+    LeftOut,
     mark_applied,
+    plan_leaving_out_drifted,
     refuse_blocked,
     refuse_unchecked,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.locks import tree_lock
-from deepstack_patch.engine.plan import FileEdit, Plan
+from deepstack_patch.engine.plan import FileEdit, Plan, plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.transaction import write_edits
 from deepstack_patch.engine.tree import VllmTree
@@ -54,6 +57,8 @@ class CommitResult:
     commits: list[CommitRecord] = field(default_factory=list)
     #: HEAD was detached: the commits are on no branch.
     detached: bool = False
+    #: With ``skip_drifted``: the patches left out (``engine.apply``).
+    left_out: list[LeftOut] = field(default_factory=list)
 
     @property
     def drifted(self) -> bool:
@@ -68,18 +73,27 @@ def commit_series(
     selected: set[str],
     allow_dirty: bool,
     unchecked_names: bool = False,
+    skip_drifted: bool = False,
 ) -> CommitResult:
     """Apply the needed patches of ``series`` as one git commit each.
 
-    A drifted selected patch commits nothing: the result says so. A dirty
-    work tree (or a dirty file a patch rewrites) is refused before any write,
-    as is, unless ``unchecked_names``, a derived patch whose runtime names
-    were not checked (``apply_tree``).
+    A drifted selected patch commits nothing: the result says so, unless
+    ``skip_drifted`` leaves it out (``engine.apply.plan_leaving_out_drifted``).
+    A dirty work tree (or a dirty file a patch rewrites) is refused before
+    any write, as is, unless ``unchecked_names``, a derived patch whose
+    runtime names were not checked (``apply_tree``).
     """
     repo = open_repository(tree)
     with tree_lock(tree.root):
-        plan, steps = plan_steps(tree, series, selected)
-        result = CommitResult(plan)
+        left_out: list[LeftOut] = []
+        if skip_drifted:
+            plan, left_out = plan_leaving_out_drifted(
+                lambda chosen: plan_tree(tree, series, chosen), selected
+            )
+            steps = steps_of(plan, series)
+        else:
+            plan, steps = plan_steps(tree, series, selected)
+        result = CommitResult(plan, left_out=left_out)
         if result.drifted:
             return result
         refuse_blocked(plan)

@@ -129,6 +129,10 @@ class WatchResult:
     sizes: dict[str, dict[str, int]]
     changes: list[WatchChange]
     reviewed_file: str
+    #: The reviewed changes are the tool's own watch.toml (no --reviewed):
+    #: a user's review belongs in a file of their own, which an upgrade of
+    #: the tool does not replace.
+    reviewed_shipped: bool = False
 
     @property
     def new(self) -> list[WatchChange]:
@@ -509,6 +513,7 @@ def run_watch(
     from deepstack_patch.fetch.releases import release_archive, release_versions
     from deepstack_patch.output.progress import note, progress
 
+    shipped = reviewed_path is None
     reviewed_path = reviewed_path or default_reviewed_path()
     reviewed = load_reviewed(reviewed_path)
     releases = releases_between(since, until, release_versions(until, note))
@@ -526,7 +531,7 @@ def run_watch(
         f"({releases[0]} to {releases[-1]})"
     )
     with progress("comparing footprints", unit="items") as update:
-        return watch(
+        result = watch(
             series,
             releases,
             open_release,
@@ -535,3 +540,5 @@ def run_watch(
             vllm_git,
             update,
         )
+    result.reviewed_shipped = shipped
+    return result

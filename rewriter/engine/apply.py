@@ -18,12 +18,30 @@ from deepstack_patch.engine.locks import tree_lock
 from deepstack_patch.engine.plan import Plan, plan_tree
 from deepstack_patch.engine.protocol import Location, Patch, PatchReport, PatchState
 from deepstack_patch.engine.recognition_cache import RecognitionCache
+from deepstack_patch.engine.requirements import Selection, followers_of
 from deepstack_patch.engine.tree import VllmTree
 
 #: What ``apply`` does with the plan.
 WRITE, DRY_RUN, CHECK = "write", "dry-run", "check"
 
 EXIT_OK, EXIT_NEEDED, EXIT_ERROR = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A patch ``apply --skip-drifted`` left out, and why.
+
+    A drifted patch is placed at its first drifted location; a patch left
+    out with it (it requires it, or names it as companion) has no location
+    of its own to show, and ``waits_for`` names the ones it follows.
+    """
+
+    patch_id: str
+    state: PatchState
+    reason: str
+    path: str | None = None
+    line: int | None = None
+    waits_for: tuple[str, ...] = ()
 
 
 @dataclass
@@ -39,6 +57,8 @@ class ApplyResult:
     #: A ``--check`` run (``check`` mode, or a dry run with ``--check``):
     #: needed patches make the exit code 1.
     check: bool = False
+    #: With ``skip_drifted``: the patches left out, drifted ones first.
+    left_out: list[LeftOut] = field(default_factory=list)
 
     @property
     def drifted(self) -> list[PatchReport]:
@@ -65,6 +85,7 @@ def apply_tree(
     *,
     check: bool = False,
     unchecked_names: bool = False,
+    skip_drifted: bool = False,
 ) -> ApplyResult:
     """Plan ``series`` on ``tree``; in ``write`` mode write every edit or none.
 
@@ -74,11 +95,22 @@ def apply_tree(
     ``dry-run`` refuse a selected patch blocked by one left out, and a
     needed derived patch whose runtime names were not checked unless
     ``unchecked_names``.
+
+    ``skip_drifted`` leaves out each drifted patch and every patch that
+    cannot go without it, and works on the rest (``ApplyResult.left_out``).
     """
     writes = mode == WRITE
+
+    def plan_for(chosen: set[str]) -> Plan:
+        return plan_tree(tree, series, chosen, rewrite=mode != CHECK, cache=cache)
+
     with tree_lock(tree.root) if writes else contextlib.nullcontext():
-        plan = plan_tree(tree, series, selected, rewrite=mode != CHECK, cache=cache)
+        if skip_drifted:
+            plan, left_out = plan_leaving_out_drifted(plan_for, selected)
+        else:
+            plan, left_out = plan_for(selected), []
         result = ApplyResult(plan, mode, check=check or mode == CHECK)
+        result.left_out = left_out
         # A dry run refuses what a write refuses: its diff is what would be
         # written, and a write with a blocked patch writes nothing.
         if mode != CHECK and not result.drifted:
@@ -98,6 +130,84 @@ def apply_tree(
             result.applied_now = [r.patch.id for r in plan.needed]
             mark_applied(plan, result.applied_now)
     return result
+
+
+def plan_leaving_out_drifted(
+    plan_for: Callable[[set[str]], Plan], selected: set[str]
+) -> tuple[Plan, list[LeftOut]]:
+    """The plan of ``selected`` less each drifted patch and its followers
+    (:func:`followers_of`), and what was left out.
+
+    Planned again while a patch left out had a rewrite in the plan: a later
+    patch of the same file saw the code as that rewrite left it. Leaving
+    out can make another patch drift (it now sees the code without the
+    rewrite it followed): that one is left out in the next round.
+    """
+    chosen = selected
+    left_out: list[LeftOut] = []
+    while True:
+        plan = plan_for(chosen)
+        drifted = [
+            r for r in plan.reports if r.selected and r.state is PatchState.DRIFTED
+        ]
+        if not drifted:
+            return plan, left_out
+        followers = followers_of(plan.reports, [r.patch.id for r in drifted])
+        left_out += [_drifted_left_out(report) for report in drifted]
+        left_out += [
+            LeftOut(
+                patch_id,
+                plan.report(patch_id).state,
+                _waiting_words(plan.report(patch_id).patch, waits_for),
+                waits_for=tuple(waits_for),
+            )
+            for patch_id, waits_for in followers.items()
+        ]
+        out = {r.patch.id for r in drifted} | set(followers)
+        chosen = _narrowed(chosen, out)
+        if not any(out.intersection(edit.patch_ids) for edit in plan.edits):
+            # Nothing left out had a rewrite: every other patch saw the code
+            # it sees now, and planning again would find the same.
+            for report in plan.reports:
+                report.selected = report.patch.id in chosen
+            return plan, left_out
+
+
+def _drifted_left_out(report: PatchReport) -> LeftOut:
+    """A drifted patch at its first drifted location, with what is wrong there."""
+    from deepstack_patch.engine.derived.runtime import RUNTIME
+
+    where = next(
+        (loc for loc in report.locations if loc.state is PatchState.DRIFTED), None
+    )
+    if where is None:  # a part absent while the rest is there
+        return LeftOut(report.patch.id, PatchState.DRIFTED, report.reason)
+    finding = where.finding
+    reason = (
+        f"the fix's code cannot run on this release: {finding.details[RUNTIME]}"
+        if RUNTIME in finding.details
+        else finding.reason or report.reason
+    )
+    return LeftOut(
+        report.patch.id, PatchState.DRIFTED, reason, where.path, finding.line or None
+    )
+
+
+def _waiting_words(patch: Patch, waits_for: Sequence[str]) -> str:
+    words = [
+        f"requires {other}, which is left out"
+        if other in patch.requires
+        else f"ships only with its companion {other}, which is left out"
+        for other in waits_for
+    ]
+    return "; ".join(words)
+
+
+def _narrowed(chosen: set[str], out: set[str]) -> set[str]:
+    """``chosen`` without ``out``, keeping the --only/--skip it came from."""
+    if isinstance(chosen, Selection):
+        return Selection(chosen - out, chosen.only, chosen.skip)
+    return chosen - out
 
 
 def refuse_blocked(plan: Plan) -> None:

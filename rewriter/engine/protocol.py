@@ -243,6 +243,11 @@ class Patch:
         its bytes, or None where the fix deletes it."""
         raise NotImplementedError
 
+    def part_label(self, part: str) -> str:
+        """How ``part`` is shown in a table: its name, unless the patch knows
+        a better one (a derived patch's unit of unnamed statements)."""
+        return part
+
     def recognise(self, tree: ast.Module, path: str) -> list[Finding]:
         """Report the state of every target location in one parsed file.
 

@@ -5,7 +5,7 @@ series)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from deepstack_patch.engine.protocol import Finding, Location, PatchReport, PatchState
 
@@ -83,6 +83,38 @@ def block_unmet_requirements(
             else loc
             for loc in report.locations
         ]
+
+
+def followers_of(
+    reports: Sequence[PatchReport], left_out: Iterable[str]
+) -> dict[str, list[str]]:
+    """The selected needed patches that cannot go without a patch left out,
+    each with the left-out ids it waits for: those that require one, and
+    those that name one as companion (a fix never ships without its repair),
+    and so on along the chain.
+
+    Only needed ones: an applied patch is in the tree whatever is left out,
+    and leaving out one that is not applicable changes nothing.
+    """
+    out = set(left_out)
+    followers: dict[str, list[str]] = {}
+    grew = True
+    while grew:  # a companion comes after its fix: one pass may miss it
+        grew = False
+        for report in reports:
+            patch = report.patch
+            if (
+                not report.selected
+                or patch.id in out
+                or report.state is not PatchState.NEEDED
+            ):
+                continue
+            waits_for = [i for i in (*patch.requires, *patch.companions) if i in out]
+            if waits_for:
+                followers[patch.id] = waits_for
+                out.add(patch.id)
+                grew = True
+    return followers
 
 
 #: Why a fix is refused without its companion: what the user would meet.

@@ -85,7 +85,7 @@ def patches_from_folder(folder: Path, given_by: str = "--patches") -> list[Patch
         and not path.name.startswith("_")
         and path.is_file()
     )
-    patches = [patch for path in files for patch in patches_from_file(path)]
+    patches = [patch for path in files for patch in _from_folder_file(path)]
     if not patches:
         raise DeepstackError(
             f"the folder holds no patch{said}",
@@ -93,6 +93,28 @@ def patches_from_folder(folder: Path, given_by: str = "--patches") -> list[Patch
             path=str(folder),
         )
     return patches
+
+
+def _from_folder_file(path: Path) -> list[Patch]:
+    """:func:`patches_from_file` of one file of a folder. One broken file
+    stops the command (a batch that silently lost a fix would be applied
+    as if whole), so its error names it and says how to go on without it."""
+    try:
+        return patches_from_file(path)
+    except DeepstackError as exc:
+        own = exc.path is not None and Path(exc.path).absolute() == path.absolute()
+        message = exc.message if own else f"{exc.message} (loading {path})"
+        folder = path.absolute().parent
+        leave_out = (
+            f"to go on without it, rename it to _{path.name} (a file whose "
+            f"name starts with _ is not read) or move it out of {folder}"
+        )
+        raise DeepstackError(
+            message,
+            f"{exc.hint}; {leave_out}" if exc.hint else leave_out,
+            path=exc.path if exc.path is not None else str(path),
+            line=exc.line,
+        ) from exc
 
 
 def patches_from_file(path: Path) -> list[Patch]:

@@ -55,7 +55,7 @@ def print_derived(console: Console, result: Any, diff: str) -> None:
     )
     console.print(escape(f"  upstream: {upstream_words(result.patch)}"))
     for unit in result.units:
-        console.print(escape(f"  {unit.kind} {unit.name} ({unit.path})"))
+        console.print(escape(f"  {unit.kind} {unit.label} ({unit.path})"))
     for test in result.tests:
         which = ", ".join(test.names) if test.names else "the whole file"
         console.print(escape(f"  test {test.path} ({which})"))

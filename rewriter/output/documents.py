@@ -83,6 +83,19 @@ def plan_json(plan: Plan, command: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+#: The order states are counted in: what asks for work first.
+COUNTED_STATES = ("needed", "drifted", "applied", "not-applicable")
+
+
+def state_counts(reports: Sequence[PatchReport]) -> dict[str, int]:
+    """How many selected patches are in each state (every state, 0 too)."""
+    counts = dict.fromkeys(COUNTED_STATES, 0)
+    for report in reports:
+        if report.selected:
+            counts[report.state.value] += 1
+    return counts
+
+
 def dump_json(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=False)
 

@@ -44,9 +44,12 @@ def print_tree_header(console: Console, tree: VllmTree) -> None:
     )
 
 
-def print_plan_table(console: Console, plan: Plan) -> None:
+def print_plan_table(
+    console: Console, plan: Plan, left_out: Sequence[str] = ()
+) -> None:
     """A row per selected patch, with its parts and locations; the patches
-    ``--only``/``--skip`` left out, in one line under it."""
+    ``--only``/``--skip`` left out, in one line under it (``left_out``: the
+    ones ``--skip-drifted`` left out, which :func:`print_left_out` lists)."""
     table = new_table(console)
     table.add_column("patch", no_wrap=True)
     table.add_column("state", no_wrap=True)
@@ -75,14 +78,16 @@ def print_plan_table(console: Console, plan: Plan) -> None:
                 table.add_row(
                     "",
                     f"  [{STATE_STYLE[part_state]}]{part_state.value}[/]",
-                    f"  part {escape(part_words(part))}",
+                    f"  part {escape(part_words(patch.part_label(part)))}",
                 )
             part_locations = [
                 loc for loc in report.locations if loc.finding.part == part
             ]
             for loc in part_locations:
-                symbol = escape(one_field(loc.finding.symbol))
-                text = f"  {loc.path}:{loc.finding.line} {symbol}"
+                symbol = escape(one_field(symbol_label(patch, part, loc)))
+                # Line 0: the unit is not in its file (an absent part).
+                line = f":{loc.finding.line}" if loc.finding.line else ""
+                text = f"  {loc.path}{line} {symbol}"
                 if loc.state is not part_state:
                     text += f" [{STATE_STYLE[loc.state]}]{loc.state.value}[/]"
                 if loc.finding.reason:
@@ -93,11 +98,61 @@ def print_plan_table(console: Console, plan: Plan) -> None:
         if report.blocked_reason and not report.applied_now:
             table.add_row("", "", f"  [yellow]{escape(report.blocked_reason)}[/]")
     console.print(table)
-    skipped = [r.patch.id for r in plan.reports if not r.selected]
+    skipped = [
+        r.patch.id
+        for r in plan.reports
+        if not r.selected and r.patch.id not in left_out
+    ]
     if skipped:
         console.print(
             f"[dim]skipped (not selected): {', '.join(skipped)}[/]", highlight=False
         )
+
+
+def print_left_out(console: Console, left_out: Sequence[Any]) -> None:
+    """What ``apply --skip-drifted`` left out (``engine.apply.LeftOut``):
+    one line each, where and why, under a line that counts them."""
+    if not left_out:
+        return
+    drifted = sum(out.state is PatchState.DRIFTED for out in left_out)
+    others = len(left_out) - drifted
+    waiting = f", {others} that cannot go without them" if others else ""
+    console.print(f"[bold]left out[/], not written: {drifted} drifted{waiting}")
+    for out in left_out:
+        line = f":{out.line}" if out.line else ""
+        where = f" at {out.path}{line}" if out.path else ""
+        console.print(
+            f"  {out.patch_id} [{STATE_STYLE[out.state]}]{out.state.value}[/]"
+            f"{where}: {escape(out.reason)}",
+            highlight=False,
+        )
+
+
+def print_state_counts(console: Console, plan: Plan) -> None:
+    """One line: how many selected patches are in each state, so a long
+    table ends with what it amounts to."""
+    from deepstack_patch.output.documents import state_counts
+
+    counts = state_counts(plan.reports)
+    selected = sum(counts.values())
+    total = len(plan.reports)
+    noun = "patch" if total == 1 else "patches"
+    head = (
+        f"{total} {noun}"
+        if selected == total
+        else f"{selected} of {total} {noun} selected"
+    )
+    states = ", ".join(f"{count} {state}" for state, count in counts.items())
+    console.print(f"{head}: {states}", highlight=False)
+
+
+def symbol_label(patch: Patch, part: str, loc: Any) -> str:
+    """A location's symbol as the table shows it: the part's label where the
+    location is the part's own unit (a derived unit of unnamed statements)."""
+    name = part.partition("::")[2]
+    if name and loc.finding.symbol == name:
+        return patch.part_label(part).partition("::")[2] or name
+    return loc.finding.symbol
 
 
 def part_words(part: str) -> str:

@@ -68,12 +68,19 @@ def print_watch(console: Console, result: Any, all_diffs: bool = False) -> None:
     console.print(
         f"{len(result.changes)} changes: {counts['carried']} carried, "
         f"{counts['known']} known, {counts['new']} new"
-        + (
-            f" (review them; record harmless ones in {result.reviewed_file})"
-            if counts["new"]
-            else ""
-        )
+        + (f" ({where_to_record(result)})" if counts["new"] else "")
     )
+
+
+def where_to_record(result: Any) -> str:
+    """Where a reviewed change goes: the file given with --reviewed, never
+    the watch.toml shipped with the tool (an upgrade replaces it)."""
+    if result.reviewed_shipped:
+        return (
+            "review them; record harmless ones in a TOML file of your own and "
+            "give it with --reviewed FILE (docs/watch.md shows an entry)"
+        )
+    return f"review them; record harmless ones in {result.reviewed_file}"
 
 
 def print_footprints(console: Console, tree: Any, found: Any) -> None:

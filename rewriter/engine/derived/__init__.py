@@ -12,6 +12,8 @@ The package's modules, in the order a fix travels through them:
   (:mod:`.imports` its imports edits);
 - :mod:`.rename` follows a vendor's consistent renaming of locals;
 - :mod:`.moved` finds a function upstream moved (another class of the file);
+- :mod:`.never`: code the fix changes that this release never had (a name
+  it takes away is nowhere in the file): not-applicable, not drifted;
 - :mod:`.names` and :mod:`.reads`: only code whose names resolve in the
   target, and the other modules that takes reading; :mod:`.declared`, the
   names a module ``__getattr__`` declares (``vllm.envs``);

@@ -3,6 +3,7 @@ schema 1, one per patch; docs/derive.md describes it)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import tempfile
 from collections.abc import Sequence
@@ -14,6 +15,9 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import RecordedTest
 
 SCHEMA = 1
+
+#: How a part whose code this release never had begins its reason.
+NOT_IN_RELEASE = "not in this release: "
 
 #: The kinds of unit, as the data file names them.
 UNIT_KINDS = (
@@ -117,11 +121,47 @@ class Unit:
             return f"imports of {self.path}"
         if self.kind in FILE_KINDS:
             return f"{self.kind.replace('-', ' ')} {self.path}"
-        return f"{what.get(self.kind, self.kind)} {self.name} in {self.path}"
+        return f"{what.get(self.kind, self.kind)} {self.label} in {self.path}"
+
+    @property
+    def label(self) -> str:
+        """The unit as people read it: its name, or for statements that bind
+        no name, whose name is only their kind (``try``, ``expr``), the head
+        of their code (``try: import pynvml …``)."""
+        prefix, _, last = self.name.rpartition(".")
+        kind = last.partition(" (")[0]  # "try (2)": the second such unit
+        if self.kind not in ("module-statement", "class-attribute") or (
+            kind not in _STATEMENT_KINDS
+        ):
+            return self.name
+        head = code_head(self.before or self.after)
+        if not head:
+            return self.name
+        return f"{prefix}.`{head}`" if prefix else f"`{head}`"
 
     @property
     def whole_file(self) -> bool:
         return self.kind in FILE_KINDS
+
+
+#: What ``units.statement_name`` calls statements that bind no name.
+_STATEMENT_KINDS = frozenset(
+    cls.__name__.lower() for cls in ast.stmt.__subclasses__()
+) | {"statement"}
+
+
+def code_head(code: str, width: int = 60) -> str:
+    """The first line of ``code``, with the first line of its block where
+    the first is a bare keyword (``try:``), and ``…`` where more follows."""
+    lines = [line.strip() for line in code.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    head, rest = lines[0], lines[1:]
+    if head.endswith(":") and head[:-1].isidentifier() and rest:
+        head, rest = f"{head} {rest[0]}", rest[1:]
+    if len(head) > width:
+        return head[: width - 1].rstrip() + "…"
+    return head + (" …" if rest else "")
 
 
 def module_name(path: str) -> str:

@@ -402,3 +402,27 @@ def code_nodes(code: str, header: str) -> list[ast.stmt]:
 def code_uses(code: str, header: str) -> Counter[str]:
     """The name uses of an edit's recorded statements and header."""
     return name_uses(code_nodes(code, header))
+
+
+def statement_line(
+    compiled: CompiledEdit, block: Sequence[ast.stmt], shapes_of: ShapeCache
+) -> list[int]:
+    """The line of the statements a module-level edit is about, where they
+    are found once: the first one it changes (or the one its insertion goes
+    before, else the end of the statement it goes after), or the first of
+    the fixed code; [] where that is not one place."""
+    statements = shapes.without_docstring(block)
+    before = occurrences(
+        block, compiled.before_pattern, compiled.at_start, compiled.at_end, shapes_of
+    )
+    if len(before) == 1:
+        position = before[0] + (
+            1 if compiled.anchored and compiled.before_anchor else 0
+        )
+        if position < len(statements):
+            return [statements[position].lineno]
+        return [statements[position - 1].end_lineno or statements[position - 1].lineno]
+    fixed = occurrences(block, compiled.inserted, False, False, shapes_of)
+    if compiled.inserted and len(fixed) == 1:
+        return [statements[fixed[0]].lineno]
+    return []

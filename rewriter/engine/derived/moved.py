@@ -70,7 +70,12 @@ def found_elsewhere(
         if qualified in excluded:
             continue
         state = state_of(relocated(unit, qualified))
-        if state is not None and state.state is not PatchState.DRIFTED:
+        # Needed or applied there: not a function that merely lacks what
+        # the fix changes (not-applicable, a bug never there).
+        if state is not None and state.state in (
+            PatchState.NEEDED,
+            PatchState.APPLIED,
+        ):
             holding.append((qualified, state))
     match holding:
         case [(qualified, state)]:

@@ -48,6 +48,7 @@ from deepstack_patch.engine.derived.match import (
     one_statement,
     with_block,
 )
+from deepstack_patch.engine.derived.never import imports_alone, is_there
 from deepstack_patch.engine.protocol import PatchState
 
 #: Names every module has without binding them.
@@ -105,14 +106,16 @@ def settle(
         code_states = [states[unit.part] for unit in code]
     else:  # an imports-only file: the patch's code is in its other files
         code_states = _code_states_elsewhere(patch, path)
-    present = [s for s in code_states or () if s is not None]
+    present = [s for s in code_states or () if is_there(s)]
     if code_states and not present:
         # No code of the fix here: its imports alone are nothing to do.
-        return {unit.part: None for unit in units}
+        for unit in imports:
+            settled[unit.part] = imports_alone(unit, states[unit.part], tree, path)
+        return settled
     absent = [unit for unit in code if states[unit.part] is None]
     for unit in code:
         state = states[unit.part]
-        if absent and state is not None:
+        if absent and is_there(state):
             settled[unit.part] = dataclasses.replace(
                 state,
                 state=PatchState.DRIFTED,

@@ -53,7 +53,9 @@ from deepstack_patch.engine.derived.match import (
     find_step,
     occurrences,
     one_statement,
+    statement_line,
 )
+from deepstack_patch.engine.derived.never import NeverHere
 from deepstack_patch.engine.derived.reads import module_files
 from deepstack_patch.engine.derived.runtime import PACKAGE_FILES, settle_runtime
 from deepstack_patch.engine.errors import DeepstackError
@@ -138,6 +140,11 @@ class DerivedPatch(Patch):
     def part_file(self, part: str) -> str:
         """A unit's part is ``path::name``: the file is the unit's own."""
         return next((unit.path for unit in self.units if unit.part == part), "")
+
+    def part_label(self, part: str) -> str:
+        """``path::label`` (``Unit.label``: unnamed statements by their code)."""
+        unit = next((unit for unit in self.units if unit.part == part), None)
+        return f"{unit.path}::{unit.label}" if unit is not None else part
 
     # -- recognition ---------------------------------------------------
 
@@ -263,6 +270,7 @@ class DerivedPatch(Patch):
         states: list[tuple[PatchState, str]] = []
         spans: list[tuple[int, int]] = []
         lines: list[int] = []
+        never_here = NeverHere(tree, unit.path)
         details: dict[str, Any] = {}
         notes: list[str] = []
         for index, edit in enumerate(unit.edits):
@@ -289,9 +297,14 @@ class DerivedPatch(Patch):
                     if isinstance(located, _Drifted)
                     else located.target or located.unit_node
                 )
-                lines += [] if isinstance(node, ast.Module) else [_lines(node)[0]]
+                if not isinstance(node, ast.Module):
+                    lines.append(_lines(node)[0])
+                elif isinstance(located, _Located):
+                    # A module's statement is shown at its own line, not
+                    # at the first line of the block around it.
+                    lines += statement_line(compiled, located.block, shapes_of)
                 if isinstance(located, _Drifted):
-                    states.append((PatchState.DRIFTED, located.reason))
+                    states.append(never_here.judge(unit, edit, located.reason))
                     spans.append(_lines(node))
                     continue
                 if edit.kind == "entry":
@@ -304,6 +317,8 @@ class DerivedPatch(Patch):
                     state, reason, span = _recognise_edit(
                         compiled, located, shapes_of, unit.name
                     )
+                if state is PatchState.DRIFTED:
+                    state, reason = never_here.judge(unit, edit, reason)
             states.append((state, reason))
             spans.append(span)
         first = min((s for s, _ in spans), default=1)
@@ -335,6 +350,17 @@ class DerivedPatch(Patch):
                     line,
                 )
             return _UnitState(PatchState.APPLIED, (first, last), "", line=line)
+        if PatchState.NOT_APPLICABLE in kinds and kinds <= {
+            PatchState.NOT_APPLICABLE,
+            PatchState.APPLIED,
+        }:
+            # What the fix changes was never here (the rest, if any, is
+            # already as the fix leaves it): a bug this release never had.
+            never = [r for s, r in states if s is PatchState.NOT_APPLICABLE]
+            reason = "; ".join(dict.fromkeys(never))
+            return _UnitState(
+                PatchState.NOT_APPLICABLE, (first, last), reason, line=line
+            )
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
         reason = "; ".join(drifted) or (
             "part of the fix is there and part is not: "

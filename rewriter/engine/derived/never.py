@@ -1,0 +1,175 @@
+"""A bug the release never had (issue 41, item 3).
+
+A derived fix takes code away. Where a name its removed code reads, and its
+fixed code does not (``warning_once``, ``self.use_breakable_cg``), is
+nowhere in the file, the code the fix changes cannot be there in any form:
+the unit is ``not-applicable``, "not in this release: ...", not drifted.
+Where the fix takes away no such name (it changes a number, a string, an
+order), or one of them is somewhere in the file, the target may be there
+and differ: it stays drifted, and refusing stays the default. An import
+the fix removes, absent with the code that used it, is named the same way.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, Protocol, TypeVar
+
+from deepstack_patch.engine.derived import shapes
+from deepstack_patch.engine.derived.data import NOT_IN_RELEASE, Edit, Unit
+from deepstack_patch.engine.derived.match import import_aliases, with_block
+from deepstack_patch.engine.protocol import PatchState
+
+#: A builtin (``dict``, ``len``) says nothing of where the code came from.
+_BUILTINS = frozenset(dir(builtins))
+
+
+class _State(Protocol):
+    state: PatchState
+    reason: str
+    details: dict[str, Any]
+
+
+State = TypeVar("State", bound=_State)
+
+
+def is_there(state: _State | None) -> bool:
+    """Whether a unit's code is in the file: found, and not code this
+    release never had (which neither needs the fix's imports nor stands
+    for the fix's presence)."""
+    return state is not None and state.state is not PatchState.NOT_APPLICABLE
+
+
+class NeverHere:
+    """Judges the drifted edits of one file; its names are read once."""
+
+    def __init__(self, tree: ast.Module, path: str) -> None:
+        self.tree = tree
+        self.path = path
+        self._names: frozenset[str] | None = None
+
+    def judge(self, unit: Unit, edit: Edit, reason: str) -> tuple[PatchState, str]:
+        """A drifted edit's state: drifted (``reason``), or not-applicable
+        where a name it takes away is nowhere in the file. A local of the
+        unit never counts: a vendor may have renamed it."""
+        if edit.kind == "header":
+            removed, kept = edit.header_before, edit.header_after
+        else:
+            removed, kept = edit.removed, edit.inserted
+        taken = read_names(removed) - read_names(kept) - _BUILTINS
+        taken -= bound_names(_parsed(unit.before) or _parsed(unit.after))
+        if not taken:
+            return PatchState.DRIFTED, reason
+        if self._names is None:
+            self._names = frozenset(names_in(self.tree))
+        absent = sorted(taken - self._names)
+        if not absent:
+            return PatchState.DRIFTED, reason
+        shown = ", ".join(f"`{name}`" for name in absent)
+        verb = "is" if len(absent) == 1 else "are"
+        return PatchState.NOT_APPLICABLE, (
+            f"{NOT_IN_RELEASE}{shown}, which the fix takes away, {verb} nowhere "
+            f"in {self.path}"
+        )
+
+
+def _parsed(code: str) -> ast.Module | None:
+    """Recorded code parsed; a header made a whole statement first."""
+    if not code.strip():
+        return None
+    try:
+        return ast.parse(code)
+    except SyntaxError:
+        try:
+            return ast.parse(with_block(code))
+        except SyntaxError:
+            return None
+
+
+def bound_names(statements: ast.AST | None) -> set[str]:
+    """The names code binds: assigned, arguments, loop and ``with`` targets."""
+    if statements is None:
+        return set()
+    return {
+        node.id
+        for node in ast.walk(statements)
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)
+    } | {node.arg for node in ast.walk(statements) if isinstance(node, ast.arg)}
+
+
+def read_names(code: str) -> set[str]:
+    """The attributes and the names ``code`` reads without binding them: what
+    it depends on from outside (its locals may be renamed in a tree)."""
+    statements = _parsed(code)
+    if statements is None:
+        return set()
+    bound = bound_names(statements)
+    found: set[str] = set()
+    for node in ast.walk(statements):
+        match node:
+            case ast.Attribute(attr=attr):
+                found.add(attr)
+            case ast.Name(id=name, ctx=ast.Load()) if name not in bound:
+                found.add(name)
+    return found
+
+
+def names_in(tree: ast.AST) -> Iterator[str]:
+    """Every identifier of a file: names, attributes, definitions,
+    arguments, keywords, imports (a superset of what code can read)."""
+    for node in ast.walk(tree):
+        match node:
+            case ast.Name(id=name) | ast.arg(arg=name):
+                yield name
+            case ast.Attribute(attr=name) | ast.keyword(arg=str(name)):
+                yield name
+            case (
+                ast.FunctionDef(name=name)
+                | ast.AsyncFunctionDef(name=name)
+                | ast.ClassDef(name=name)
+            ):
+                yield name
+            case ast.alias(name=name, asname=asname):
+                yield from name.split(".")
+                if asname:
+                    yield asname
+
+
+def imports_alone(
+    unit: Unit, state: State | None, tree: ast.Module, path: str
+) -> State | None:
+    """The imports of a fix whose code is not in this file: nothing to do,
+    with what is missing in words. None where the code is absent and the
+    imports the fix removes are here (the file holds none of the fix)."""
+    removed = [
+        node
+        for edit in unit.edits
+        for node in shapes.parse_statements(edit.removed)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    ]
+    kept = {
+        alias
+        for edit in unit.edits
+        for alias in import_aliases(shapes.parse_statements(edit.inserted))
+    }
+    dropped = [alias for alias in import_aliases(removed) if alias not in kept]
+    here = set(
+        import_aliases(
+            [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+        )
+    )
+    if state is None or not dropped or any(alias in here for alias in dropped):
+        return None
+    shown = "; ".join(f"`{ast.unparse(node)}`" for node in removed)
+    which = "import" if len(removed) == 1 else "imports"
+    verb = "is" if len(removed) == 1 else "are"
+    return dataclasses.replace(
+        state,
+        state=PatchState.NOT_APPLICABLE,
+        reason=f"{NOT_IN_RELEASE}{shown}, the {which} the fix removes, {verb} "
+        f"not in {path}",
+        details={},
+    )

@@ -1,0 +1,178 @@
+"""A bug the release never had (issue 41, item 3): where what a derived
+fix takes away is nowhere in the file, the unit is ``not-applicable``
+with "not in this release: …", not drifted; where the target is there and
+differs it stays drifted. A part absent beside others is shown at its own
+file, with the states of the others, and an import unit says which import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deepstack_patch.engine.derived.patch import DerivedPatch
+from deepstack_patch.engine.derived.units import units_of_change
+from deepstack_patch.engine.plan import plan_tree
+from deepstack_patch.engine.protocol import PatchState
+
+from tests.test_derive import _tree
+
+WARN = "vllm/platforms/interface.py"
+CUDA = "vllm/platforms/cuda.py"
+GRAPHS = "vllm/graphs.py"
+
+#: The fix: ``warning_once`` imports what imports this module (a cycle).
+WARN_BEFORE = (
+    "import logging\n\nlogger = logging.getLogger()\n\n\n"
+    "def pin_memory():\n"
+    "    if wsl():\n"
+    '        logger.warning_once("no pinned memory on WSL")\n'
+    "        return False\n"
+    "    return True\n"
+)
+WARN_AFTER = WARN_BEFORE.replace("warning_once", "warning")
+CUDA_BEFORE = (
+    "def pin_memory_cuda():\n"
+    "    if wsl():\n"
+    '        logger.warning_once("old WSL kernel")\n'
+    "        return False\n"
+    "    return True\n"
+)
+CUDA_AFTER = CUDA_BEFORE.replace("warning_once", "warning")
+#: A second part, already as the fix leaves it in the release.
+GRAPHS_BEFORE = "def use_graphs(mode, breakable):\n    return mode or breakable\n"
+GRAPHS_AFTER = "def use_graphs(mode, breakable):\n    return mode\n"
+
+
+def patch_of(*changes: tuple[str, str, str]) -> DerivedPatch:
+    units = [unit for path, a, b in changes for unit in units_of_change(path, a, b)]
+    return DerivedPatch(
+        id="vllm#1",
+        title="t",
+        symptom="s",
+        base="0.0.1",
+        paths=sorted({path for path, _, _ in changes}),
+        units=units,
+    )
+
+
+def report_on(tmp_path: Path, patch: DerivedPatch, files: dict[str, str]):  # noqa: ANN201
+    return plan_tree(_tree(tmp_path, files), [patch], rewrite=False).report(patch.id)
+
+
+def test_what_the_fix_takes_away_nowhere_is_not_in_this_release(
+    tmp_path: Path,
+) -> None:
+    patch = patch_of((WARN, WARN_BEFORE, WARN_AFTER))
+    # The release already warns with another message, and never called
+    # warning_once: the bug was never here.
+    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+    report = report_on(tmp_path / "never", patch, {WARN: release})
+    assert report.state is PatchState.NOT_APPLICABLE
+    assert report.reason == (
+        "not in this release: `warning_once`, which the fix takes away, is "
+        f"nowhere in {WARN}"
+    )
+    (location,) = report.locations
+    assert (location.path, location.finding.line) == (WARN, 6)
+    # The target there and different (warning_once, another message): drifted.
+    vendor = WARN_BEFORE.replace("no pinned memory on WSL", "pinned memory is off")
+    assert report_on(tmp_path / "differs", patch, {WARN: vendor}).state is (
+        PatchState.DRIFTED
+    )
+    # warning_once elsewhere in the file: it may have been moved; drifted.
+    elsewhere = release + '\n\ndef other():\n    logger.warning_once("x")\n'
+    assert report_on(tmp_path / "elsewhere", patch, {WARN: elsewhere}).state is (
+        PatchState.DRIFTED
+    )
+
+
+def test_a_part_absent_beside_one_never_there_is_not_applicable(
+    tmp_path: Path,
+) -> None:
+    """vllm#48444 on 0.20.2: the release already warns plainly, and its
+    cuda.py has no override: nothing of the fix is there, no part drifts."""
+    patch = patch_of((WARN, WARN_BEFORE, WARN_AFTER), (CUDA, CUDA_BEFORE, CUDA_AFTER))
+    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+    report = report_on(tmp_path, patch, {WARN: release, CUDA: "X = 1\n"})
+    assert report.state is PatchState.NOT_APPLICABLE
+    states = {part: report.part_state(part) for part in patch.parts}
+    assert states[f"{CUDA}::pin_memory_cuda"] == (
+        PatchState.NOT_APPLICABLE,
+        f"target absent: no function pin_memory_cuda in {CUDA} in this tree",
+    )
+    assert "there elsewhere" not in report.reason
+
+
+def test_parts_applied_beside_code_never_there_are_not_applicable(
+    tmp_path: Path,
+) -> None:
+    """vllm#49302 on 0.20.2: two parts as the fix leaves them, and the code
+    the third changes came later: the whole patch is not applicable."""
+    patch = patch_of(
+        (WARN, WARN_BEFORE, WARN_AFTER), (GRAPHS, GRAPHS_BEFORE, GRAPHS_AFTER)
+    )
+    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+    report = report_on(tmp_path / "a", patch, {WARN: release, GRAPHS: GRAPHS_AFTER})
+    assert report.state is PatchState.NOT_APPLICABLE
+    assert report.part_state(f"{GRAPHS}::use_graphs") == (
+        PatchState.NOT_APPLICABLE,
+        "already as the fix leaves it; the rest of the fix is not in this release",
+    )
+    # Beside a needed part, the fix would go in half: drifted, saying why.
+    report = report_on(tmp_path / "b", patch, {WARN: release, GRAPHS: GRAPHS_BEFORE})
+    assert report.state is PatchState.DRIFTED
+    state, reason = report.part_state(f"{WARN}::pin_memory")
+    assert state is PatchState.DRIFTED
+    assert reason.startswith("not in this release: `warning_once`")
+    assert reason.endswith(
+        "while use_graphs is needed: it applies whole or not at all"
+    ), reason
+
+
+def test_an_absent_part_is_shown_at_its_own_file_with_the_others_states(
+    tmp_path: Path,
+) -> None:
+    """vllm#48444 as the issue saw it: the absent part was shown at the
+    other file's line, "there elsewhere", while that part had drifted."""
+    patch = patch_of((WARN, WARN_BEFORE, WARN_AFTER), (CUDA, CUDA_BEFORE, CUDA_AFTER))
+    vendor = WARN_BEFORE.replace("no pinned memory on WSL", "pinned memory is off")
+    report = report_on(tmp_path, patch, {WARN: vendor, CUDA: "X = 1\n"})
+    assert report.state is PatchState.DRIFTED
+    (absent,) = [loc for loc in report.locations if loc.path == CUDA]
+    assert (absent.finding.line, absent.finding.symbol) == (0, "pin_memory_cuda")
+    assert absent.finding.reason == (
+        f"function pin_memory_cuda in {CUDA} is absent while pin_memory is "
+        "drifted: it applies whole or not at all"
+    )
+
+
+def test_an_import_the_fix_removes_is_named_where_it_is_absent(
+    tmp_path: Path,
+) -> None:
+    """vllm#45487 on 0.20.2: not "no imports of the file" (it has five),
+    but the one import the fix removes, with the code that used it."""
+    before = (
+        "import os\nfrom vllm.workspace import manager\n\n\n"
+        "def buffers():\n    return manager()\n"
+    )
+    after = "import os\n\n\ndef buffers():\n    return os.environ\n"
+    patch = patch_of((GRAPHS, before, after))
+    release = "import os\nimport sys\n\n\ndef other():\n    return sys.path\n"
+    report = report_on(tmp_path, patch, {GRAPHS: release})
+    assert report.state is PatchState.NOT_APPLICABLE
+    assert report.part_state(f"{GRAPHS}::imports") == (
+        PatchState.NOT_APPLICABLE,
+        "not in this release: `from vllm.workspace import manager`, the import "
+        f"the fix removes, is not in {GRAPHS}",
+    )
+
+
+def test_a_renamed_local_is_no_sign_of_a_bug_never_there(tmp_path: Path) -> None:
+    """A vendor renamed a local the fix's removed code reads: the target is
+    there and differs, so the unit is never not-applicable for it."""
+    before = "def size(rows):\n    n = rows * 2\n    return n + 1\n"
+    after = "def size(rows):\n    n = rows * 2\n    return rows\n"
+    patch = patch_of((GRAPHS, before, after))
+    renamed = before.replace("n =", "count =").replace("n + 1", "count + 2")
+    report = report_on(tmp_path, patch, {GRAPHS: renamed})
+    assert report.state is PatchState.DRIFTED, report.reason
