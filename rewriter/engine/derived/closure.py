@@ -21,13 +21,15 @@ imports most of the package under ``TYPE_CHECKING``, and would put every
 module in every closure. Which ``__init__`` files a package on the way has
 is in the key all the same: it decides how ty resolves what lies inside.
 
-In vLLM a closure is large (``vllm.logger`` reaches about 1,000 files, as
-``vllm.envs`` and ``vllm.config`` do), so an edit to a module that most
-modules import checks every patch again, as it must.
+In vLLM a closure is large: on 0.20.2 the files of ten derived fixes each
+reach 803-808 of the package's 1,621 files, one cycle of imports that
+``vllm.logger``, ``vllm.envs`` and ``vllm.config`` are in. An edit to one of
+those checks every patch again, as it must; the other half of the package
+(``vllm/benchmarks``, ``vllm/assets``, most models) is outside them all.
 
 Each file's import list is kept under its content's hash
-(``import-lists/`` in the cache folder), so a run scans only files it has
-not seen.
+(``runtime-names/import-lists-v1.json`` in the cache folder, beside the
+verdicts), so a run scans only files it has not seen.
 """
 
 from __future__ import annotations
@@ -235,7 +237,7 @@ def _cache_file() -> Path | None:
     from deepstack_patch.engine.errors import DeepstackError
 
     try:
-        return cache_dir() / "import-lists" / f"v{_SCHEMA}.json"
+        return cache_dir() / "runtime-names" / f"import-lists-v{_SCHEMA}.json"
     except DeepstackError:
         return None
 
