@@ -153,9 +153,9 @@ def test_import_lists_are_scanned_once_per_content(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(closure, "_KNOWN", {})
+    for memo in ("_KNOWN", "_NEW", "_BY_CONTENT", "_NAMED_BY"):
+        monkeypatch.setattr(closure, memo, {})
     monkeypatch.setattr(closure, "_LOADED", [])
-    monkeypatch.setattr(closure, "_NEW", {})
     files = {
         "vllm/__init__.py": "",
         "vllm/one.py": "from vllm.two import x  # 41\n",
@@ -166,7 +166,8 @@ def test_import_lists_are_scanned_once_per_content(
     assert first.scanned == 2
     closure.save()
     # Another process: the lists come from the cache folder.
-    monkeypatch.setattr(closure, "_KNOWN", {})
+    for memo in ("_KNOWN", "_BY_CONTENT", "_NAMED_BY"):
+        monkeypatch.setattr(closure, memo, {})
     monkeypatch.setattr(closure, "_LOADED", [])
     again = index(files)
     again.closure("vllm/one.py", [files["vllm/one.py"].encode()])
@@ -187,3 +188,27 @@ def test_the_scan_finds_imports_a_line_scan_would_miss(
     source: str, imports: list[closure.Import]
 ) -> None:
     assert list(closure.summarise(source.encode()).imports) == imports
+
+
+def test_a_later_state_of_the_overlay_hashes_none_of_the_files_it_shares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each patch that writes makes a new state (a new index) of a package
+    whose other files are the same bytes: they are not hashed again."""
+    files = {
+        "vllm/__init__.py": b"",
+        "vllm/one.py": b"from vllm.two import x  # shared\n",
+        "vllm/two.py": b"x = 1  # shared\n",
+    }
+    closure.ModuleIndex(files).closure("vllm/one.py", [files["vllm/one.py"]])
+    hashed: list[bytes] = []
+    real = closure.hashlib.blake2b
+
+    def counted(raw: bytes, **options: int):
+        hashed.append(raw)
+        return real(raw, **options)
+
+    monkeypatch.setattr(closure.hashlib, "blake2b", counted)
+    rewritten = {**files, "vllm/one.py": b"from vllm.two import x  # rewritten\n"}
+    closure.ModuleIndex(rewritten).closure("vllm/one.py", [rewritten["vllm/one.py"]])
+    assert hashed == [rewritten["vllm/one.py"]]
