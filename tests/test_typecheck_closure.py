@@ -212,3 +212,39 @@ def test_a_later_state_of_the_overlay_hashes_none_of_the_files_it_shares(
     rewritten = {**files, "vllm/one.py": b"from vllm.two import x  # rewritten\n"}
     closure.ModuleIndex(rewritten).closure("vllm/one.py", [rewritten["vllm/one.py"]])
     assert hashed == [rewritten["vllm/one.py"]]
+
+
+def test_a_later_state_takes_only_what_its_unchanged_modules_worked_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new index takes the last one's work on each module whose files did
+    not change, and answers as an index made from nothing would."""
+    files = {
+        "vllm/__init__.py": b"",
+        "vllm/one.py": b"from vllm.two import x\n",
+        "vllm/two.py": b"from vllm.three import y\nx = 1\n",
+        "vllm/three.py": b"y = 1\n",
+        "vllm/four.py": b"z = 1\n",
+    }
+    source = [files["vllm/one.py"]]
+    monkeypatch.setattr(closure, "_LAST", [])
+    closure.ModuleIndex(files).digest("vllm/one.py", source)
+    named: list[str] = []
+    real = closure._named_by
+
+    def counted(relpath: str, *args: object) -> list[str]:
+        named.append(relpath)
+        return real(relpath, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(closure, "_named_by", counted)
+    # vllm/two.py now also reads vllm/four.py; vllm/new/ is a new folder.
+    later = {
+        **files,
+        "vllm/two.py": b"from vllm.three import y\nfrom vllm.four import z\nx = 1\n",
+        "vllm/new/five.py": b"",
+    }
+    inherited = closure.ModuleIndex(later).digest("vllm/one.py", source)
+    assert named == ["vllm/two.py", "vllm/four.py"]
+    monkeypatch.setattr(closure, "_LAST", [])
+    assert closure.ModuleIndex(later).digest("vllm/one.py", source) == inherited
+    assert "vllm.four" in closure.ModuleIndex(later).closure("vllm/one.py", source)

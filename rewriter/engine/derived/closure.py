@@ -81,6 +81,25 @@ class ModuleIndex:
         self._edges: dict[str, list[str]] = {}
         #: How many files were scanned (not found in the cache): measured.
         self.scanned = 0
+        if _LAST:
+            self._inherit(_LAST[0])
+        _LAST[:] = [self]
+
+    def _inherit(self, last: ModuleIndex) -> None:
+        """Take what ``last`` (the index made before this one: the overlay's
+        last state, as a rule) worked out on each module whose files are
+        the same here, and each module's state where the folders are too."""
+        get, was = self.files.get, last.files.get
+        changed = {
+            _module_of(relpath)
+            for relpath in self.files.keys() | last.files.keys()
+            if (now := get(relpath)) is not (then := was(relpath)) and now != then
+        }
+        self._edges = {m: e for m, e in last._edges.items() if m not in changed}
+        if self.folders == last.folders:
+            self._modules = {
+                m: state for m, state in last._modules.items() if m not in changed
+            }
 
     def closure(self, path: str, sources: Iterable[bytes | str]) -> dict[str, str]:
         """Each module ty can reach from the file ``path`` whose code is
@@ -148,6 +167,16 @@ class ModuleIndex:
             for name in ("__init__.py", "__init__.pyi")
             if f"{folder}/{name}" in self.files
         )
+
+
+#: The index made last in this process (see ``ModuleIndex._inherit``).
+_LAST: list[ModuleIndex] = []
+
+
+def _module_of(relpath: str) -> str:
+    """The module a file of the package is one of the files of."""
+    module = relpath.rsplit(".", 1)[0]
+    return module.removesuffix("/__init__").replace("/", ".")
 
 
 #: The modules each file names, by path and content: an overlay's next
