@@ -35,9 +35,12 @@ they are not run, never guessed, and the needed part says so (``apply``
 writes it only with ``--unchecked-names``, issue 40, item 7). ty is run
 by :mod:`.typecheck`, and the typed check's verdict is cached
 (``runtime-names/`` in the cache folder, :mod:`.typecheck` too) under a
-digest of everything it depends on: every file of the tree's ``vllm``
-package (as the earlier patches leave it), the file, the patch's data, this
-package's code and ty's version.
+digest of everything it depends on: the file, every ``vllm`` module ty can
+reach from it or from the fix's code (:mod:`.closure`, as the earlier
+patches leave them), the patch's data, this package's code and ty's
+version. An edit to a module outside that closure keeps the verdict. The
+"defined nowhere" check is not cached: it reads the whole package, in
+memory, once per state of the series.
 
 Nothing here runs for a hand-written patch, or without a tree (a patch's
 examples, ``rewrite_text``).
@@ -57,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepstack_patch.engine.context import TreeContext, tree_context
-from deepstack_patch.engine.derived import outside, typecheck
+from deepstack_patch.engine.derived import closure, outside, typecheck
 from deepstack_patch.engine.derived.data import Unit
 from deepstack_patch.engine.derived.match import code_nodes, import_aliases
 from deepstack_patch.engine.derived.names import (
@@ -422,7 +425,10 @@ def typed_problem(
         except OSError:
             return ""
     key = typecheck.cache_key(
-        getattr(patch, "data_fingerprint", b""), path, raw, package.digest
+        getattr(patch, "data_fingerprint", b""),
+        path,
+        raw,
+        _reads_digest(context, package, patch, path, raw),
     )
     cached = typecheck.cached(key)
     if cached is not None:
@@ -466,6 +472,28 @@ def typed_problem(
             break
     typecheck.store(key, found, sorted(excused))
     return found
+
+
+def _reads_digest(
+    context: TreeContext, package: Package, patch: DerivedPatch, path: str, raw: bytes
+) -> str:
+    """The digest of what ty can read when it checks ``path`` as it is and
+    as fixed: the modules its imports reach, and those the fix's code
+    imports (its units' code in this file: the fixed file imports no more),
+    as the earlier patches of the series leave them (:mod:`.closure`)."""
+    memo = ("closure index", context.root)
+    if memo not in context.memo:  # one per state of the overlay
+        context.memo[memo] = closure.ModuleIndex(dict(package.files))
+    index: closure.ModuleIndex = context.memo[memo]  # type: ignore[assignment]
+    fix = [
+        code
+        for unit in patch.units
+        if unit.path == path
+        for code in (unit.after, *(edit.inserted for edit in unit.edits))
+    ]
+    digest = index.digest(path, [raw, *fix])
+    closure.save()
+    return digest
 
 
 #: ``| None`` in a type ty names: a fix that tests ``x is not None`` before

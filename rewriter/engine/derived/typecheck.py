@@ -4,8 +4,9 @@ file as it is and as the fix leaves it, in the tree, and its verdicts cached.
 
 :mod:`.runtime` decides what a new diagnostic means; this module only runs
 ty and keeps what :mod:`.runtime` concluded, under a digest of everything
-the verdict depends on (the tree's ``vllm`` package, the file, the patch's
-data, the engine's code and ty's version), so it can never go stale.
+the verdict depends on (the file, the ``vllm`` modules ty can reach from it,
+:mod:`.closure`; the patch's data, the engine's code and ty's version), so
+it can never go stale.
 """
 
 from __future__ import annotations
@@ -149,15 +150,16 @@ def _ty_binary() -> str:
 _CACHE_SCHEMA = "2"  # 2: the names excused beside the problem
 
 
-def cache_key(patch_data: bytes, path: str, raw: bytes, package_digest: str) -> str:
+def cache_key(patch_data: bytes, path: str, raw: bytes, reads_digest: str) -> str:
     """The key of a verdict: everything it depends on (see the module);
-    ``patch_data`` is the patch's data file's fingerprint."""
+    ``patch_data`` is the patch's data file's fingerprint, ``reads_digest``
+    that of the modules ty can read (:meth:`.closure.ModuleIndex.digest`)."""
     digest = hashlib.sha256()
     for piece in (
         _CACHE_SCHEMA,
         _ty_version(),
         _engine_digest(),
-        package_digest,
+        reads_digest,
         path,
         patch_data.hex(),
     ):

@@ -1,0 +1,323 @@
+"""The ``vllm`` modules ty can read when it checks one file: what a typed
+verdict (:mod:`.typecheck`) depends on besides the file itself.
+
+ty resolves a module only where a static import names it, so the modules
+it can reach from a file are the transitive closure of the static imports
+inside the package: absolute and relative ``import`` and ``from … import``,
+wherever they stand (under ``if TYPE_CHECKING:``, in a function), a ``*``
+import's module, and a name imported from a package that may be one of its
+submodules. A module stands in the key by each of its files
+that exists (``.pyi`` and ``.py``, module and package) with its content's
+hash, or, where none does, by whether it is a folder (a namespace package)
+or absent: a module that appears or goes away is a new key too.
+
+A package's ``__init__`` is in the closure where code names the package
+(``import vllm.a.b`` binds ``vllm``; ``from vllm import a`` reads it), not
+merely because a module lies inside it: ty reads a package's body only for
+its names (tried on ty 0.0.108: a ``p/__init__.py`` that rebinds ``q``
+and defines ``__getattr__`` leaves what ``from p.q import r`` reads as it
+was). ``vllm/__init__.py``
+imports most of the package under ``TYPE_CHECKING``, and would put every
+module in every closure. Which ``__init__`` files a package on the way has
+is in the key all the same: it decides how ty resolves what lies inside.
+
+In vLLM a closure is large: on 0.20.2 the files of ten derived fixes each
+reach 803-808 of the package's 1,621 files, one cycle of imports that
+``vllm.logger``, ``vllm.envs`` and ``vllm.config`` are in. An edit to one of
+those checks every patch again, as it must; the other half of the package
+(``vllm/benchmarks``, ``vllm/assets``, most models) is outside them all.
+
+Each file's import list is kept under its content's hash
+(``runtime-names/import-lists-v1.json`` in the cache folder, beside the
+verdicts), so a run scans only files it has not seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepstack_patch.engine.derived.names import absolute_module
+
+#: Bump when what is stored changes meaning.
+_SCHEMA = "1"
+
+#: An import as a file states it: (level, module, names); ``import a.b`` is
+#: (0, "a.b", ()).
+Import = tuple[int, str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the key reads of one file: its content's hash and its imports."""
+
+    code: str
+    imports: tuple[Import, ...]
+
+
+class ModuleIndex:
+    """The tree's ``vllm`` package as one state of the overlay presents it
+    (relative path -> bytes), with what was worked out on it."""
+
+    def __init__(self, files: Mapping[str, bytes]) -> None:
+        self.files = files
+        self.folders = {
+            relpath.rsplit("/", 1)[0] + "/" for relpath in files if "/" in relpath
+        }
+        self.folders |= {
+            folder[: i + 1]
+            for folder in list(self.folders)
+            for i, char in enumerate(folder)
+            if char == "/"
+        }
+        self._modules: dict[str, str] = {}
+        self._edges: dict[str, list[str]] = {}
+        #: How many files were scanned (not found in the cache): measured.
+        self.scanned = 0
+        if _LAST:
+            self._inherit(_LAST[0])
+        _LAST[:] = [self]
+
+    def _inherit(self, last: ModuleIndex) -> None:
+        """Take what ``last`` (the index made before this one: the overlay's
+        last state, as a rule) worked out on each module whose files are
+        the same here, and each module's state where the folders are too."""
+        get, was = self.files.get, last.files.get
+        changed = {
+            _module_of(relpath)
+            for relpath in self.files.keys() | last.files.keys()
+            if (now := get(relpath)) is not (then := was(relpath)) and now != then
+        }
+        self._edges = {m: e for m, e in last._edges.items() if m not in changed}
+        if self.folders == last.folders:
+            self._modules = {
+                m: state for m, state in last._modules.items() if m not in changed
+            }
+
+    def closure(self, path: str, sources: Iterable[bytes | str]) -> dict[str, str]:
+        """Each module ty can reach from the file ``path`` whose code is
+        ``sources`` (the file as it is, and the code a fix writes into it),
+        with what stands for it in the key (see the module)."""
+        todo = [
+            module
+            for source in sources
+            for module in _modules_of(_summary(source, self).imports, path)
+        ]
+        # How ty resolves the file's own package: which __init__ files exist.
+        parts = path.split("/")[:-1]
+        todo += [".".join(parts[:n]) + "/" for n in range(1, len(parts) + 1)]
+        seen: dict[str, str] = {}
+        while todo:
+            module = todo.pop()
+            if module in seen:
+                continue
+            if module.endswith("/"):  # a package on the way: its files' existence
+                seen[module] = self._inits(module[:-1])
+                continue
+            seen[module] = self._state(module)
+            todo += self._next(module)
+        return seen
+
+    def _next(self, module: str) -> list[str]:
+        """What ty may read next from ``module``: the modules its files
+        import, and the packages on its way."""
+        if module not in self._edges:
+            found = [
+                named
+                for relpath in _candidates(module)
+                if (raw := self.files.get(relpath)) is not None
+                for named in _named_by(relpath, raw, self)
+            ]
+            parts = module.split(".")
+            found += [".".join(parts[:n]) + "/" for n in range(1, len(parts))]
+            self._edges[module] = found
+        return self._edges[module]
+
+    def digest(self, path: str, sources: Iterable[bytes | str]) -> str:
+        found = self.closure(path, sources)
+        digest = hashlib.sha256(_SCHEMA.encode())
+        for module, state in sorted(found.items()):
+            digest.update(f"{module}\0{state}\0".encode())
+        return digest.hexdigest()
+
+    def _state(self, module: str) -> str:
+        if module not in self._modules:
+            present = [
+                f"{relpath}={_summary(self.files[relpath], self).code}"
+                for relpath in _candidates(module)
+                if relpath in self.files
+            ]
+            folder = module.replace(".", "/") + "/"
+            self._modules[module] = " ".join(present) or (
+                "namespace" if folder in self.folders else "absent"
+            )
+        return self._modules[module]
+
+    def _inits(self, package: str) -> str:
+        folder = package.replace(".", "/")
+        return " ".join(
+            name
+            for name in ("__init__.py", "__init__.pyi")
+            if f"{folder}/{name}" in self.files
+        )
+
+
+#: The index made last in this process (see ``ModuleIndex._inherit``).
+_LAST: list[ModuleIndex] = []
+
+
+def _module_of(relpath: str) -> str:
+    """The module a file of the package is one of the files of."""
+    module = relpath.rsplit(".", 1)[0]
+    return module.removesuffix("/__init__").replace("/", ".")
+
+
+#: The modules each file names, by path and content: an overlay's next
+#: state shares all but a few files' bytes (the same objects) with the last.
+_NAMED_BY: dict[tuple[str, bytes], list[str]] = {}
+
+
+def _named_by(relpath: str, raw: bytes, index: ModuleIndex) -> list[str]:
+    key = (relpath, raw)  # a bytes object keeps its hash: cheap the second time
+    if key not in _NAMED_BY:
+        _NAMED_BY[key] = _modules_of(_summary(raw, index).imports, relpath)
+    return _NAMED_BY[key]
+
+
+@functools.cache
+def _candidates(module: str) -> tuple[str, ...]:
+    base = module.replace(".", "/")
+    return (f"{base}.pyi", f"{base}.py", f"{base}/__init__.pyi", f"{base}/__init__.py")
+
+
+def _modules_of(imports: Iterable[Import], relpath: str) -> list[str]:
+    """The ``vllm`` modules the imports of the file ``relpath`` may name: a
+    dotted path's every prefix for ``import a.b``, and for ``from m import
+    n`` the module and ``m.n`` (a submodule, where there is one)."""
+    found = []
+    for level, module, names in imports:
+        base = absolute_module(module, level, relpath) if level else module
+        if level == 0 and not names:  # import a.b.c: binds a, a.b, a.b.c
+            parts = base.split(".")
+            found += [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+            continue
+        found.append(base)
+        found += [f"{base}.{name}" for name in names if name != "*"]
+    return [m for m in found if m == "vllm" or m.startswith("vllm.")]
+
+
+# -- each file's imports and code, cached by content --------------------------
+
+
+_KNOWN: dict[str, Summary] = {}
+_LOADED: list[bool] = []
+_NEW: dict[str, Summary] = {}
+#: The same, by the bytes themselves, for this process.
+_BY_CONTENT: dict[bytes, Summary] = {}
+
+
+def _summary(source: bytes | str, index: ModuleIndex) -> Summary:
+    raw = source.encode() if isinstance(source, str) else source
+    known = _BY_CONTENT.get(raw)
+    if known is not None:
+        return known
+    key = hashlib.blake2b(raw, digest_size=20).hexdigest()  # as Summary.code
+    if not _LOADED:
+        _LOADED.append(True)
+        _KNOWN.update(_load())
+    found = _KNOWN.get(key)
+    if found is None:
+        index.scanned += 1
+        found = _KNOWN[key] = _NEW[key] = Summary(key, _scanned(raw))
+    _BY_CONTENT[raw] = found
+    return found
+
+
+def summarise(raw: bytes) -> Summary:
+    """A file's content hash and its imports (:func:`_scanned`)."""
+    return Summary(hashlib.blake2b(raw, digest_size=20).hexdigest(), _scanned(raw))
+
+
+def _scanned(raw: bytes) -> tuple[Import, ...]:
+    """A file's imports, found by a scan of its bytes: parsing each module
+    of a closure (800 files in vLLM) costs seconds, a scan milliseconds. It
+    finds every import statement (one that stands after ``:`` or ``;`` too,
+    a parenthesised or continued list of names), and may find more (an
+    import in a string): a module too many only makes the key stricter."""
+    imports: list[Import] = []
+    for m in _IMPORT.finditer(raw):
+        if m["plain"] is not None:
+            names = re.sub(rb"\s+as\s+\w+", b"", _words(m["plain"]))
+            imports += [
+                (0, name.decode(), ()) for name in re.findall(rb"[\w.]+", names)
+            ]
+            continue
+        names = tuple(n.decode() for n in re.findall(rb"[\w*]+", _words(m["names"])))
+        imports.append((len(m["dots"]), m["module"].decode(), names))
+    return tuple(imports)
+
+
+def _words(names: bytes) -> bytes:
+    """An import's names without comments, parentheses and continuations."""
+    return re.sub(rb"#[^\n]*|[()\\]", b" ", names)
+
+
+#: An import statement: ``from .m import a, b``, ``from m import (a,\n b)``
+#: or ``import m.n as o, p``, at a line's start or after ``:`` or ``;``.
+_IMPORT = re.compile(
+    rb"(?:^|[:;])[ \t]*(?:"
+    rb"from[ \t]+(?P<dots>\.*)[ \t]*(?P<module>[\w.]*)[ \t]+import[ \t]*"
+    rb"(?P<names>\((?:[^)#]|#[^\n]*)*\)|(?:[^\n#;\\]|\\\n)*)"
+    rb"|import[ \t]+(?P<plain>(?:[^\n#;\\]|\\\n)+))",
+    re.MULTILINE,
+)
+
+
+def _cache_file() -> Path | None:
+    from deepstack_patch.engine.cache import cache_dir
+    from deepstack_patch.engine.errors import DeepstackError
+
+    try:
+        return cache_dir() / "runtime-names" / f"import-lists-v{_SCHEMA}.json"
+    except DeepstackError:
+        return None
+
+
+def _load() -> dict[str, Summary]:
+    file = _cache_file()
+    try:
+        stored: Any = json.loads(file.read_text()) if file else {}
+        return {
+            key: Summary(code, tuple((lv, m, tuple(n)) for lv, m, n in imports))
+            for key, (code, imports) in stored.items()
+        }
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}  # unreadable: parse again
+
+
+def save() -> None:
+    """Keep the summaries this process made (with those another process
+    kept since): a cache that cannot be written only costs time."""
+    file = _cache_file()
+    if not _NEW or file is None:
+        return
+    merged = {**_load(), **_NEW}
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        partial = file.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(
+            json.dumps(
+                {k: [s.code, [list(i) for i in s.imports]] for k, s in merged.items()}
+            )
+        )
+        partial.replace(file)
+        _NEW.clear()
+    except OSError:
+        pass

@@ -1,0 +1,250 @@
+"""Issue 41 item 4: a typed verdict is keyed by the checked file and the
+``vllm`` modules ty can reach from it (engine/derived/closure.py), not by
+the whole package: an edit elsewhere keeps it, an edit on the way (however
+deep) checks the patch again, and it is never stale."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from deepstack_patch.engine.derived import closure, typecheck
+from deepstack_patch.engine.protocol import PatchState
+
+from tests.test_derived_runtime import patch_of, report_of, whole_tree
+
+#: vllm/toy.py reads ToyConfig (vllm/config.py), which gets its fields from
+#: Base (vllm/base.py, relative and two levels from the checked file).
+BASE = "class Base:\n    limit: int = 4\n"
+CONFIG = "from .base import Base\n\n\nclass ToyConfig(Base):\n    pass\n"
+TOY = """from vllm.config import ToyConfig
+
+
+def check(config: ToyConfig):
+    return config.limit
+"""
+FIXED = TOY.replace(
+    "    return config.limit",
+    "    if config.strict:\n        return 0\n    return config.limit",
+)
+#: A module toy.py does not reach (it names ``strict`` too: only ty tells).
+OTHER = "class Pool:\n    strict: bool = True\n"
+
+
+def test_an_edit_outside_the_closure_keeps_the_verdict_and_one_inside_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
+    runs: list[str] = []
+    real = typecheck.diagnostics
+
+    def counted(root: Path, path: str, *args: object):
+        runs.append(path)
+        return real(root, path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(typecheck, "diagnostics", counted)
+    root = whole_tree(
+        tmp_path / "tree",
+        {
+            "vllm/base.py": BASE,
+            "vllm/config.py": CONFIG,
+            "vllm/toy.py": TOY,
+            "vllm/pool.py": OTHER,
+        },
+    )
+    patch = patch_of("local#t", "vllm/toy.py", TOY, FIXED)
+    assert report_of(root, patch).state is PatchState.DRIFTED
+    assert len(runs) == 1
+    # A module nothing on toy.py's way imports: the verdict is kept.
+    (root / "vllm/pool.py").write_text(OTHER + "\n\ndef spare():\n    return 1\n")
+    (root / "vllm/__init__.py").write_text("from vllm.pool import Pool\n")
+    report = report_of(root, patch)
+    assert report.state is PatchState.DRIFTED
+    assert "`ToyConfig.strict`" in report.reason
+    assert len(runs) == 1
+    # Two levels down (toy -> config -> base): checked again, and not stale.
+    (root / "vllm/base.py").write_text(BASE + "    strict: bool = False\n")
+    assert report_of(root, patch).state is PatchState.NEEDED
+    assert len(runs) == 2
+    # Back as it was: the first verdict again, from the cache.
+    (root / "vllm/base.py").write_text(BASE)
+    assert report_of(root, patch).state is PatchState.DRIFTED
+    assert len(runs) == 2
+
+
+def index(files: dict[str, str]) -> closure.ModuleIndex:
+    return closure.ModuleIndex({k: v.encode() for k, v in files.items()})
+
+
+def reached(files: dict[str, str], path: str) -> set[str]:
+    """The modules of ``files`` the closure of ``path`` holds as present."""
+    found = index(files).closure(path, [files[path].encode()])
+    return {m for m, state in found.items() if "=" in state}
+
+
+def test_the_closure_follows_every_kind_of_static_import() -> None:
+    files = {
+        "vllm/__init__.py": "from vllm.everything import X\n",
+        "vllm/everything.py": "",
+        "vllm/a/__init__.py": "",
+        "vllm/a/file.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from vllm.typed import T\n"
+            "from . import sibling\n"
+            "from ..b.mod import (\n    one,  # why ) here\n    two as three,\n)\n"
+            "from vllm.star import *\n"
+            "def f():\n    import vllm.lazy.deep as d\n"
+        ),
+        "vllm/typed.py": "from .deeper import D\n",
+        "vllm/deeper.py": "",
+        "vllm/a/sibling.py": "",
+        "vllm/b/__init__.py": "",
+        "vllm/b/mod.py": "",
+        "vllm/star.py": "from vllm.starred import *\n",
+        "vllm/starred.py": "",
+        "vllm/lazy/__init__.py": "",
+        "vllm/lazy/deep.py": "",
+        "vllm/unread.py": "",
+    }
+    assert reached(files, "vllm/a/file.py") == {
+        "vllm.typed",
+        "vllm.deeper",
+        "vllm.a",  # `from . import sibling` reads the package
+        "vllm.a.sibling",
+        "vllm.b.mod",
+        "vllm.star",
+        "vllm.starred",
+        # `import vllm.lazy.deep` binds `vllm`: the package's body is read.
+        "vllm",
+        "vllm.everything",
+        "vllm.lazy",
+        "vllm.lazy.deep",
+    }
+    # Without a statement that names `vllm`, its __init__ is not read.
+    files["vllm/a/file.py"] = "from vllm.b.mod import one\n"
+    assert reached(files, "vllm/a/file.py") == {"vllm.b.mod"}
+
+
+def test_a_module_that_appears_or_an_init_that_goes_is_a_new_key() -> None:
+    files = {
+        "vllm/__init__.py": "",
+        "vllm/a/__init__.py": "",
+        "vllm/a/file.py": "from vllm.b import gone\n",
+        "vllm/b/__init__.py": "",
+    }
+    source = [files["vllm/a/file.py"].encode()]
+    first = index(files).digest("vllm/a/file.py", source)
+    assert index(files).digest("vllm/a/file.py", source) == first
+    # `gone` becomes a submodule: ty resolves the import another way.
+    assert index({**files, "vllm/b/gone.py": ""}).digest(
+        "vllm/a/file.py", source
+    ) not in (first,)
+    # vllm/a becomes a namespace package.
+    without = {k: v for k, v in files.items() if k != "vllm/a/__init__.py"}
+    assert index(without).digest("vllm/a/file.py", source) != first
+    # The fix's code imports more than the file: its modules count too.
+    assert (
+        index(files).digest("vllm/a/file.py", [*source, b"    import vllm.b.c\n"])
+        != first
+    )
+
+
+def test_import_lists_are_scanned_once_per_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
+    for memo in ("_KNOWN", "_NEW", "_BY_CONTENT", "_NAMED_BY"):
+        monkeypatch.setattr(closure, memo, {})
+    monkeypatch.setattr(closure, "_LOADED", [])
+    files = {
+        "vllm/__init__.py": "",
+        "vllm/one.py": "from vllm.two import x  # 41\n",
+        "vllm/two.py": "x = 1  # 41\n",
+    }
+    first = index(files)
+    first.closure("vllm/one.py", [files["vllm/one.py"].encode()])
+    assert first.scanned == 2
+    closure.save()
+    # Another process: the lists come from the cache folder.
+    for memo in ("_KNOWN", "_BY_CONTENT", "_NAMED_BY"):
+        monkeypatch.setattr(closure, memo, {})
+    monkeypatch.setattr(closure, "_LOADED", [])
+    again = index(files)
+    again.closure("vllm/one.py", [files["vllm/one.py"].encode()])
+    assert again.scanned == 0
+
+
+@pytest.mark.parametrize(
+    ("source", "imports"),
+    [
+        ("import vllm.a.b as c, vllm.d\n", [(0, "vllm.a.b", ()), (0, "vllm.d", ())]),
+        ("x = 1; import vllm.e\n", [(0, "vllm.e", ())]),
+        ("if T: from vllm.f import g\n", [(0, "vllm.f", ("g",))]),
+        ("from vllm.h import \\\n    i, j\n", [(0, "vllm.h", ("i", "j"))]),
+        ("from ... import k\n", [(3, "", ("k",))]),
+    ],
+)
+def test_the_scan_finds_imports_a_line_scan_would_miss(
+    source: str, imports: list[closure.Import]
+) -> None:
+    assert list(closure.summarise(source.encode()).imports) == imports
+
+
+def test_a_later_state_of_the_overlay_hashes_none_of_the_files_it_shares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each patch that writes makes a new state (a new index) of a package
+    whose other files are the same bytes: they are not hashed again."""
+    files = {
+        "vllm/__init__.py": b"",
+        "vllm/one.py": b"from vllm.two import x  # shared\n",
+        "vllm/two.py": b"x = 1  # shared\n",
+    }
+    closure.ModuleIndex(files).closure("vllm/one.py", [files["vllm/one.py"]])
+    hashed: list[bytes] = []
+    real = closure.hashlib.blake2b
+
+    def counted(raw: bytes, **options: int):
+        hashed.append(raw)
+        return real(raw, **options)
+
+    monkeypatch.setattr(closure.hashlib, "blake2b", counted)
+    rewritten = {**files, "vllm/one.py": b"from vllm.two import x  # rewritten\n"}
+    closure.ModuleIndex(rewritten).closure("vllm/one.py", [rewritten["vllm/one.py"]])
+    assert hashed == [rewritten["vllm/one.py"]]
+
+
+def test_a_later_state_takes_only_what_its_unchanged_modules_worked_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new index takes the last one's work on each module whose files did
+    not change, and answers as an index made from nothing would."""
+    files = {
+        "vllm/__init__.py": b"",
+        "vllm/one.py": b"from vllm.two import x\n",
+        "vllm/two.py": b"from vllm.three import y\nx = 1\n",
+        "vllm/three.py": b"y = 1\n",
+        "vllm/four.py": b"z = 1\n",
+    }
+    source = [files["vllm/one.py"]]
+    monkeypatch.setattr(closure, "_LAST", [])
+    closure.ModuleIndex(files).digest("vllm/one.py", source)
+    named: list[str] = []
+    real = closure._named_by
+
+    def counted(relpath: str, *args: object) -> list[str]:
+        named.append(relpath)
+        return real(relpath, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(closure, "_named_by", counted)
+    # vllm/two.py now also reads vllm/four.py; vllm/new/ is a new folder.
+    later = {
+        **files,
+        "vllm/two.py": b"from vllm.three import y\nfrom vllm.four import z\nx = 1\n",
+        "vllm/new/five.py": b"",
+    }
+    inherited = closure.ModuleIndex(later).digest("vllm/one.py", source)
+    assert named == ["vllm/two.py", "vllm/four.py"]
+    monkeypatch.setattr(closure, "_LAST", [])
+    assert closure.ModuleIndex(later).digest("vllm/one.py", source) == inherited
+    assert "vllm.four" in closure.ModuleIndex(later).closure("vllm/one.py", source)
