@@ -231,10 +231,10 @@ def test_vllm_46168s_method_is_found_in_the_class_0_20_2_has_it_in() -> None:
     assert old.report(patch.id).state is PatchState.NOT_APPLICABLE
     plan = plan_tree(release_files("0.20.2", [DEEPSEEK]), [patch], rewrite=True)
     report = plan.report(patch.id)
-    assert (report.state, report.reason) == (
-        PatchState.NEEDED,
-        "found as `DeepseekV2ForCausalLM.load_weights`",
-    )
+    # One file of the release: its runtime names cannot be checked, and the
+    # reason says so (issue 40 item 7) where it said where the code was found.
+    assert report.state is PatchState.NEEDED
+    assert report.reason.startswith("runtime names not checked"), report.reason
     (edit,) = plan.edits
     source = SourceFile(DEEPSEEK, edit.new)
     (applied,) = patch.recognise(source.ast, DEEPSEEK)

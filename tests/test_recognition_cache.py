@@ -37,9 +37,10 @@ def findings(tree: VllmTree, cache: RecognitionCache | None) -> object:
 
 @pytest.fixture
 def cache(tmp_path: Path) -> RecognitionCache:
-    found = RecognitionCache.for_series(SERIES)
-    assert found is not None
-    return RecognitionCache(tmp_path / "cache", found.fingerprint)
+    # Any fixed fingerprint serves these tests of storing and finding: they
+    # must not depend on whether the series' code could be fingerprinted in
+    # this worker (a whole run left for_series returning None here, issue 41).
+    return RecognitionCache(tmp_path / "cache", b"tests: one series")
 
 
 def test_a_changed_byte_is_never_served_a_stale_answer(
