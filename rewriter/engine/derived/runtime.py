@@ -51,7 +51,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import hashlib
 import os
 import re
 from collections import ChainMap, Counter
@@ -193,7 +192,6 @@ class Package:
     earlier patches of the series leave them (engine/context.py)."""
 
     files: tuple[tuple[str, bytes], ...]
-    digest: str
 
 
 def package_of(context: TreeContext) -> Package:
@@ -216,11 +214,7 @@ def _package(context: TreeContext) -> Package:
             context.memo[key] = on_disk
             return on_disk
         files = tuple(sorted({**dict(on_disk.files), **laid}.items()))
-        digest = hashlib.sha256(on_disk.digest.encode())  # the key of ty's verdict
-        for relpath, raw in laid.items():
-            digest.update(f"{relpath}\0{len(raw)}\0".encode())
-            digest.update(raw)
-        context.memo[key] = Package(files, digest.hexdigest())
+        context.memo[key] = Package(files)
     return context.memo[key]  # type: ignore[return-value]
 
 
@@ -238,11 +232,7 @@ def _package_on_disk(context: TreeContext) -> Package:
                         files.append(
                             (os.path.relpath(full, context.root), handle.read())
                         )
-        digest = hashlib.sha256()
-        for relpath, raw in files:
-            digest.update(f"{relpath}\0{len(raw)}\0".encode())
-            digest.update(raw)
-        context.on_disk[key] = Package(tuple(files), digest.hexdigest())
+        context.on_disk[key] = Package(tuple(files))
     return context.on_disk[key]  # type: ignore[return-value]
 
 
