@@ -49,8 +49,14 @@ def run_proof(env: object, tree: Path, patch_id: str) -> tuple[str, str]:
     return result.status, result.message
 
 
-#: Every file of a tree: its bytes and mode bits (a link: its target, mode 0).
-Snapshot = dict[str, tuple[bytes, int]]
+class Snapshot(dict[str, tuple[bytes, int]]):
+    """Every file of a tree: its bytes and mode bits (a link: its target,
+    mode 0). Compared as a dict; shown by its size, so that a failed
+    comparison lists only the files that differ (pytest's dict diff), never
+    the whole tree's bytes (on CI pytest prints operands unabridged)."""
+
+    def __repr__(self) -> str:
+        return f"<snapshot of {len(self)} files>"
 
 
 def snapshot(root: Path, skip: Container[str] = ()) -> Snapshot:
@@ -58,7 +64,7 @@ def snapshot(root: Path, skip: Container[str] = ()) -> Snapshot:
 
     Folders named in ``skip`` (e.g. ``.git``) are left out.
     """
-    found: Snapshot = {}
+    found = Snapshot()
     for dirpath, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d not in skip]
         for name in files:
