@@ -16,7 +16,6 @@ import difflib
 from pathlib import Path
 
 import pytest
-
 from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.derived import DerivedPatch
 from deepstack_patch.engine.plan import plan_tree, rewrite_text
@@ -69,7 +68,8 @@ class Norm:
 LAYER_FIXED = (
     LAYER.replace('"""Layers."""', '"""Layers, built by factories."""')
     .replace(
-        "        bias: whether to add a bias. Setting this\n        to True costs memory.\n",
+        "        bias: whether to add a bias. Setting this\n"
+        "        to True costs memory.\n",
         "        bias: whether to add a bias. Setting this\n"
         "            to True costs memory.\n",
     )
@@ -217,7 +217,8 @@ def test_documentation_alone_never_makes_a_patch_needed(
     """Where the fix's code is not in the tree, its documentation alone is
     nothing to do."""
     patch, _, _ = derived
-    elsewhere = POOL.replace("    def take(self, n):\n        return self.free[:n]\n", "")
+    take = "    def take(self, n):\n        return self.free[:n]\n"
+    elsewhere = POOL.replace(take, "")
     plan = plan_tree(_tree(tmp_path / "e", {CODE: elsewhere, DOCS: LAYER}), [patch])
     assert plan.report(patch.id).state is PatchState.NOT_APPLICABLE
     assert not plan.edits
@@ -239,3 +240,35 @@ def test_a_docstring_is_compared_exactly(derived) -> None:
     ]
     assert found.state is PatchState.NOT_APPLICABLE
     assert found.reason.startswith("left out:")
+
+
+#: vllm#48008's documentation-only file, as 0.25.1's maintainers carried it.
+FUSED_MOE = "vllm/model_executor/layers/fused_moe/layer.py"
+
+
+@pytest.mark.release
+def test_vllm_48008s_docstring_is_carried_as_the_maintainers_did() -> None:
+    """The fact this adds: on the real 0.25.0, ``FusedMoE``'s docstring as
+    0.25.1 has it (the release diff restricted to that function, whose code
+    did not change) is a documentation unit, needed; the rewrite writes
+    0.25.1's text byte for byte, which is then applied."""
+    from tests.support.upstream_diff import (
+        release_files,
+        restricted_after,
+        upstream_diff,
+    )
+
+    diff = upstream_diff("0.25.0", "0.25.1", {FUSED_MOE: (["FusedMoE"], [])})
+    base = release_files("0.25.0", [FUSED_MOE])
+    result = derive_patch_from_text(diff, base, "local#48008")
+    assert result.round_trip == "text"
+    (unit,) = result.patch.units
+    assert (unit.name, unit.documentation_only) == ("FusedMoE", True)
+    plan = plan_tree(base, [result.patch], rewrite=True)
+    assert plan.report(result.patch.id).state is PatchState.NEEDED
+    (edit,) = plan.edits
+    before = Path(base.root, FUSED_MOE).read_text()
+    after = Path(release_files("0.25.1", [FUSED_MOE]).root, FUSED_MOE).read_text()
+    assert edit.new.decode() == restricted_after(before, after, ["FusedMoE"])
+    fixed = plan_tree(release_files("0.25.1", [FUSED_MOE]), [result.patch])
+    assert fixed.report(result.patch.id).state is PatchState.APPLIED

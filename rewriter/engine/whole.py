@@ -22,8 +22,7 @@ WITH_THE_REST_NEVER_HERE = (
 #: What a part already as the fix leaves it says, where documentation of the
 #: fix is left out: never ``applied`` while one of its edits is missing.
 WITH_DOCUMENTATION_LEFT_OUT = (
-    "already as the fix leaves it, but the documentation the fix edits is "
-    "left out"
+    "already as the fix leaves it, but the documentation the fix edits is left out"
 )
 
 

@@ -20,7 +20,6 @@ from deepstack_patch.engine.derived.data import Anchor, Edit, Step, Unit
 from deepstack_patch.engine.derived.match import one_statement, with_block
 from deepstack_patch.engine.source import code_lines
 
-
 #: The unit of the module's docstring (its name in Python).
 MODULE_DOCSTRING = "__doc__"
 
@@ -559,7 +558,9 @@ def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]
     prefix = ".".join(pair[0].name for pair in chain)  # type: ignore[attr-defined]
     texts = found.code if found.code != ("", "") else (edit.removed, edit.inserted)
     if edit.kind == "docstring":  # of a class (no function on the way) or module
-        return ("class", prefix, texts) if prefix else ("module-statement", MODULE_DOCSTRING, texts)
+        if prefix:
+            return "class", prefix, texts
+        return "module-statement", MODULE_DOCSTRING, texts
     if edit.kind == "imports":
         return "import", "imports", texts
     if edit.kind == "entry":
