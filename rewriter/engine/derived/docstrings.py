@@ -8,6 +8,10 @@ write them) rides along. Where the unit is needed and the target's docstring
 is the one the fix edits, the rewrite writes upstream's; where it is
 another (a vendor's, an older wording), it is left as it is, with a note;
 where it is upstream's already, there is nothing to do.
+
+A docstring a fix edits alone (of a definition whose code it leaves as it
+is) is a documentation unit of its own (``Unit.documentation_only``),
+carried only where the old text is there exactly (:func:`exact_action`).
 """
 
 from __future__ import annotations
