@@ -140,28 +140,18 @@ def test_a_new_methods_docstring_keeps_its_indentation(tmp_path: Path) -> None:
     assert rewrite_text(patch, BEFORE, PATH) == after
 
 
-def test_a_docstring_changed_alone_is_left_out_with_a_note(tmp_path: Path) -> None:
-    """A docstring of a definition the fix does not otherwise change (and a
-    class's, the module's): no unit carries it, derive says so, and the
-    round trip compares the code."""
+def test_a_docstring_changed_alone_is_a_unit_of_its_own(tmp_path: Path) -> None:
+    """A docstring of a definition the fix does not otherwise change (a
+    class's, a method's): a documentation unit carries it (issue 40 item 5,
+    tests/test_derived_documentation.py), and the round trip is the text."""
     after = AFTER.replace("Counts keys.", "Counts the keys.").replace(
         '"""A cache."""', '"""A cache of keys."""'
     )
     patch, round_trip, notes = derive(tmp_path, BEFORE, after)
-    assert [unit.name for unit in patch.units] == ["interleave"]
-    assert round_trip == "ast"
-    assert notes[:2] == [
-        f"{PATH}: the docstring of {name} changes alone; left out (docstrings "
-        "never count for a derived patch)"
-        for name in ("Cache", "Cache.size")
-    ]
-    # and the round trip's own note, on the lines whose text differs
-    assert notes[2:] == [
-        f"{PATH}: the rewrite's text differs from the diff's result at line(s) "
-        "15, 23 of the result (the same code: a comment, docstring or blank "
-        "line the fix changes away from the statements it changes is not "
-        "carried)"
-    ]
+    assert [unit.name for unit in patch.units] == ["interleave", "Cache", "Cache.size"]
+    assert [unit.documentation_only for unit in patch.units] == [False, True, True]
+    assert (round_trip, notes) == ("text", [])
+    assert rewrite_text(patch, BEFORE, PATH) == after
 
 
 def test_the_fixed_code_with_the_old_docstring_is_needed_not_applied(

@@ -291,7 +291,7 @@ def _read_changes(
         except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
             raise _unexpected(exc, f"reading the change of {path}", diff_name) from exc
         if not changed:
-            notes.append(f"{path}: only comments, docstrings or formatting change")
+            notes.append(f"{path}: only comments or formatting change")
             continue
         notes += [
             f"{path}: {_docstring_of(name)} changes alone; left out "

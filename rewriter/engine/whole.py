@@ -19,6 +19,13 @@ WITH_THE_REST_NEVER_HERE = (
 )
 
 
+#: What a part already as the fix leaves it says, where documentation of the
+#: fix is left out: never ``applied`` while one of its edits is missing.
+WITH_DOCUMENTATION_LEFT_OUT = (
+    "already as the fix leaves it, but the documentation the fix edits is left out"
+)
+
+
 def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
     """A patch that applies whole or not at all (``applies_whole``: a patch
     derived from a diff, which cannot know that its parts stand apart) and
@@ -36,17 +43,24 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
         patch = report.patch
         if not getattr(patch, "applies_whole", False) or not report.locations:
             continue
+        documentation = getattr(patch, "documentation_parts", frozenset())
+        code = [part for part in patch.parts if part not in documentation]
         located = {loc.finding.part for loc in report.locations}
-        states = {part: report.part_state(part)[0] for part in located}
+        states = {part: report.part_state(part)[0] for part in located & set(code)}
         there = {p: s for p, s in states.items() if s is not PatchState.NOT_APPLICABLE}
-        if not there:
-            continue  # nothing of the fix is in this tree
+        if code and not there:
+            # Nothing of the fix's code is in this tree: its documentation
+            # alone is nothing to do.
+            _documentation_alone(report, documentation)
+            continue
         never = [p for p, s in states.items() if s is PatchState.NOT_APPLICABLE]
-        absent = [part for part in patch.parts if part not in located]
+        absent = [part for part in code if part not in located]
         needed = PatchState.NEEDED in there.values()
         if never and not absent and set(there.values()) == {PatchState.APPLIED}:
             _never_had_the_bug(report)
+            _documentation_alone(report, documentation)
             continue
+        _documentation_left_out(report, documentation, located)
         while_there = _while(patch, there)
         report.locations.extend(
             Location(
@@ -78,6 +92,79 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
                 else loc
                 for loc in report.locations
             ]
+
+
+def _documentation_alone(report: PatchReport, documentation: frozenset[str]) -> None:
+    """The documentation parts where the fix's code is not in this tree:
+    not applicable (documentation never makes a patch needed or applied)."""
+    report.locations = [
+        Location(
+            loc.path,
+            dataclasses.replace(
+                loc.finding,
+                state=PatchState.NOT_APPLICABLE,
+                reason="documentation of a fix whose code is not in this release",
+                details={},
+            ),
+        )
+        if loc.finding.part in documentation
+        and loc.state in (PatchState.NEEDED, PatchState.APPLIED)
+        else loc
+        for loc in report.locations
+    ]
+
+
+def _documentation_left_out(
+    report: PatchReport, documentation: frozenset[str], located: set[str]
+) -> None:
+    """The documentation parts left out (their definition absent, or its
+    text neither the old nor the new: not applicable, ``left out: ...``)
+    never hold the fix's code back, and are shown: each absent one at its
+    file; and the patch is never ``applied`` while one is left out: its
+    applied parts are then not applicable, saying what was left out."""
+    patch = report.patch
+    absent = [part for part in documentation if part not in located]
+    report.locations.extend(
+        Location(
+            patch.part_file(part) or report.locations[0].path,
+            Finding(
+                state=PatchState.NOT_APPLICABLE,
+                symbol=_name(part),
+                line=0,  # the definition is not in its file: no line to show
+                span=(0, 0),
+                reason=f"left out: {patch.parts[part]} is absent",
+                part=part,
+            ),
+        )
+        for part in sorted(absent)
+    )
+    left_out = [
+        part
+        for part in documentation
+        if report.part_state(part)[0] is PatchState.NOT_APPLICABLE
+    ]
+    if not left_out or report.state is not PatchState.APPLIED:
+        return
+    named = ", ".join(
+        sorted(
+            f"{_name(patch.part_label(part))} ({patch.part_file(part)})"
+            for part in left_out
+        )
+    )
+    report.locations = [
+        Location(
+            loc.path,
+            dataclasses.replace(
+                loc.finding,
+                state=PatchState.NOT_APPLICABLE,
+                reason=f"{WITH_DOCUMENTATION_LEFT_OUT}: {named}",
+                details={},
+            ),
+        )
+        if loc.state is PatchState.APPLIED
+        else loc
+        for loc in report.locations
+    ]
 
 
 def _while(patch: Patch, there: dict[str, PatchState]) -> str:

@@ -34,6 +34,8 @@ UNIT_KINDS = (
     "entry",
 )
 EDIT_KINDS = ("body", "header", "imports", "docstring", "entry")
+#: The edit kinds that change documentation alone, never code.
+DOCUMENTATION = frozenset({"docstring"})
 
 #: The units that add or delete a whole file: ``after`` (``before``) is the
 #: file's whole text, the other side is "", and the data file records no
@@ -142,6 +144,13 @@ class Unit:
     @property
     def whole_file(self) -> bool:
         return self.kind in FILE_KINDS
+
+    @property
+    def documentation_only(self) -> bool:
+        """Whether the fix changes only documentation here (docstrings): such
+        a unit is carried where the old text is found exactly, and never
+        holds the fix's code back (docs/derive.md)."""
+        return bool(self.edits) and all(e.kind in DOCUMENTATION for e in self.edits)
 
 
 #: What ``units.statement_name`` calls statements that bind no name.

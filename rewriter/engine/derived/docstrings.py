@@ -8,6 +8,10 @@ write them) rides along. Where the unit is needed and the target's docstring
 is the one the fix edits, the rewrite writes upstream's; where it is
 another (a vendor's, an older wording), it is left as it is, with a note;
 where it is upstream's already, there is nothing to do.
+
+A docstring a fix edits alone (of a definition whose code it leaves as it
+is) is a documentation unit of its own (``Unit.documentation_only``),
+carried only where the old text is there exactly (:func:`exact_action`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,34 @@ def action(compiled: CompiledEdit, block: Sequence[ast.stmt]) -> tuple[str, str]
     if ours == before:
         return (ADD if ours is None else REMOVE if after is None else REPLACE), ""
     return "", "its docstring is not the one the fix edits: left as it is"
+
+
+def exact_action(compiled: CompiledEdit, block: Sequence[ast.stmt]) -> str | None:
+    """What to do with the docstring of ``block`` where the fix changes only
+    documentation there: one of the actions above where the target's is the
+    one the fix edits, exactly as written (the string's every character, its
+    indentation inside included), "" where it is the fixed one already, None
+    where it is neither (left out: a vendor's wording, another release's)."""
+    ours = (
+        block[0].value.value  # type: ignore[attr-defined]
+        if block and shapes.is_docstring(block[0])
+        else None
+    )
+    before = _raw(compiled.edit.removed)
+    after = _raw(compiled.edit.inserted)
+    if ours == after:
+        return ""
+    if ours == before:
+        return ADD if ours is None else REMOVE if after is None else REPLACE
+    return None
+
+
+def _raw(code: str) -> str | None:
+    """A recorded docstring's value as the file writes it; None: none."""
+    match shapes.parse_statements(code):
+        case [ast.Expr(value=ast.Constant(value=str(text)))]:
+            return text
+    return None
 
 
 def rewrite(module: cst.Module, compiled: CompiledEdit) -> cst.Module:

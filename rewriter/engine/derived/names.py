@@ -100,13 +100,18 @@ def settle(
     reports them: whole, importing nothing alone, reading only names that
     resolve."""
     settled = dict(states)
-    code = [unit for unit in units if unit.kind != "import"]
+    # Documentation never holds the code back, nor stands for it
+    # (engine/whole.py settles it across the patch's files).
+    code = [
+        unit for unit in units if unit.kind != "import" and not unit.documentation_only
+    ]
     imports = [unit for unit in units if unit.kind == "import"]
     if code:
         code_states = [states[unit.part] for unit in code]
     else:  # an imports-only file: the patch's code is in its other files
         code_states = _code_states_elsewhere(patch, path)
     present = [s for s in code_states or () if is_there(s)]
+    _documentation_of_absent_code(patch, units, code, settled, path)
     if code_states and not present:
         # No code of the fix here: its imports alone are nothing to do.
         for unit in imports:
@@ -147,6 +152,34 @@ def settle(
     return settled
 
 
+def _documentation_of_absent_code(
+    patch: DerivedPatch,
+    units: Sequence[Unit],
+    code: Sequence[Unit],
+    settled: dict[str, _State | None],
+    path: str,
+) -> None:
+    """The documentation units of ``path`` not applicable where none of the
+    fix's code is in the tree (here, and in its other files): documentation
+    alone never makes a patch needed or applied."""
+    documentation = [unit for unit in units if unit.documentation_only]
+    if not documentation:
+        return
+    states = [settled[unit.part] for unit in code]
+    states += _code_states_elsewhere(patch, path) or []
+    if not states or any(is_there(state) for state in states):
+        return  # the fix's code is there, or it has none: documentation alone
+    for unit in documentation:
+        state = settled[unit.part]
+        if state is not None and state.state in (PatchState.NEEDED, PatchState.APPLIED):
+            settled[unit.part] = dataclasses.replace(
+                state,
+                state=PatchState.NOT_APPLICABLE,
+                reason="documentation of a fix whose code is not in this release",
+                details={},
+            )
+
+
 def _code_states_elsewhere(
     patch: DerivedPatch, path: str
 ) -> list[_State | None] | None:
@@ -154,7 +187,8 @@ def _code_states_elsewhere(
     tree being recognised; None where no tree is known, or the patch has no
     code at all (its imports then stand for themselves)."""
     context = tree_context()
-    others = sorted({u.path for u in patch.units if u.kind != "import"} - {path})
+    code = [u for u in patch.units if u.kind != "import" and not u.documentation_only]
+    others = sorted({u.path for u in code} - {path})
     if context is None or not others:
         return None
     found: list[_State | None] = []
@@ -163,15 +197,13 @@ def _code_states_elsewhere(
             found += patch.whole_file_states(other) or [None]  # type: ignore[attr-defined]
             continue
         if not context.is_file(other):  # its code is absent
-            found += [
-                None for u in patch.units if u.path == other and u.kind != "import"
-            ]
+            found += [None for u in code if u.path == other]
             continue
         tree = _parsed(context, other)
         if tree is None:
             return None  # unreadable here: undecidable, the file decides
         states = patch.unit_states(tree, other)
-        found += [s for part, s in states.items() if not part.endswith("::imports")]
+        found += [states[u.part] for u in code if u.path == other]
     return found
 
 

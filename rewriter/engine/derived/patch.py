@@ -126,6 +126,12 @@ class DerivedPatch(Patch):
         )
         #: The files it adds or deletes whole (engine/plan.py).
         self.whole_files = tuple(u.path for u in self.units if u.whole_file)
+        #: The parts that change only documentation: left out where their
+        #: text is neither the old nor the new, never holding the code back
+        #: (engine/whole.py).
+        self.documentation_parts = frozenset(
+            u.part for u in self.units if u.documentation_only
+        )
         self._compiled: dict[Edit, CompiledEdit] = {}
         self._fingerprint = b""
 
@@ -207,7 +213,8 @@ class DerivedPatch(Patch):
         states: dict[str, _UnitState | None] = {}
         for unit in sorted(units, key=lambda unit: unit.kind == "import"):
             state = self._state_of(unit, tree, shapes_of, uses_after_fix)
-            if state is None:
+            # Documentation is carried where it is, never followed elsewhere.
+            if state is None and not unit.documentation_only:
                 state = self._moved(unit, tree, shapes_of, uses_after_fix, states)
             states[unit.part] = state
             if unit.kind != "import" and state and state.state is PatchState.NEEDED:
@@ -267,6 +274,8 @@ class DerivedPatch(Patch):
         shapes_of: ShapeCache,
         uses_after_fix: Counter[str] | None,
     ) -> _UnitState | None:
+        if unit.documentation_only:
+            return self._documentation_state(unit, tree, shapes_of)
         states: list[tuple[PatchState, str]] = []
         spans: list[tuple[int, int]] = []
         lines: list[int] = []
@@ -367,6 +376,44 @@ class DerivedPatch(Patch):
             + ", ".join(f"edit {i + 1} {s}" for i, (s, _) in enumerate(states))
         )
         return _UnitState(PatchState.DRIFTED, (first, last), reason, line=line)
+
+    def _documentation_state(
+        self, unit: Unit, tree: ast.Module, shapes_of: ShapeCache
+    ) -> _UnitState | None:
+        """A unit whose edits change only documentation: ``needed`` where the
+        text the fix edits is there exactly, ``applied`` where the fixed text
+        is; where neither, ``not-applicable`` with the reason ``left out: ...``
+        (docs/derive.md: it never holds the fix's code back, and the patch is
+        never ``applied`` while it is left out, engine/whole.py). None where
+        its definition is absent."""
+        details: dict[str, Any] = {}
+        spans: list[tuple[int, int]] = []
+        left_out: list[str] = []
+        for index, edit in enumerate(unit.edits):
+            compiled = self._compile(edit)
+            located = _locate(compiled, tree, shapes_of)
+            if located is None:
+                return None
+            if isinstance(located, _Drifted):
+                left_out.append(located.reason)
+                continue
+            spans.append(_documentation_span(located))
+            todo = docstrings.exact_action(compiled, located.block)
+            if todo is None:
+                left_out.append(
+                    f"the docstring of {_documented(unit, located)} is neither "
+                    "the one the fix edits nor the fixed one"
+                )
+            elif todo:
+                details[str(index)] = docstrings.details_of(todo)
+        first = min((s for s, _ in spans), default=1)
+        span = (first, max((e for _, e in spans), default=first))
+        reason = "left out: " + "; ".join(left_out) if left_out else ""
+        if details:
+            return _UnitState(PatchState.NEEDED, span, reason, details, first)
+        if left_out:
+            return _UnitState(PatchState.NOT_APPLICABLE, span, reason, line=first)
+        return _UnitState(PatchState.APPLIED, span, "", line=first)
 
     def _renamed(
         self, unit: Unit, tree: ast.Module, state: _UnitState, uses: Counter[str] | None
@@ -499,6 +546,30 @@ def _locate(
             )
         block, owner = inner, node
     return _Located(block, owner, unit_node, None, unit_first)
+
+
+def _documentation_span(located: _Located) -> tuple[int, int]:
+    """The lines a documentation edit may rewrite: its definition's (the
+    module's docstring alone, where it is the module's)."""
+    if not isinstance(located.unit_node, ast.Module):
+        return _lines(located.unit_node)
+    block = located.block
+    if block and shapes.is_docstring(block[0]):
+        return block[0].lineno, block[0].end_lineno or block[0].lineno
+    return 1, 1
+
+
+def _documented(unit: Unit, located: _Located) -> str:
+    """The definition whose docstring a documentation edit changes, as a
+    reason names it."""
+    match located.unit_node:
+        case ast.Module():
+            return f"the module {unit.path}"
+        case ast.ClassDef(name=name):
+            return f"class {name}"
+        case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
+            return f"def {name}"
+    return unit.name
 
 
 @dataclass

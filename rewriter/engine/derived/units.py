@@ -20,6 +20,9 @@ from deepstack_patch.engine.derived.data import Anchor, Edit, Step, Unit
 from deepstack_patch.engine.derived.match import one_statement, with_block
 from deepstack_patch.engine.source import code_lines
 
+#: The unit of the module's docstring (its name in Python).
+MODULE_DOCSTRING = "__doc__"
+
 
 @dataclass
 class _Found:
@@ -43,6 +46,11 @@ class _Differ:
         #: Whether a large literal's entries are edits of their own (a data
         #: file derived before they were holds the whole statement).
         self.by_entries = by_entries
+
+    def module(self, before: ast.Module, after: ast.Module) -> None:
+        """The whole change: the module's docstring, then its statements."""
+        self.docstring(before.body, after.body, (), ())
+        self.block(before.body, after.body, (), ())
 
     def shape(self, node: ast.stmt) -> str:
         return shapes.shape(node, self.memo)
@@ -103,6 +111,11 @@ class _Differ:
             for offset in range(i2 - i1):
                 was, now = old[i1 + offset], new[j1 + offset]
                 if self.shape(was) == self.shape(now):
+                    # The same code; its docstrings may still differ (shapes
+                    # leave them out): those are edits of their own.
+                    if _documentation(was) != _documentation(now):
+                        around = self.neighbours(old, i1 + offset, stable)
+                        self.documentation(was, now, steps, chain, around)
                     continue
                 if _inside_only(was, now, self.memo):
                     around = self.neighbours(old, i1 + offset, stable)
@@ -155,9 +168,50 @@ class _Differ:
             ]:
                 continue
             step = Step(code, name, *neighbours)
-            if definition and name == "body" and _first_def(chain):
+            if definition and name == "body":
                 self.docstring(old_inner, new_inner or [], (*steps, step), chain)
             self.block(old_inner, new_inner, (*steps, step), chain)
+
+    def documentation(
+        self,
+        was: ast.stmt,
+        now: ast.stmt,
+        steps: tuple[Step, ...],
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+        neighbours: tuple[Anchor | None, Anchor | None] = (None, None),
+    ) -> None:
+        """Two aligned statements of the same code (docstrings aside): the
+        docstring of each definition in them that the fix edits is an edit of
+        its own, found on the way :meth:`inside` finds code."""
+        if not shapes.is_compound(was):
+            return
+        definition = isinstance(was, shapes.DEFINITIONS)
+        if definition:
+            chain = (*chain, (was, now))
+            code = shapes.header_source(self.before_lines, was)
+        else:
+            code = shapes.header_code(was)
+        for name in shapes.BLOCK_FIELDS:
+            old_inner = getattr(was, name, None)
+            new_inner = getattr(now, name, None)
+            if not isinstance(old_inner, list) or not isinstance(new_inner, list):
+                continue
+            if not old_inner or not new_inner:
+                continue
+            step = Step(code, name, *neighbours)
+            if definition and name == "body":
+                self.docstring(old_inner, new_inner, (*steps, step), chain)
+            old = shapes.without_docstring(old_inner)
+            new = shapes.without_docstring(new_inner)
+            if len(old) != len(new):
+                continue  # not the same code after all: block() said the rest
+            every = set(range(len(old)))
+            for at, (inner_was, inner_now) in enumerate(zip(old, new, strict=True)):
+                if _documentation(inner_was) != _documentation(inner_now):
+                    around = self.neighbours(old, at, every)
+                    self.documentation(
+                        inner_was, inner_now, (*steps, step), chain, around
+                    )
 
     def entries(
         self,
@@ -371,6 +425,16 @@ def _docstring(block: Sequence[ast.stmt]) -> list[ast.stmt]:
     return list(block[:1]) if block and shapes.is_docstring(block[0]) else []
 
 
+def _documentation(node: ast.AST) -> list[str | None]:
+    """The docstrings of the definitions in ``node``, exactly as written
+    (what two statements of the same code may still differ in)."""
+    return [
+        ast.get_docstring(inner, clean=False)
+        for inner in ast.walk(node)
+        if isinstance(inner, shapes.DEFINITIONS)
+    ]
+
+
 def _region_code(
     lines: Sequence[str],
     block: Sequence[ast.stmt],
@@ -430,7 +494,7 @@ def units_of_change(
     ``by_entries=False``: a large literal's statement whole (see
     :mod:`.entries`)."""
     differ = _Differ(before, after, by_entries)
-    differ.block(ast.parse(before).body, ast.parse(after).body, (), ())
+    differ.module(ast.parse(before), ast.parse(after))
     units: dict[tuple[str, str], list[Edit]] = {}
     texts: dict[tuple[str, str], tuple[str, str]] = {}
     for found in differ.found:
@@ -493,6 +557,10 @@ def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]
     edit = found.edit
     prefix = ".".join(pair[0].name for pair in chain)  # type: ignore[attr-defined]
     texts = found.code if found.code != ("", "") else (edit.removed, edit.inserted)
+    if edit.kind == "docstring":  # of a class (no function on the way) or module
+        if prefix:
+            return "class", prefix, texts
+        return "module-statement", MODULE_DOCSTRING, texts
     if edit.kind == "imports":
         return "import", "imports", texts
     if edit.kind == "entry":
@@ -550,5 +618,5 @@ def edits_of_change(before: str, after: str, by_entries: bool = True) -> list[Ed
     (``by_entries=False``: as derive found them before a literal's entries
     were edits of their own, :mod:`.entries`)."""
     differ = _Differ(before, after, by_entries)
-    differ.block(ast.parse(before).body, ast.parse(after).body, (), ())
+    differ.module(ast.parse(before), ast.parse(after))
     return [found.edit for found in differ.found]
