@@ -272,3 +272,20 @@ def test_vllm_48008s_docstring_is_carried_as_the_maintainers_did() -> None:
     assert edit.new.decode() == restricted_after(before, after, ["FusedMoE"])
     fixed = plan_tree(release_files("0.25.1", [FUSED_MOE]), [result.patch])
     assert fixed.report(result.patch.id).state is PatchState.APPLIED
+
+
+def test_documentation_of_a_fix_partly_absent_is_never_written(tmp_path: Path) -> None:
+    """One method of the fix already fixed, the other absent (a release that
+    never had that code), the documentation still old: whatever the patch
+    says, nothing is written while it is not needed."""
+    give = "\n    def give(self, blocks):\n        self.free += blocks\n"
+    pool = POOL + give
+    pool_fixed = POOL_FIXED + give.replace("+= blocks", "+= list(blocks)")
+    base = _tree(tmp_path / "base", {CODE: pool, DOCS: LAYER})
+    diff = _diff(CODE, pool, pool_fixed) + _diff(DOCS, LAYER, LAYER_FIXED)
+    patch = derive_patch_from_text(diff, base, "local#48009").patch
+    partly = POOL_FIXED  # take fixed, give absent; the docstrings old
+    plan = plan_tree(_tree(tmp_path / "p", {CODE: partly, DOCS: LAYER}), [patch])
+    report = plan.report(patch.id)
+    assert report.state is not PatchState.NEEDED, report.reason
+    assert not plan.edits, report.reason

@@ -159,15 +159,18 @@ def _documentation_of_absent_code(
     settled: dict[str, _State | None],
     path: str,
 ) -> None:
-    """The documentation units of ``path`` not applicable where none of the
-    fix's code is in the tree (here, and in its other files): documentation
-    alone never makes a patch needed or applied."""
+    """The documentation units of ``path`` not applicable where some of the
+    fix's code is not in the tree (here, or in its other files): the patch
+    then has nothing to do, or refuses (engine/whole.py), and documentation
+    alone never makes it needed or applied. (Its rewrite is computed before
+    the patch is judged whole: a docstring left needed here would be written
+    while the patch says it is not applicable.)"""
     documentation = [unit for unit in units if unit.documentation_only]
     if not documentation:
         return
     states = [settled[unit.part] for unit in code]
     states += _code_states_elsewhere(patch, path) or []
-    if not states or any(is_there(state) for state in states):
+    if not states or all(is_there(state) for state in states):
         return  # the fix's code is there, or it has none: documentation alone
     for unit in documentation:
         state = settled[unit.part]
