@@ -40,6 +40,20 @@ restricted to its ``vllm/**.py`` files:
   executable, or a python that has it, so the same corpus runs against
   another checkout).
 
+A commit that deepstack-patch refuses alone for a name the release lacks
+(the names stage, the runtime names, ty's verdict), where a mapped commit of
+the same pair earlier on main adds that name (it reads on more of its added
+lines than removed ones), is judged as a vendor carrying both applies it:
+after that *partner* in one series (both derived, ``--patches`` the
+partner's folder first, ``--only`` both, both ``needed``). Only its own
+changes count: the base it is compared from is the release with the
+partner's dry-run alone applied, its hunks are found there, and the
+partner's own effect counts neither for nor against it (a partner's write
+beside its hunks counts against it, never for). The table says which were
+judged so (``same (after vllm#N)``); ``git apply`` and ``--3way`` stay
+judged alone: they write it alone. Where the series does not write both,
+the refusal alone stands.
+
 Each result is compared with the maintainers': the earlier release's files
 with the later release's text in every region that the commit's carried
 hunks or the tool's own changes touch (a region grows to every block of
@@ -472,6 +486,10 @@ class Result:
     #: maintainers' (ok, wrong, not-run), and what they found.
     checks: dict[str, str] = field(default_factory=dict)
     wrong: list[str] = field(default_factory=list)
+    #: deepstack-patch only: the mapped commit of the same release pair this
+    #: one was judged after, in one series (``vllm#N (sha)``), where alone it
+    #: was refused for a name that commit adds; "" judged alone.
+    partner: str = ""
 
 
 def compare(
@@ -628,30 +646,155 @@ def deepstack_patch(
         result.reason = "derive: " + " ".join(message.split())[:300]
         return result
     patch_id = json.loads(made.stdout)["id"]
-    ran = subprocess.run(
-        [*command, "apply", "--vllm-src", str(tree), "--patches", str(derived),
-         "--only", patch_id, "--dry-run", "--format", "json"],
-        capture_output=True, text=True, env=derive_corpus.GIT_ENV,
-    )  # fmt: skip
-    cell = corpus_judge.Cell(
-        commit["sha"], patch_id, commit["prev"], exit_code=ran.returncode
-    )
-    try:
-        corpus_judge._read_document(cell, json.loads(ran.stdout), patch_id)
-    except ValueError:
-        cell.state, cell.reason = "error", (ran.stderr.strip().splitlines() or [""])[-1]
+    cell, document = dry_run(command, tree, [derived], [patch_id], commit)
     if not cell.written:
+        # Whole: the names it quotes may lead to a partner (partner_of).
         result.verdict = "refused"
-        result.reason = f"{cell.state}: " + " ".join(cell.reason.split())[:300]
-    elif not corpus_judge._git_apply(ours, json.loads(ran.stdout)["diff"]):
+        result.reason = f"{cell.state}: " + " ".join(cell.reason.split())
+    elif not corpus_judge._git_apply(ours, document["diff"]):
         result.verdict, result.reason = "differs", "its own dry-run diff does not apply"
     result.written = cell.written
     return result
 
 
+def dry_run(
+    command: list[str],
+    tree: Path,
+    folders: list[Path],
+    ids: list[str],
+    commit: dict,
+) -> tuple[corpus_judge.Cell, dict]:
+    """``apply --dry-run`` of the patches ``ids`` (of ``folders``, in that
+    order: the series order) on ``tree``: the last id's cell, and the
+    document (its diff: every selected patch's)."""
+    ran = subprocess.run(
+        [*command, "apply", "--vllm-src", str(tree),
+         *(a for folder in folders for a in ("--patches", str(folder))),
+         *(a for patch_id in ids for a in ("--only", patch_id)),
+         "--dry-run", "--format", "json"],
+        capture_output=True, text=True, env=derive_corpus.GIT_ENV,
+    )  # fmt: skip
+    cell = corpus_judge.Cell(commit["sha"], ids[-1], commit["prev"], ran.returncode)
+    document: dict = {}
+    try:
+        document = json.loads(ran.stdout)
+        corpus_judge._read_document(cell, document, ids[-1])
+    except ValueError:
+        cell.state, cell.reason = "error", (ran.stderr.strip().splitlines() or [""])[-1]
+    return cell, document
+
+
+# -- a commit judged after its partner ----------------------------------------------
+
+#: How the engine words a refusal for a name the release lacks (the names
+#: stage, the runtime names, ty's verdict): only such a refusal looks for a
+#: partner that adds the name.
+LACKED = (
+    "which this release lacks",
+    "which nothing in this release defines",
+    "does not match any known parameter",
+    "has no attribute",
+)
+
+
+def lacked_names(reason: str) -> list[str]:
+    """The names a refusal for a lacked name quotes (a dotted name's last
+    part; a dunder is no name a commit adds); none for another refusal."""
+    if not any(words in reason for words in LACKED):
+        return []
+    names = [quoted.rsplit(".", 1)[-1] for quoted in re.findall(r"`([\w.]+)`", reason)]
+    return [n for n in dict.fromkeys(names) if not n.startswith("__")]
+
+
+def adds(diff: str, name: str) -> bool:
+    """Whether a commit's diff adds ``name``: it reads on more added lines
+    than removed ones (vllm#41061 adds the parameter `aux_stream_list`, and
+    rewrites two lines of a local of that name). A candidate only: the
+    engine, applying both, says whether the name is then there."""
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    count = Counter(
+        line[0]
+        for line in diff.splitlines()
+        if line[:1] in ("+", "-")
+        and not line.startswith(("+++ ", "--- "))
+        and word.search(line)
+    )
+    return count["+"] > count["-"]
+
+
+def partner_of(reason: str, earlier: list[dict], repo: Path) -> dict | None:
+    """The mapped commit of the same release pair, earlier on main (the
+    nearest first), that adds a name the refusal says the release lacks:
+    a vendor carrying both applies it first."""
+    names = lacked_names(reason)
+    for other in reversed(earlier if names else []):
+        diff = commit_diff(repo, other["sha"])
+        if any(adds(diff, name) for name in names):
+            return other
+    return None
+
+
+def after_partner(
+    command: list[str],
+    commit: dict,
+    partner: dict,
+    repo: Path,
+    tree: Path,
+    paths: list[str],
+    folder: Path,
+    derived: Path,
+    refused: Result,
+) -> tuple[Result, Path] | None:
+    """deepstack-patch on the commit applied after its partner in one series
+    (both derived, the partner's folder first): the result written to
+    ``folder`` (the release's files with both applied), and the base its
+    own changes are judged from (the partner's dry-run alone); None where
+    the series does not write both (the refusal alone then stands)."""
+    partner_id = f"backport-{partner['sha'][:12]}"
+    own_id = f"backport-{commit['sha'][:12]}"
+    partner_folder = folder.parent / "partner-derived"
+    made = subprocess.run(
+        [*command, "derive", "--commit", partner["sha"], "--repo", str(repo),
+         "--base-version", commit["prev"], "--id", partner_id,
+         "--out", str(partner_folder), "--format", "json"],
+        capture_output=True, text=True, env=derive_corpus.GIT_ENV,
+    )  # fmt: skip
+    if made.returncode != 0:
+        return None
+    both, document = dry_run(
+        command, tree, [partner_folder, derived], [partner_id, own_id], commit
+    )
+    alone, partner_document = dry_run(
+        command, tree, [partner_folder], [partner_id], commit
+    )
+    states = {
+        p["id"]: p["state"]
+        for p in document.get("patches", [])
+        if p["id"] in (partner_id, own_id)
+    }
+    if states != {partner_id: "needed", own_id: "needed"}:
+        return None
+    if not both.written or not alone.written:
+        return None
+    touched = sorted({*paths, *both.written})
+    base = _copy(tree, touched, folder.parent / "partner-base")
+    ours = _copy(tree, touched, folder)
+    if not corpus_judge._git_apply(
+        base, partner_document["diff"]
+    ) or not corpus_judge._git_apply(ours, document["diff"]):
+        return None
+    result = Result("deepstack-patch", written=both.written)
+    result.partner = f"{pr_of(partner['subject'])} ({partner['sha'][:12]})"
+    result.reason = (
+        f"judged after its partner {result.partner} in one series; alone: "
+        + refused.reason
+    )
+    return result, base
+
+
 def judge_commit(job: tuple) -> dict:
     """Every tool on one mapped commit: its verdicts (a worker's job)."""
-    commit, repo, trees, command, run = job
+    commit, repo, trees, command, run, earlier = job
     prev_tree, next_tree = trees[commit["prev"]], trees[commit["next"]]
     changes = [
         c for c in parse_diff(commit_diff(repo, commit["sha"])) if _is_python(c.path)
@@ -683,9 +826,28 @@ def judge_commit(job: tuple) -> dict:
                     result = deepstack_patch(
                         command, commit, repo, prev_tree, paths, folder, derived
                     )
+            base, spans = prev_tree, share.spans
+            partner = (
+                partner_of(result.reason, earlier, repo)
+                if name == "deepstack-patch" and result.verdict == "refused"
+                else None
+            )
+            if partner is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+                paired = after_partner(
+                    command, commit, partner, repo, prev_tree, paths, folder,
+                    derived, result,
+                )  # fmt: skip
+                if paired is not None:
+                    # Only this commit's own changes count: its hunks are
+                    # found, and its result compared, on the partner's write.
+                    result, base = paired
+                    spans = own_spans(repo, commit["sha"], base, next_tree, paths)
+                else:
+                    folder.mkdir(parents=True, exist_ok=True)
             if not result.verdict:
                 verdict, result.differs = compare(
-                    paths, prev_tree, next_tree, folder, share.spans, deleted
+                    paths, base, next_tree, folder, spans, deleted
                 )
                 result.verdict = verdict
                 if verdict != "same":
@@ -696,6 +858,20 @@ def judge_commit(job: tuple) -> dict:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return record
+
+
+def own_spans(
+    repo: Path, sha: str, base: Path, next_: Path, paths: list[str]
+) -> dict[str, list[tuple[int, int]]]:
+    """The lines of ``base`` (the release with the partner applied) that the
+    commit's carried hunks change."""
+    files = {p: _read(base / p) for p in paths}
+    later = {p: _read(next_ / p) for p in paths}
+    return carried(
+        parse_diff(commit_diff(repo, sha, "-U1")),
+        {p: t for p, t in files.items() if t is not None},
+        {p: t for p, t in later.items() if t is not None},
+    ).spans
 
 
 def _run_checks(
@@ -816,9 +992,22 @@ def table(pairs: list[dict], records: list[dict]) -> str:
         )
         lines.append(
             f"| {r['next']} | {r['sha'][:12]} | {pr_of(r['subject'])} | {r['kind']} | "
-            + " | ".join(_verdict(r, t) for t in TOOLS)
+            + " | ".join(_verdict(r, t) + _after(r, t) for t in TOOLS)
             + f" | {reason.replace('|', '/')[:160]} |"
         )
+    paired = [
+        f"{pr_of(r['subject'])} after {x['partner']} on {r['prev']} ({x['verdict']})"
+        for r in records
+        for x in r["results"]
+        if x.get("partner")
+    ]
+    if paired:
+        lines += [
+            "",
+            "Judged after a partner in one series (deepstack-patch only; "
+            "`git apply` and `--3way` alone), its own changes compared on the "
+            "partner's write: " + "; ".join(paired) + ".",
+        ]
     unmapped = sum(len(p["unmapped"]) for p in pairs)
     blocks = sum(p["blocks"] for p in pairs)
     lines += [
@@ -843,6 +1032,15 @@ def table(pairs: list[dict], records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _after(record: dict, tool: str) -> str:
+    """`` (after vllm#N)`` where the tool's result was judged after a partner."""
+    partner = next(
+        (r.get("partner", "") for r in record.get("results", []) if r["tool"] == tool),
+        "",
+    )
+    return f" (after {partner.split(' ')[0]})" if partner else ""
+
+
 def _verdict(record: dict, tool: str) -> str:
     if "failed" in record:
         return "failed"
@@ -850,6 +1048,15 @@ def _verdict(record: dict, tool: str) -> str:
 
 
 # -- main -------------------------------------------------------------------------
+
+
+def earlier_in_pair(pairs: list[dict], commit: dict) -> list[dict]:
+    """The mapped commits of the commit's release pair before it on main."""
+    for pair in pairs:
+        if (pair["prev"], pair["next"]) == (commit["prev"], commit["next"]):
+            shas = [c["sha"] for c in pair["commits"]]
+            return pair["commits"][: shas.index(commit["sha"])]
+    return []
 
 
 def options() -> argparse.Namespace:
@@ -926,7 +1133,9 @@ def main() -> None:
         f"judging {len(commits)} commits with {' '.join(command)} "
         f"({args.jobs} at a time)"
     )
-    jobs = [(c, repo, trees, command, run) for c in commits]
+    # A commit may be judged after a partner: one of its pair, earlier on
+    # main, selected or not.
+    jobs = [(c, repo, trees, command, run, earlier_in_pair(pairs, c)) for c in commits]
     records = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
         for record in pool.map(judge_commit, jobs):

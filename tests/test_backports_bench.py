@@ -207,3 +207,136 @@ def test_the_tool_is_an_executable_or_a_python() -> None:
         "deepstack_patch",
     ]
     assert backports.tool_command(None)[1:] == ["-m", "deepstack_patch"]
+
+
+# -- a commit judged after its partner -------------------------------------------
+
+UTIL = "vllm/util.py"
+LAYERS = "vllm/layers.py"
+#: The earlier release: a helper module and a layer that uses it.
+BASE_FILES = {
+    "vllm/__init__.py": "",
+    UTIL: "def double(x):\n    return 2 * x\n",
+    LAYERS: "from vllm.util import double\n\n\ndef f(x):\n    return double(x)\n",
+}
+#: The partner: adds `clamp` to the helper module.
+PARTNER = (UTIL, "def clamp(x):\n    return min(x, 4)\n\n\n")
+#: The fix: the layer clamps, with the partner's `clamp`.
+OWN = (
+    LAYERS,
+    "from vllm.util import clamp, double\n\n\ndef f(x):\n    return clamp(double(x))\n",
+)
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+
+
+def _with_partner(files: dict[str, str], partner: tuple[str, str]) -> dict[str, str]:
+    path, added = partner
+    return {**files, path: added + files[path]}
+
+
+@pytest.fixture
+def paired(tmp_path: Path) -> dict:
+    """Upstream's main with the partner, then the fix; the two releases
+    (the later one carries both); the pair as the data file maps it."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    work = tmp_path / "upstream"
+    _write(work, BASE_FILES)
+    _git(work, "init", "-q")
+    _git(work, "add", "-A")
+    _git(work, "commit", "-q", "-m", "parent")
+    with_partner = _with_partner(BASE_FILES, PARTNER)
+    fixed = {**with_partner, OWN[0]: OWN[1]}
+    commits = []
+    for files, subject in (
+        (with_partner, "[Feature] clamp (#1)"),
+        (fixed, "[Bugfix] clamp f (#2)"),
+    ):
+        _write(work, files)
+        _git(work, "commit", "-q", "-am", subject)
+        sha = _git(work, "rev-parse", "HEAD").strip()
+        commits.append({"sha": sha, "subject": subject, "kind": "backported"})
+    trees = {}
+    for version, files in (("0.1.0", BASE_FILES), ("0.1.1", fixed)):
+        tree = tmp_path / "trees" / version
+        _write(tree, files)
+        (tree / "PKG-INFO").write_text(f"Name: vllm\nVersion: {version}\n")
+        (tree / "pyproject.toml").write_text('[project]\nname = "vllm"\n')
+        trees[version] = tree
+    pair = {"prev": "0.1.0", "next": "0.1.1", "commits": commits}
+    return {
+        "repo": work / ".git",
+        "trees": trees,
+        "pair": pair,
+        "run": tmp_path / "run",
+    }
+
+
+def _judged(paired: dict, index: int) -> dict:
+    pair = paired["pair"]
+    commit = {**pair["commits"][index], "prev": "0.1.0", "next": "0.1.1"}
+    (paired["run"] / "derived").mkdir(parents=True, exist_ok=True)
+    job = (
+        commit,
+        paired["repo"],
+        paired["trees"],
+        backports.tool_command(None),
+        paired["run"],
+        backports.earlier_in_pair([pair], commit),
+    )
+    record = backports.judge_commit(job)
+    assert "failed" not in record, record["failed"]
+    return {r["tool"]: r for r in record["results"]}
+
+
+def test_a_fix_refused_for_a_name_its_partner_adds_is_judged_after_it(
+    paired: dict,
+) -> None:
+    results = _judged(paired, 1)
+    ours = results["deepstack-patch"]
+    assert (ours["verdict"], ours["partner"]) == (
+        "same",
+        f"vllm#1 ({paired['pair']['commits'][0]['sha'][:12]})",
+    )
+    # Alone, it was refused for the name: the reason says so.
+    assert "judged after its partner vllm#1" in ours["reason"]
+    assert "clamp" in ours["reason"].split("alone: ", 1)[1]
+    # The textual tools stay judged alone: they write it (and get it).
+    assert results["git apply"]["verdict"] == "same"
+    assert results["git apply"]["partner"] == ""
+    # The partner itself is judged alone.
+    assert _judged(paired, 0)["deepstack-patch"]["partner"] == ""
+
+
+def test_no_earlier_commit_adds_the_name_and_the_refusal_stands(paired: dict) -> None:
+    paired["pair"]["commits"].reverse()  # the fix first: no partner before it
+    ours = _judged(paired, 0)["deepstack-patch"]
+    assert (ours["verdict"], ours["partner"]) == ("refused", "")
+
+
+def test_a_partner_is_looked_for_only_for_a_lacked_name() -> None:
+    reason = (
+        "drifted: a.py::f: the fix's code cannot run in this release (ty: "
+        "Argument `aux_stream_list` does not match any known parameter of "
+        "`Layer.__init__` [unknown-argument])"
+    )
+    assert backports.lacked_names(reason) == ["aux_stream_list"]
+    assert backports.lacked_names(
+        "drifted: the fix reads `MoERunner._quant_method`, which this release lacks"
+    ) == ["_quant_method"]
+    assert backports.lacked_names("drifted: `x = 1` not found in def f") == []
+
+
+def test_a_diff_adds_a_name_it_writes_more_often_than_it_removes() -> None:
+    diff = (
+        "--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,3 @@\n"
+        "-    streams = [s]\n+    streams = [s, t]\n+def g(streams): ...\n"
+    )
+    assert backports.adds(diff, "streams")
+    assert not backports.adds(diff, "s")  # one removed, one added
+    assert not backports.adds(diff, "stream")

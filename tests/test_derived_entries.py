@@ -363,3 +363,67 @@ def test_a_spread_neighbour_is_recorded_with_its_stars(
     assert written(before, after, release, monkeypatch) == release.replace(
         "    **BASE,\n", '    **BASE,\n    "new": 9,\n'
     )
+
+
+KERNELS = """from enum import Enum
+
+
+class Platform(Enum):
+    GPU = 1
+    ACCEL = 2
+    CPU = 3
+
+
+KERNELS: dict[Platform, list[str]] = {
+    Platform.GPU: [
+        "fast",
+        "portable",
+    ],
+    Platform.ACCEL: [
+%s    ],
+    Platform.CPU: [
+        "dynamic",
+        "reference",
+    ],
+}
+"""
+ACCEL = '        "tiled",\n        "portable",\n'
+
+
+def test_a_dict_of_a_few_lists_on_many_lines_has_its_entries_as_units(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A registry small by its keys and large by its lines (vllm#41813's
+    ``_POSSIBLE_KERNELS``): the platform whose list the fix changes is the
+    unit, and a release whose other platform's list differs has it as the
+    fix expects."""
+    before = KERNELS % ACCEL
+    after = before.replace('"dynamic",\n', '"dynamic",\n        "vendor",\n')
+    (unit,) = units_of_change(PATH, before, after)
+    assert (unit.kind, unit.name) == ("entry", "KERNELS[Platform.CPU]")
+    release = KERNELS % '        "tiled",\n        "experimental",\n'
+    assert written(before, after, release, monkeypatch) == release.replace(
+        '"dynamic",\n', '"dynamic",\n        "vendor",\n'
+    )
+    # The platform's own list otherwise: refused, naming it.
+    patch = derived(before, after)
+    other = release.replace('"reference"', '"generic"')
+    assert states(patch, other) == {
+        "KERNELS[Platform.CPU]": (
+            PatchState.DRIFTED,
+            "entry `Platform.CPU` of `KERNELS` is neither the one the fix "
+            "expects nor the fixed one",
+        )
+    }
+
+
+def test_a_dict_of_a_few_short_values_stays_one_statement() -> None:
+    """Two keys on a few lines, or values that are not literals: a diff's
+    context holds the statement, which stays the unit."""
+    short = 'KERNELS = {\n    "gpu": ["fast"],\n    "cpu": ["dynamic"],\n}\n'
+    calls = KERNELS.replace("[\n", "make(\n").replace("    ],\n", "    ),\n") % ACCEL
+    for before in (short, calls):
+        after = before.replace('"dynamic"', '"vendor", "dynamic"')
+        assert [u.kind for u in units_of_change(PATH, before, after)] == [
+            "module-statement"
+        ], before

@@ -13,7 +13,8 @@ set's or a tuple's element by itself), whatever the other entries hold.
 A statement's *container* is its largest literal or call (the most entries;
 a call's entries are its keywords, its positional arguments are part of
 the statement), reached without entering another container's entries; it
-counts where it has :data:`LARGE` entries or more. The *skeleton* is the
+counts where it has :data:`LARGE` entries or more (or is a dict of a few
+literals that span as many lines: :func:`_literals_by_key`). The *skeleton* is the
 statement with its container's entries left out: two statements with one
 skeleton are the same statement, whatever their entries.
 
@@ -156,7 +157,31 @@ def container_of(statement: ast.stmt) -> ast.AST | None:
             if count > size:
                 best, size = node, count
         pending.extend(_children(node))
-    return best if size >= LARGE else None
+    if size >= LARGE or _literals_by_key(best):
+        return best
+    return None
+
+
+def _literals_by_key(container: ast.AST | None) -> bool:
+    """Whether ``container`` is a dict of fewer than :data:`LARGE` entries
+    that counts all the same: two keys or more, each holding a list, set,
+    tuple or dict, on :data:`LARGE` lines or more together. Such a registry
+    (``_POSSIBLE_KERNELS``: a platform's kernels, a list of lines each) is
+    small by its keys and large by its lines: a diff's context holds one
+    entry, not the statement, so a release whose other entries differ
+    (another platform's kernels) has the entry as the fix expects it."""
+    match container:
+        case ast.Dict(keys=keys, values=values) if None not in keys:
+            literals = all(
+                isinstance(value, ast.List | ast.Set | ast.Tuple | ast.Dict)
+                for value in values
+            )
+            lines = sum(
+                (value.end_lineno or value.lineno) - key.lineno + 1  # type: ignore[union-attr]
+                for key, value in zip(keys, values, strict=True)
+            )
+            return len(values) >= 2 and literals and lines >= LARGE
+    return False
 
 
 def skeleton(statement: ast.stmt, container: ast.AST, whole: bool = False) -> str:
