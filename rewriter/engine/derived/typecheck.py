@@ -7,6 +7,11 @@ ty and keeps what :mod:`.runtime` concluded, under a digest of everything
 the verdict depends on (the file, the ``vllm`` modules ty can reach from it,
 :mod:`.closure`; the patch's data, the engine's code and ty's version), so
 it can never go stale.
+
+A plan's checks run as one batch (:func:`diagnostics_of`): each check's two
+states join the first run of ty whose files agree with theirs wherever
+either's diagnostics depend on them, so a run checks many files at once and
+gives each what a run of its own would.
 """
 
 from __future__ import annotations
