@@ -3,6 +3,7 @@
     python bench/speed.py [--release 0.20.0 --release 0.20.2] [--runs 5]
                           [--all-releases] [--no-releases] [--no-matrix]
                           [--no-import] [--no-wheel] [--verify] [--derived]
+                          [--batch]
 
 The floor is measured in the same run, on the same files: a fresh Python
 process that reads and ``ast.parse``s the files the series parses in that
@@ -27,6 +28,17 @@ can pair a fast floor with a slow command; it is printed beside, as
   the run from the diff of Granite4Vision's ``forward`` between the cached
   0.20.2 and 0.21.0 (as tests/support/upstream_diff.py cuts it); same
   targets, same floor (its file is one the series parses anyway).
+
+With ``--batch``, ``status`` with 40 derived patches (bench/speed_batch.toml:
+real fixes 0.20.2 lacks, derived in the run with ``derive --commit`` from
+the upstream mirror into one ``--patches`` folder, kept in the bench's cache
+folder) on the full 0.20.2 tree: first run (a fresh cache folder each
+time) and after an edit to a file no patch reads (a function appended to
+``vllm/benchmarks/latency.py``, outside every patch's import closure, a new
+one each round, the cache warm), each against one direct ``ty check`` of
+the patches' files (the floor, target at most 4x); warm (the cache holds
+every verdict) against a process that reads and parses those files
+(target at most 3x).
 
 ``--all-releases`` measures the first three on every release in targets.toml
 instead, on copies of the partial extractions ``matrix`` keeps in the cache.
@@ -218,6 +230,144 @@ def derived_folder(work: Path) -> Path:
     folder = work / "derived"
     derive(diff, patch_id="local#40917", out=folder, base_version="0.20.2")
     return folder
+
+
+#: The 40-patch case (--batch): the commits, and where their patches are kept.
+BATCH = Path(__file__).resolve().parent / "speed_batch.toml"
+BATCH_CACHE = Path.home() / ".cache" / "deepstack-patch-bench" / "speed-batch"
+#: Targets of the 40-patch case: first run and after an edit outside every
+#: closure, as multiples of one ty run on the patches' files; warm, as a
+#: multiple of reading and parsing them.
+BATCH_TARGETS = {"status, first run": 4.0, "status, edit outside": 4.0}
+BATCH_WARM_TARGET = 3.0
+#: A file outside every import closure of the 40 patches' files on 0.20.2.
+OUTSIDE = "vllm/benchmarks/latency.py"
+TY_CODE = (
+    "import os, subprocess, sys, tempfile\n"
+    "from ty import find_ty_bin\n"
+    "with tempfile.TemporaryDirectory() as work:\n"
+    "    env = os.path.join(work, 'env', 'lib', 'python3.10', 'site-packages')\n"
+    "    os.makedirs(env)\n"
+    "    config = os.path.join(work, 'ty.toml')\n"
+    "    open(config, 'w').close()\n"
+    "    ty = os.fsdecode(find_ty_bin())\n"
+    "    subprocess.run([ty, 'check', '--config-file', config,\n"
+    "        '--python', os.path.join(work, 'env'), '--python-version', '3.10',\n"
+    "        '--output-format', 'concise', '--no-progress', '--color', 'never',\n"
+    "        *sys.argv[2:]], cwd=sys.argv[1], capture_output=True)\n"
+)
+
+
+def batch_folder() -> Path:
+    """The --patches folder of the 40-patch case, derived once per list of
+    commits and version of the tool's derive code and data file format (kept
+    in BATCH_CACHE)."""
+    import hashlib
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    data = tomllib.loads(BATCH.read_text())
+    digest = hashlib.sha256(BATCH.read_bytes())
+    import deepstack_patch
+
+    code = Path(deepstack_patch.__file__).parent
+    for file in sorted([*code.glob("authoring/*.py"), code / "engine/derived/data.py"]):
+        digest.update(file.read_bytes())
+    folder = BATCH_CACHE / digest.hexdigest()[:16]
+    if folder.is_dir():
+        return folder
+    partial = folder.with_name(folder.name + f".{os.getpid()}")
+    partial.mkdir(parents=True)
+    for commit in data["commits"]:
+        derive = [*TOOL, "derive", "--commit", commit["sha"], "--repo", data["mirror"]]
+        timed([*derive, "--base-version", data["base_version"], "--out", str(partial)])
+    partial.rename(folder)
+    return folder
+
+
+def measure_batch(work: Path, runs: int) -> bool:
+    """``status`` with the 40 derived patches on the full 0.20.2 tree: first
+    run, after an edit outside every closure, and warm (see the docstring);
+    prints the figures, True if every target was met."""
+    from deepstack_patch.engine.series import patches_from_folder
+
+    folder = batch_folder()
+    pristine = full_tree("0.20.2", work)
+    files = sorted(
+        {
+            unit.path
+            for patch in patches_from_folder(folder)
+            for unit in patch.units
+            if (pristine / unit.path).is_file()
+        }
+    )
+    patches = ["--patches", str(folder)]
+    ok = (0, 2)  # 2: a patch drifted
+    fresh = iter(range(10_000))
+
+    def first_run() -> float:
+        cache = {
+            **os.environ,
+            "DEEPSTACK_PATCH_CACHE": str(work / f"cold{next(fresh)}"),
+        }
+        status = [*TOOL, "status", "--vllm-src", str(pristine), *patches]
+        return timed(status, ok, cache)
+
+    warm_cache = {**os.environ, "DEEPSTACK_PATCH_CACHE": str(work / "warm-cache")}
+    edited = link_copy(pristine, work / "vllm-0.20.2-edited")
+    outside = edited / OUTSIDE
+    original = outside.read_bytes()
+
+    def edit_outside() -> float:
+        # A new file, never written through the hard link into the pristine one.
+        outside.unlink()
+        outside.write_bytes(
+            original + f"\n\ndef spare{next(fresh)}():\n    return 1\n".encode()
+        )
+        return timed(
+            [*TOOL, "status", "--vllm-src", str(edited), *patches], ok, warm_cache
+        )
+
+    def warm() -> float:
+        return timed(
+            [*TOOL, "status", "--vllm-src", str(pristine), *patches], ok, warm_cache
+        )
+
+    timed([*TOOL, "status", "--vllm-src", str(pristine), *patches], ok, warm_cache)
+    ty_floor = lambda: timed([sys.executable, "-c", TY_CODE, str(pristine), *files])  # noqa: E731
+    parse_floor = lambda: timed(  # noqa: E731
+        [sys.executable, "-c", FLOOR_CODE, *(str(pristine / f) for f in files)]
+    )
+    typed = rounds(
+        runs,
+        {"status, first run": first_run, "status, edit outside": edit_outside},
+        ty_floor,
+    )
+    parsed = rounds(runs, {"status, warm": warm}, parse_floor)
+    print(
+        f"\n40 derived patches on vLLM 0.20.2 ({len(files)} files, {load()}): "
+        f"one ty check of them {typed['floor']:.3f} s wall, {typed['floor cpu']:.3f} s "
+        f"CPU; reading and parsing them {parsed['floor']:.3f} s wall, "
+        f"{parsed['floor cpu']:.3f} s CPU"
+    )
+    met = True
+    for medians, targets, floor in (
+        (typed, BATCH_TARGETS, "ty"),
+        (parsed, {"status, warm": BATCH_WARM_TARGET}, "parse"),
+    ):
+        for name, target in targets.items():
+            ratio = medians[f"{name} ratio"]
+            met = met and ratio <= target
+            cpu, cpu_ratio = medians[f"{name} cpu"], medians[f"{name} cpu ratio"]
+            print(
+                f"  {name:22} {medians[name]:7.3f} s wall, {cpu:6.3f} s CPU; "
+                f"{ratio:5.2f}x {floor} ({cpu_ratio:5.2f}x CPU), "
+                f"target {target:.0f}x  " + ("ok" if ratio <= target else "OVER")
+            )
+    return met
 
 
 def measure_release(
@@ -472,6 +622,12 @@ def main() -> None:
         "a --patches folder) in the series, in place of vllm#40917",
     )
     parser.add_argument(
+        "--batch",
+        action="store_true",
+        help="also time status with 40 derived patches on 0.20.2 "
+        "(bench/speed_batch.toml), against ty and against a parse",
+    )
+    parser.add_argument(
         "--verify",
         action="store_true",
         help="also time verify --against-pristine on the (first) patched release",
@@ -500,6 +656,8 @@ def main() -> None:
                     pristine, work, runs, full_apply=True, derived=derived
                 )
                 met = print_release(version, medians, f"full tree, {load()}") and met
+        if options.batch:
+            met = measure_batch(work, runs) and met
         # Before verify: its torch processes leave gigabytes for the kernel
         # to reclaim, which would slow the short runs measured after them.
         if not options.no_import:

@@ -133,13 +133,13 @@ def test_a_typed_attribute_the_release_lacks_drifts_in_ty_s_words_once(
     verdict from the cache; a changed file of the package is a new key."""
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
     runs: list[Path] = []
-    real = typecheck.diagnostics
+    real = typecheck.diagnostics_of
 
-    def counted(root: Path, *args: object):
-        runs.append(root)
-        return real(root, *args)  # type: ignore[arg-type]
+    def counted(root: Path, checks: list[typecheck.Check]):
+        runs.extend(root for _ in checks)
+        return real(root, checks)
 
-    monkeypatch.setattr(typecheck, "diagnostics", counted)
+    monkeypatch.setattr(typecheck, "diagnostics_of", counted)
     files = {
         "vllm/config.py": CONFIG,
         "vllm/sched.py": ELSEWHERE,

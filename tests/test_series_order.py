@@ -215,13 +215,13 @@ def test_the_type_checker_sees_the_attribute_an_earlier_patch_adds(
     verdict on the tree without them is never taken for the tree with them."""
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
     runs: list[object] = []
-    real = typecheck.diagnostics
+    real = typecheck.diagnostics_of
 
-    def counted(root: Path, path: str, *args: object):
-        runs.append(path)
-        return real(root, path, *args)  # type: ignore[arg-type]
+    def counted(root: Path, checks: list[typecheck.Check]):
+        runs.extend(check.path for check in checks)
+        return real(root, checks)
 
-    monkeypatch.setattr(typecheck, "diagnostics", counted)
+    monkeypatch.setattr(typecheck, "diagnostics_of", counted)
     tree = whole_tree(
         tmp_path / "tree",
         {"vllm/zshm.py": RING, "vllm/alpha.py": USE, "vllm/pool.py": ELSEWHERE},

@@ -36,13 +36,13 @@ def test_an_edit_outside_the_closure_keeps_the_verdict_and_one_inside_does_not(
 ) -> None:
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
     runs: list[str] = []
-    real = typecheck.diagnostics
+    real = typecheck.diagnostics_of
 
-    def counted(root: Path, path: str, *args: object):
-        runs.append(path)
-        return real(root, path, *args)  # type: ignore[arg-type]
+    def counted(root: Path, checks: list[typecheck.Check]):
+        runs.extend(check.path for check in checks)
+        return real(root, checks)
 
-    monkeypatch.setattr(typecheck, "diagnostics", counted)
+    monkeypatch.setattr(typecheck, "diagnostics_of", counted)
     root = whole_tree(
         tmp_path / "tree",
         {

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from deepstack_patch.engine.tree import _asked_for
 
@@ -32,6 +32,14 @@ if TYPE_CHECKING:
 #: needed) -> bytes``, raising ``RewriteRefused`` where it refuses
 #: (:func:`deepstack_patch.engine.plan.rewritten_bytes`).
 Rewrite = Callable[["Patch", str, bytes, "list[Finding]"], bytes]
+
+
+class Deferred(Protocol):
+    """Work a check put off to the end of a pass of the plan."""
+
+    def run(self) -> bool:
+        """Do what was put off; True where an answer given meanwhile was
+        not what it found (the pass must be made again)."""
 
 
 @dataclass
@@ -56,6 +64,13 @@ class TreeContext:
     series: tuple[Patch, ...] = ()
     selected: frozenset[str] = frozenset()
     rewrite: Rewrite | None = None
+    #: Whether a check may put its work off to the end of a pass of the
+    #: plan (``deferred``): the plan says so, and plans again (:mod:`.plan`).
+    defer_checks: bool = False
+    #: Work the checks put off, by who put it off: done once for every
+    #: patch at a pass's end (ty on all the files that need it, not a run
+    #: per patch); its answers meanwhile were provisional.
+    deferred: dict[str, Deferred] = field(default_factory=dict)
 
     def read(self, relpath: str) -> bytes:
         """The file as the earlier patches leave it (OSError where absent)."""
@@ -72,6 +87,13 @@ class TreeContext:
         if changed:
             self.overlay.update(changed)
             self.memo.clear()
+
+    def start_again(self) -> None:
+        """The tree as it is, for another pass of the plan over the series:
+        what the disk holds stays known, and so does the deferred work."""
+        self.overlay.clear()
+        self.memo.clear()
+        self.sources.clear()
 
     def lacks(self, relpath: str) -> bool:
         """Whether the release lacks the file ``relpath``: it is not here, and

@@ -143,9 +143,28 @@ def plan_tree(
     # patches leave them, and rewrites a file to check it (runtime.py).
     with (
         _without_cycle_collection(),
-        recognising_in(tree.root, series, selected, rewritten_bytes),
+        recognising_in(tree.root, series, selected, rewritten_bytes) as context,
     ):
-        return _plan(tree, series, selected, rewrite, progress, cache)
+        # A check may put its work off to the pass's end, to do it once for
+        # every patch (ty over all the files that need it), answering
+        # meanwhile as if it found nothing; where it found something, the
+        # series is planned again with its answers (a drifted patch writes
+        # nothing a later one could read). The last pass puts nothing off.
+        context.defer_checks = True
+        for last in [False] * _DEFERRING_PASSES + [True]:
+            context.defer_checks = not last
+            plan = _plan(tree, series, selected, rewrite, progress, cache)
+            # Every piece of work is run, so none is left behind.
+            again = [work.run() for work in context.deferred.values()]
+            if not any(again):
+                return plan
+            context.start_again()
+        return plan
+
+
+#: How many passes of the plan may put checks off: one as a rule; another
+#: where a drift the first found changed what a later patch reads.
+_DEFERRING_PASSES = 3
 
 
 @contextlib.contextmanager

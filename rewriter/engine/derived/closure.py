@@ -141,11 +141,7 @@ class ModuleIndex:
         return self._edges[module]
 
     def digest(self, path: str, sources: Iterable[bytes | str]) -> str:
-        found = self.closure(path, sources)
-        digest = hashlib.sha256(_SCHEMA.encode())
-        for module, state in sorted(found.items()):
-            digest.update(f"{module}\0{state}\0".encode())
-        return digest.hexdigest()
+        return digest_of(self.closure(path, sources))
 
     def _state(self, module: str) -> str:
         if module not in self._modules:
@@ -167,6 +163,33 @@ class ModuleIndex:
             for name in ("__init__.py", "__init__.pyi")
             if f"{folder}/{name}" in self.files
         )
+
+
+def digest_of(found: Mapping[str, str]) -> str:
+    """The digest of what a closure found (:meth:`ModuleIndex.closure`)."""
+    digest = hashlib.sha256(_SCHEMA.encode())
+    for module, state in sorted(found.items()):
+        digest.update(f"{module}\0{state}\0".encode())
+    return digest.hexdigest()
+
+
+def reads_file(found: Mapping[str, str], relpath: str, appears: bool) -> bool:
+    """Whether what a closure (:meth:`ModuleIndex.closure`) found depends on
+    the file ``relpath``: on its bytes where its module (or, for an
+    ``__init__``, its package on the way) is in it; with ``appears`` (the
+    file exists in one state of the tree and not in the other), on its
+    existence where a package on its way is in it too (a new folder makes a
+    namespace package of an absent module)."""
+    module = _module_of(relpath)
+    if module in found or f"{module}/" in found:
+        return True
+    if not appears:
+        return False
+    parts = module.split(".")
+    return any(
+        ".".join(parts[:n]) in found or ".".join(parts[:n]) + "/" in found
+        for n in range(1, len(parts))
+    )
 
 
 #: The index made last in this process (see ``ModuleIndex._inherit``).

@@ -51,11 +51,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import functools
 import os
 import re
 from collections import ChainMap, Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from deepstack_patch.engine.context import TreeContext, tree_context
@@ -384,6 +386,13 @@ def _sources(context: TreeContext, package: Package) -> outside.Sources:
     return context.memo[key]  # type: ignore[return-value]
 
 
+def _sources_now(context: TreeContext, package: Package) -> outside.Sources:
+    """The package's files as :func:`_sources` sees them now, kept as they
+    are: a check put off to the pass's end reads them as it would have at
+    once."""
+    return outside.Sources(ChainMap(dict(context.sources), dict(package.files)))
+
+
 # -- the type checker ----------------------------------------------------------------
 
 
@@ -399,7 +408,13 @@ def typed_problem(
     """ty's first new "cannot run" diagnostic on the fix's lines, worded;
     empty where there is none (cached, see the module's docstring). Into
     ``excused`` go the attribute names ty says a type lacks where that type
-    is an open interface (:func:`_of_open_interface`): there at run time."""
+    is an open interface (:func:`_of_open_interface`): there at run time.
+
+    Where the plan lets checks wait (``context.defer_checks``), a verdict
+    neither cached nor found earlier in the plan is put off to the pass's
+    end (:class:`_TypedChecks`: one batch of ty runs for every patch) and
+    the answer meanwhile is "nothing found"; the plan is made again where
+    the verdict says otherwise."""
     excused = set() if excused is None else excused
     # The files the patch adds are there once it is applied: the fixed file
     # may import them, and a new module is checked as the fix leaves it.
@@ -414,39 +429,72 @@ def typed_problem(
             raw = context.read(path)
         except OSError:
             return ""
+    reads = _reads(context, package, patch, path, raw)
     key = typecheck.cache_key(
         getattr(patch, "data_fingerprint", b""),
         path,
         raw,
-        _reads_digest(context, package, patch, path, raw),
+        closure.digest_of(reads),
     )
-    cached = typecheck.cached(key)
-    if cached is not None:
-        excused |= set(typecheck.cached_excused(key))
-        return cached
+    checks = _typed_checks(context)
+    known = checks.verdicts.get(key)
+    if known is None and (cached := typecheck.cached(key)) is not None:
+        known = cached, typecheck.cached_excused(key)
+    if known is not None:
+        excused |= set(known[1])
+        return known[0]
     fixed = added.get(path) or _fixed_bytes(context, patch, units, states, path, raw)
     if fixed is None:  # the rewrite refused: apply says so, with its reason
         return ""
-    try:
-        # The other files as the earlier patches of the series leave them,
-        # and the files this patch adds.
-        others = {r: b for r, b in context.overlay.items() if r != path}
-        before, after = typecheck.diagnostics(
-            context.root,
-            path,
-            raw,
-            fixed,
-            others,
-            {p: t for p, t in added.items() if p != path},
-        )
-    except typecheck.CheckerFailed as failed:
-        return f"the type checker could not check the fixed {path}: {failed}"
+    # The other files as the earlier patches of the series leave them,
+    # and the files this patch adds.
+    others = {r: b for r, b in context.overlay.items() if r != path}
+    check = typecheck.Check(
+        path,
+        {**others, path: raw},
+        {**others, **{p: t for p, t in added.items() if p != path}, path: fixed},
+        functools.partial(closure.reads_file, reads),
+    )
+    if context.defer_checks:
+        sources = _sources_now(context, package)
+        conclude = functools.partial(_concluded, patch, units, path, raw, fixed)
+        checks.pending[key] = check, lambda found: conclude(sources, found)
+        return ""
+    (found,) = typecheck.diagnostics_of(context.root, [check])
+    if isinstance(found, typecheck.CheckerFailed):
+        return _could_not_check(path, found)
+    problem, names = _concluded(
+        patch, units, path, raw, fixed, _sources(context, package), found
+    )
+    typecheck.store(key, problem, names)
+    excused |= set(names)
+    return problem
+
+
+def _could_not_check(path: str, failed: typecheck.CheckerFailed) -> str:
+    return f"the type checker could not check the fixed {path}: {failed}"
+
+
+def _concluded(
+    patch: DerivedPatch,
+    units: Sequence[Unit],
+    path: str,
+    raw: bytes,
+    fixed: bytes,
+    sources: outside.Sources,
+    found: tuple[list[typecheck.Diagnostic], list[typecheck.Diagnostic]],
+) -> tuple[str, list[str]]:
+    """What ty's diagnostics on ``path`` as it is and as fixed (``found``)
+    mean: the first new "cannot run" one on the fix's lines, worded (empty
+    where none), and the attribute names ty said a type lacks where that
+    type is an open interface (there at run time), sorted."""
+    before, after = found
     lines = _written_lines(raw, fixed)
     # ty sees this file as fixed, so what the patch defines here is there
     # already; only its other files are seen as the tree has them.
     own = _defined_by_patch(patch, outside=path)
     old = Counter(_identity(d) for d in before)
-    found = ""
+    excused: set[str] = set()
     for diagnostic in after:
         identity = _identity(diagnostic)
         if old[identity] > 0:
@@ -454,23 +502,71 @@ def typed_problem(
             continue
         if diagnostic.line not in lines or not _cannot_run(diagnostic):
             continue
-        if _of_open_interface(diagnostic, context, package):
+        if _of_open_interface(diagnostic, sources):
             excused.add(_MISSING.search(diagnostic.message)["name"])  # type: ignore[index]
             continue
         if not _about_its_own(diagnostic, own):
-            found = worded(diagnostic, path, units)
-            break
-    typecheck.store(key, found, sorted(excused))
+            return worded(diagnostic, path, units), sorted(excused)
+    return "", sorted(excused)
+
+
+@dataclass
+class _TypedChecks:
+    """The typed checks of one plan that were neither cached nor known,
+    put off to the end of a pass of the plan (``pending``: the cache key,
+    the check, and what makes a verdict of its diagnostics) and run then as
+    one batch (:func:`.typecheck.diagnostics_of`); the verdicts they gave
+    (problem, excused names), for the passes after."""
+
+    root: Path
+    pending: dict[
+        str,
+        tuple[
+            typecheck.Check,
+            Callable[
+                [tuple[list[typecheck.Diagnostic], list[typecheck.Diagnostic]]],
+                tuple[str, list[str]],
+            ],
+        ],
+    ] = field(default_factory=dict)
+    verdicts: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+
+    def run(self) -> bool:
+        """Run what waits; True where a verdict is not the "nothing found"
+        the pass was answered meanwhile."""
+        keys = list(self.pending)
+        checked = typecheck.diagnostics_of(
+            self.root, [self.pending[key][0] for key in keys]
+        )
+        answered_wrongly = False
+        for key, found in zip(keys, checked, strict=True):
+            check, conclude = self.pending[key]
+            if isinstance(found, typecheck.CheckerFailed):
+                verdict = _could_not_check(check.path, found), []
+            else:  # as a check run at once would, kept in the cache
+                verdict = conclude(found)
+                typecheck.store(key, *verdict)
+            self.verdicts[key] = verdict
+            answered_wrongly = answered_wrongly or verdict != ("", [])
+        self.pending.clear()
+        return answered_wrongly
+
+
+def _typed_checks(context: TreeContext) -> _TypedChecks:
+    """The plan's typed checks (kept across its passes)."""
+    found = context.deferred.get("typed checks")
+    if not isinstance(found, _TypedChecks):
+        found = context.deferred["typed checks"] = _TypedChecks(context.root)
     return found
 
 
-def _reads_digest(
+def _reads(
     context: TreeContext, package: Package, patch: DerivedPatch, path: str, raw: bytes
-) -> str:
-    """The digest of what ty can read when it checks ``path`` as it is and
-    as fixed: the modules its imports reach, and those the fix's code
-    imports (its units' code in this file: the fixed file imports no more),
-    as the earlier patches of the series leave them (:mod:`.closure`)."""
+) -> dict[str, str]:
+    """What ty can read when it checks ``path`` as it is and as fixed: the
+    modules its imports reach, and those the fix's code imports (its units'
+    code in this file: the fixed file imports no more), as the earlier
+    patches of the series leave them (:meth:`.closure.ModuleIndex.closure`)."""
     memo = ("closure index", context.root)
     if memo not in context.memo:  # one per state of the overlay
         context.memo[memo] = closure.ModuleIndex(dict(package.files))
@@ -481,9 +577,9 @@ def _reads_digest(
         if unit.path == path
         for code in (unit.after, *(edit.inserted for edit in unit.edits))
     ]
-    digest = index.digest(path, [raw, *fix])
+    found = index.closure(path, [raw, *fix])
     closure.save()
-    return digest
+    return found
 
 
 #: ``| None`` in a type ty names: a fix that tests ``x is not None`` before
@@ -517,7 +613,7 @@ def _about_its_own(diagnostic: typecheck.Diagnostic, own: set[str]) -> bool:
 
 
 def _of_open_interface(
-    diagnostic: typecheck.Diagnostic, context: TreeContext, package: Package
+    diagnostic: typecheck.Diagnostic, sources: outside.Sources
 ) -> bool:
     """Whether ty says an attribute is missing on a type whose objects at
     run time may come from outside vLLM (:func:`.outside.open_interface`:
@@ -527,7 +623,7 @@ def _of_open_interface(
         diagnostic.rule == "missing-attribute"
         and missing is not None
         and diagnostic.message.startswith("Object of type")
-        and outside.open_interface(missing["owner"], _sources(context, package))
+        and outside.open_interface(missing["owner"], sources)
     )
 
 

@@ -7,6 +7,11 @@ ty and keeps what :mod:`.runtime` concluded, under a digest of everything
 the verdict depends on (the file, the ``vllm`` modules ty can reach from it,
 :mod:`.closure`; the patch's data, the engine's code and ty's version), so
 it can never go stale.
+
+A plan's checks run as one batch (:func:`diagnostics_of`): each check's two
+states join the first run of ty whose files agree with theirs wherever
+either's diagnostics depend on them, so a run checks many files at once and
+gives each what a run of its own would.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +59,52 @@ def diagnostics(
     ``others``, the files earlier patches of the series rewrote, in place of
     theirs), run side by side; ``added``: the other files the fix adds
     (relative path -> text), there in the fixed run."""
+    check = Check(
+        path,
+        {**(others or {}), path: raw},
+        {**(others or {}), **(added or {}), path: fixed},
+        lambda _relpath, _appears: True,
+    )
+    (found,) = diagnostics_of(root, [check])
+    if isinstance(found, CheckerFailed):
+        raise found
+    return found
+
+
+@dataclass(frozen=True)
+class Check:
+    """One file for ty to check as it is and as fixed: ``path``, and the
+    files each run reads in place of the tree's (relative path -> bytes,
+    ``path`` among them). ``reads(relpath, appears)`` says whether ty's
+    diagnostics on ``path`` may depend on the file ``relpath`` (its bytes;
+    with ``appears``, whether it exists): where not, a run may hold it as
+    another check needs it."""
+
+    path: str
+    before: Mapping[str, bytes]
+    after: Mapping[str, bytes]
+    reads: Callable[[str, bool], bool]
+
+
+#: A check's diagnostics on its file as it is and as fixed, or why ty could
+#: not give them.
+Checked = tuple[list[Diagnostic], list[Diagnostic]] | CheckerFailed
+
+
+def diagnostics_of(root: Path, checks: Sequence[Check]) -> list[Checked]:
+    """ty on every check's file as it is and as fixed, in as few runs of ty
+    as the checks allow, run side by side: one run checks every file whose
+    diagnostics do not depend on what another file of the run holds for
+    another check (:func:`_views`), and gives each the diagnostics a run of
+    its own would (a verdict is keyed by what ty reads, closure.py: never
+    by what else was checked beside it). With checks whose files read no
+    other check's changes, two runs: every file as it is, every file as
+    fixed."""
+    if not checks:
+        return []
     binary = _ty_binary()
+    views = _views(root, checks)
+    found: dict[tuple[int, str], list[Diagnostic] | CheckerFailed] = {}
     with tempfile.TemporaryDirectory(prefix="deepstack-runtime-") as scratch:
         work = Path(scratch)
         # No third-party package: their types are unknown, never errors.
@@ -63,30 +113,121 @@ def diagnostics(
         )
         (work / "ty.toml").write_text("")  # not the tree's [tool.ty]
         runs = []
-        for name, files in (
-            ("before", {**(others or {}), path: raw}),
-            ("after", {**(others or {}), **(added or {}), path: fixed}),
-        ):
-            _overlay(root, work / name, files)
+        for number, view in enumerate(views):
+            folder = work / f"view{number}"
+            _overlay(root, folder, view.files)
+            paths = sorted({side.path for side in view.sides})
             command = [
                 binary, "check", "--config-file", str(work / "ty.toml"),
                 "--python", str(work / "env"), "--python-version", PYTHON_VERSION,
                 "--output-format", "concise", "--no-progress", "--color", "never",
-                path,
+                *paths,
             ]  # fmt: skip
             runs.append(
                 subprocess.Popen(
                     command,
-                    cwd=work / name,
+                    cwd=folder,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     stdin=subprocess.DEVNULL,
                 )
             )
-        return _read(runs[0], path), _read(runs[1], path)
+        for view, run in zip(views, runs, strict=True):
+            try:
+                by_path = _read(run)
+            except CheckerFailed as failed:
+                by_path = failed
+            for side in view.sides:
+                found[side.check, side.state] = (
+                    by_path
+                    if isinstance(by_path, CheckerFailed)
+                    else by_path.get(side.path, [])
+                )
+    results: list[Checked] = []
+    for number in range(len(checks)):
+        before, after = found[number, "before"], found[number, "after"]
+        if isinstance(before, CheckerFailed) or isinstance(after, CheckerFailed):
+            results.append(before if isinstance(before, CheckerFailed) else after)  # type: ignore[arg-type]
+        else:
+            results.append((before, after))
+    return results
 
 
-def _read(run: subprocess.Popen[bytes], path: str) -> list[Diagnostic]:
+@dataclass(frozen=True)
+class _Side:
+    """One state of one check's file: ``check``'s index, ``state`` (before,
+    after), and the files that state lays over the tree."""
+
+    check: int
+    state: str
+    path: str
+    files: Mapping[str, bytes]
+    reads: Callable[[str, bool], bool]
+
+
+@dataclass
+class _View:
+    """One run of ty: the files it lays over the tree, and what it checks."""
+
+    files: dict[str, bytes]
+    sides: list[_Side]
+
+
+def _views(root: Path, checks: Sequence[Check]) -> list[_View]:
+    """The runs of ty the checks need: each side (a check's file as it is,
+    or as fixed) joins the first run whose files it agrees with wherever it
+    or a side already there reads (:func:`_joined`); a new run where none."""
+    on_disk: dict[str, bytes | None] = {}
+
+    def disk(relpath: str) -> bytes | None:
+        if relpath not in on_disk:
+            try:
+                on_disk[relpath] = (root / relpath).read_bytes()
+            except OSError:
+                on_disk[relpath] = None
+        return on_disk[relpath]
+
+    views: list[_View] = []
+    for number, check in enumerate(checks):
+        for state, files in (("before", check.before), ("after", check.after)):
+            side = _Side(number, state, check.path, files, check.reads)
+            for view in views:
+                joined = _joined(view, side, disk)
+                if joined is not None:
+                    view.files, view.sides = joined, [*view.sides, side]
+                    break
+            else:
+                views.append(_View(dict(files), [side]))
+    return views
+
+
+def _joined(
+    view: _View, side: _Side, disk: Callable[[str], bytes | None]
+) -> dict[str, bytes] | None:
+    """The files of ``view`` with ``side`` in it, or None where a file they
+    hold apart is one the side and a side of the view both depend on (its
+    checked file, or one it reads): no run can give both what they read."""
+    joined = dict(view.files)
+    for relpath in side.files.keys() | view.files.keys():
+        mine = side.files.get(relpath, disk(relpath))
+        theirs = view.files.get(relpath, disk(relpath))
+        if mine == theirs:
+            continue
+        appears = mine is None or theirs is None
+        if relpath != side.path and not side.reads(relpath, appears):
+            continue  # the run's bytes stand
+        # A run cannot lay an absence over the tree.
+        if mine is None or any(
+            relpath == other.path or other.reads(relpath, appears)
+            for other in view.sides
+        ):
+            return None
+        joined[relpath] = mine
+    return joined
+
+
+def _read(run: subprocess.Popen[bytes]) -> dict[str, list[Diagnostic]]:
+    """A run's diagnostics, by the file they are on."""
     try:
         out, err = run.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -96,12 +237,19 @@ def _read(run: subprocess.Popen[bytes], path: str) -> list[Diagnostic]:
     if run.returncode not in (0, 1):  # 1: diagnostics found
         tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
         raise CheckerFailed(f"ty exited {run.returncode}: {tail[0]}")
-    pattern = re.compile(re.escape(path) + r":(\d+):\d+: \w+\[([\w-]+)\] (.*)")
-    return [
-        Diagnostic(int(m[1]), m[2], m[3])
-        for line in out.decode(errors="replace").splitlines()
-        if (m := pattern.fullmatch(line))
-    ]
+    found: dict[str, list[Diagnostic]] = {}
+    for line in out.decode(errors="replace").splitlines():
+        if m := _DIAGNOSTIC.fullmatch(line):
+            found.setdefault(m["path"], []).append(
+                Diagnostic(int(m["line"]), m["rule"], m["message"])
+            )
+    return found
+
+
+#: A diagnostic as ty's concise output gives it.
+_DIAGNOSTIC = re.compile(
+    r"(?P<path>[^:]+\.pyi?):(?P<line>\d+):\d+: \w+\[(?P<rule>[\w-]+)\] (?P<message>.*)"
+)
 
 
 def _overlay(root: Path, out: Path, files: Mapping[str, bytes]) -> None:
