@@ -333,12 +333,38 @@ def renamed_back(
     tree: ast.Module, function: ast.AST, renaming: Mapping[str, str]
 ) -> ast.Module:
     """A copy of ``tree`` whose ``function`` has the fix's names (target name
-    -> recorded name); positions kept."""
+    -> recorded name); positions kept. Only ``function`` and the statements
+    that hold it are copied, the rest is shared with ``tree`` (read, never
+    changed): a deep copy of a 2,000-line model file per renamed function
+    was a tenth of a drift corpus's time."""
     inverse = {new: old for old, new in renaming.items()}
-    memo: dict[int, object] = {}
-    copied = copy.deepcopy(tree, memo)
-    Rename(inverse).visit(memo[id(function)])  # type: ignore[arg-type]
+    renamed = copy.deepcopy(function)
+    Rename(inverse).visit(renamed)
+    copied = _with_replaced(tree, function, renamed)
+    assert isinstance(copied, ast.Module), "the function is not in its tree"
     return copied
+
+
+def _with_replaced(node: ast.AST, old: ast.AST, new: ast.AST) -> ast.AST | None:
+    """A shallow copy of ``node`` with ``new`` where ``old`` stood, copying
+    only the statements on the way down; None where ``old`` is not a
+    statement inside ``node``."""
+    if node is old:
+        return new
+    for field, value in ast.iter_fields(node):
+        if not isinstance(value, list):
+            continue
+        for index, child in enumerate(value):
+            match child:
+                case ast.stmt() | ast.excepthandler() | ast.match_case():
+                    replaced = _with_replaced(child, old, new)
+                case _:
+                    continue
+            if replaced is not None:
+                clone = copy.copy(node)
+                setattr(clone, field, [*value[:index], replaced, *value[index + 1 :]])
+                return clone
+    return None
 
 
 def renamed_code(code: str, renaming: Mapping[str, str]) -> str:
