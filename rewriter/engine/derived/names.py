@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -386,7 +387,7 @@ def bound_in(nodes: Iterable[ast.AST], *, nested: bool) -> set[str]:
             ):
                 found.add(name)
                 if not nested:
-                    for inner in ast.walk(node):
+                    for inner in statements_in([node]):
                         if isinstance(inner, ast.Global):
                             found.update(inner.names)
                     continue
@@ -411,11 +412,27 @@ def bound_in(nodes: Iterable[ast.AST], *, nested: bool) -> set[str]:
     return found
 
 
+def statements_in(nodes: Iterable[ast.AST]) -> Iterator[ast.stmt]:
+    """Every statement among ``nodes`` and inside them, nested blocks and
+    definitions included. Statements hold statements only in their blocks
+    (an expression holds none), so this passes over the expressions that
+    ``ast.walk`` visits one by one: a tenth of the nodes of a model file.
+    In ``ast.walk``'s order (breadth first, fields in order)."""
+    todo = collections.deque(nodes)
+    while todo:
+        node = todo.popleft()
+        if isinstance(node, ast.stmt):
+            yield node
+        for _, value in ast.iter_fields(node):
+            match value:
+                case [ast.stmt() | ast.excepthandler() | ast.match_case(), *_]:
+                    todo.extend(value)
+
+
 def imports_in(nodes: Iterable[ast.AST]) -> list[ast.stmt]:
     return [
         node
-        for root in nodes
-        for node in ast.walk(root)
+        for node in statements_in(nodes)
         if isinstance(node, ast.Import | ast.ImportFrom)
     ]
 
@@ -423,8 +440,7 @@ def imports_in(nodes: Iterable[ast.AST]) -> list[ast.stmt]:
 def _has_star_import(body: Sequence[ast.stmt]) -> bool:
     return any(
         isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
-        for root in body
-        for node in ast.walk(root)
+        for node in statements_in(body)
     )
 
 
