@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from deepstack_patch.engine.protocol import (
     Finding,
@@ -63,17 +64,12 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
         _documentation_left_out(report, documentation, located)
         while_there = _while(patch, there)
         report.locations.extend(
-            Location(
-                patch.part_file(part) or report.locations[0].path,
-                Finding(
-                    state=PatchState.DRIFTED,
-                    symbol=_name(part),
-                    line=0,  # the unit is not in its file: no line to show
-                    span=(0, 0),
-                    reason=f"{patch.parts[part]} is absent while {while_there}: "
-                    "it applies whole or not at all",
-                    part=part,
-                ),
+            _absent(
+                report,
+                part,
+                PatchState.DRIFTED,
+                f"{patch.parts[part]} is absent while {while_there}: "
+                "it applies whole or not at all",
             )
             for part in absent
         )
@@ -97,21 +93,14 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
 def _documentation_alone(report: PatchReport, documentation: frozenset[str]) -> None:
     """The documentation parts where the fix's code is not in this tree:
     not applicable (documentation never makes a patch needed or applied)."""
-    report.locations = [
-        Location(
-            loc.path,
-            dataclasses.replace(
-                loc.finding,
-                state=PatchState.NOT_APPLICABLE,
-                reason="documentation of a fix whose code is not in this release",
-                details={},
-            ),
-        )
-        if loc.finding.part in documentation
-        and loc.state in (PatchState.NEEDED, PatchState.APPLIED)
-        else loc
-        for loc in report.locations
-    ]
+    _not_applicable(
+        report,
+        lambda loc: (
+            loc.finding.part in documentation
+            and loc.state in (PatchState.NEEDED, PatchState.APPLIED)
+        ),
+        "documentation of a fix whose code is not in this release",
+    )
 
 
 def _documentation_left_out(
@@ -125,16 +114,11 @@ def _documentation_left_out(
     patch = report.patch
     absent = [part for part in documentation if part not in located]
     report.locations.extend(
-        Location(
-            patch.part_file(part) or report.locations[0].path,
-            Finding(
-                state=PatchState.NOT_APPLICABLE,
-                symbol=_name(part),
-                line=0,  # the definition is not in its file: no line to show
-                span=(0, 0),
-                reason=f"left out: {patch.parts[part]} is absent",
-                part=part,
-            ),
+        _absent(
+            report,
+            part,
+            PatchState.NOT_APPLICABLE,
+            f"left out: {patch.parts[part]} is absent",
         )
         for part in sorted(absent)
     )
@@ -151,20 +135,11 @@ def _documentation_left_out(
             for part in left_out
         )
     )
-    report.locations = [
-        Location(
-            loc.path,
-            dataclasses.replace(
-                loc.finding,
-                state=PatchState.NOT_APPLICABLE,
-                reason=f"{WITH_DOCUMENTATION_LEFT_OUT}: {named}",
-                details={},
-            ),
-        )
-        if loc.state is PatchState.APPLIED
-        else loc
-        for loc in report.locations
-    ]
+    _not_applicable(
+        report,
+        lambda loc: loc.state is PatchState.APPLIED,
+        f"{WITH_DOCUMENTATION_LEFT_OUT}: {named}",
+    )
 
 
 def _while(patch: Patch, there: dict[str, PatchState]) -> str:
@@ -186,17 +161,39 @@ def _name(part: str) -> str:
 def _never_had_the_bug(report: PatchReport) -> None:
     """Parts as the fix leaves them, beside code this release never had:
     the patch is not applicable, and each applied part says why."""
+    _not_applicable(
+        report, lambda loc: loc.state is PatchState.APPLIED, WITH_THE_REST_NEVER_HERE
+    )
+
+
+def _not_applicable(
+    report: PatchReport, which: Callable[[Location], bool], reason: str
+) -> None:
+    """The report's locations ``which`` accepts, restated as not applicable
+    for ``reason``."""
     report.locations = [
         Location(
             loc.path,
             dataclasses.replace(
-                loc.finding,
-                state=PatchState.NOT_APPLICABLE,
-                reason=WITH_THE_REST_NEVER_HERE,
-                details={},
+                loc.finding, state=PatchState.NOT_APPLICABLE, reason=reason, details={}
             ),
         )
-        if loc.state is PatchState.APPLIED
+        if which(loc)
         else loc
         for loc in report.locations
     ]
+
+
+def _absent(report: PatchReport, part: str, state: PatchState, reason: str) -> Location:
+    """A location for a part of the patch that its file does not hold."""
+    return Location(
+        report.patch.part_file(part) or report.locations[0].path,
+        Finding(
+            state=state,
+            symbol=_name(part),
+            line=0,  # the part is not in its file: no line to show
+            span=(0, 0),
+            reason=reason,
+            part=part,
+        ),
+    )
