@@ -255,3 +255,28 @@ def test_an_if_header_the_fix_changes_is_written_under_the_renaming() -> None:
     [finding] = reads_n.recognise(ast.parse(vendor_n), PATH)
     assert finding.state is PatchState.DRIFTED
     assert "the fix uses the local `n`" in finding.reason
+
+
+def test_the_rewrite_on_text_writes_the_modules_bytes() -> None:
+    """plan.py rewrites a derived patch's skeleton as text (rewrite_text):
+    the same bytes as the rewrite of the parsed module, newlines and a
+    renaming included; None where the file declares another encoding."""
+    import libcst
+
+    for target in (
+        BEFORE,
+        BEFORE.replace("total", "acc"),
+        BEFORE.replace("\n", "\r\n"),
+        "# -*- coding: utf-8 -*-\n" + BEFORE,
+    ):
+        findings = [
+            f
+            for f in patch().recognise(ast.parse(target), PATH)
+            if f.state is PatchState.NEEDED
+        ]
+        as_text = patch().rewrite_text(target.encode(), findings)
+        as_module = patch().rewrite(libcst.parse_module(target.encode()), findings)
+        assert as_text == as_module.bytes
+    latin = "# -*- coding: latin-1 -*-\n" + BEFORE
+    findings = patch().recognise(ast.parse(latin), PATH)
+    assert patch().rewrite_text(latin.encode(), findings) is None

@@ -575,8 +575,12 @@ def _rewrite_skeleton(
     if skeleton is None:
         return None
     before, origin = skeleton
-    module = patch.rewrite(libcst.parse_module(b"".join(before)), needed)
-    after = module.bytes.splitlines(keepends=True)
+    # A derived patch edits text: it needs no module parsed and printed.
+    as_text = getattr(patch, "rewrite_text", None)
+    written = as_text(b"".join(before), needed) if as_text else None
+    if written is None:
+        written = patch.rewrite(libcst.parse_module(b"".join(before)), needed).bytes
+    after = written.splitlines(keepends=True)
     original = source.raw.splitlines(keepends=True)
     out: list[bytes] = []
     changed: Changes = []

@@ -18,7 +18,9 @@ The data file is TOML (schema 1), one per patch; docs/derive.md describes it.
 from __future__ import annotations
 
 import ast
+import codecs
 import functools
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -68,6 +70,7 @@ from deepstack_patch.engine.protocol import (
 
 if TYPE_CHECKING:
     import libcst
+    from deepstack_patch.engine.derived.rewrite import UnitToMake
 
 
 #: A needed unit's detail for an edit that is made already (its docstring
@@ -460,29 +463,61 @@ class DerivedPatch(Patch):
     ) -> libcst.Module:
         from deepstack_patch.engine.derived import rewrite
 
-        by_part = {unit.part: unit for unit in self.units}
-        placed = [(f, moved.placed(by_part[f.part], f)) for f in needed]
-        module = rewrite.apply_edits(
-            module,
-            [
-                (
-                    unit,
-                    [
-                        (self._compile(edit), finding.details.get(str(index), {}))
-                        for index, edit in enumerate(unit.edits)
-                        if edit.kind != "docstring"
-                        and not finding.details.get(str(index), {}).get(APPLIED_EDIT)
-                    ],
-                    finding.details.get("renaming", {}),
-                )
-                for finding, unit in placed
-            ],
-        )
+        placed = self._placed(needed)
+        module = rewrite.apply_edits(module, self._to_make(placed))
         for finding, unit in placed:  # the docstrings the fix edits ride along
             for index, edit in enumerate(unit.edits):
                 if edit.kind == "docstring" and finding.details.get(str(index)):
                     module = docstrings.rewrite(module, self._compile(edit))
         return module
+
+    def rewrite_text(self, code: bytes, needed: Sequence[Finding]) -> bytes | None:
+        """:meth:`rewrite` on the file's bytes, without a LibCST module: the
+        edits are made on text, and a module parsed only to be printed again
+        was a third of a drift corpus's time. None where it needs the module
+        (a docstring to rewrite, a file not in plain UTF-8): the caller rewrites
+        the module then."""
+        from deepstack_patch.engine.derived import rewrite
+
+        placed = self._placed(needed)
+        if (
+            any(
+                edit.kind == "docstring" and finding.details.get(str(index))
+                for finding, unit in placed
+                for index, edit in enumerate(unit.edits)
+            )
+            or _declares_another_encoding(code)
+            or code.startswith(codecs.BOM_UTF8)
+        ):
+            return None
+        try:
+            text = code.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        made = rewrite.edited_code(text, _first_newline(text), self._to_make(placed))
+        return made.encode("utf-8")
+
+    def _placed(self, needed: Sequence[Finding]) -> list[tuple[Finding, Unit]]:
+        """Each needed finding with its unit, placed where the finding is."""
+        by_part = {unit.part: unit for unit in self.units}
+        return [(f, moved.placed(by_part[f.part], f)) for f in needed]
+
+    def _to_make(self, placed: Sequence[tuple[Finding, Unit]]) -> list[UnitToMake]:
+        """The edits to make of each placed unit (docstrings aside, and
+        those recognition found made already), with its renaming."""
+        return [
+            (
+                unit,
+                [
+                    (self._compile(edit), finding.details.get(str(index), {}))
+                    for index, edit in enumerate(unit.edits)
+                    if edit.kind != "docstring"
+                    and not finding.details.get(str(index), {}).get(APPLIED_EDIT)
+                ],
+                finding.details.get("renaming", {}),
+            )
+            for finding, unit in placed
+        ]
 
     def prove(self, tree: Path) -> None:
         raise NotImplementedError(
@@ -781,3 +816,24 @@ def load_derived(path: Path) -> DerivedPatch:
         ) from None
     refuse_disagreement(patch.units, path)
     return patch
+
+
+def _first_newline(text: str) -> str:
+    """The file's newline as LibCST reads it: the first one in the text."""
+    match re.search(r"\r\n?|\n", text):
+        case None:
+            return "\n"
+        case found:
+            return found.group()
+
+
+def _declares_another_encoding(code: bytes) -> bool:
+    """A coding line (PEP 263) in the first two lines naming another
+    encoding than UTF-8."""
+    for line in code.splitlines()[:2]:
+        if declared := re.match(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", line):
+            return declared.group(1).lower().replace(b"_", b"-") not in (
+                b"utf-8",
+                b"utf8",
+            )
+    return False

@@ -63,15 +63,22 @@ def apply_edits(module: cst.Module, units: Sequence[UnitToMake]) -> cst.Module:
     fix was made on (its ``before``) becomes the fixed one (its ``after``)
     whole: what upstream changed there besides its statements (a comment, a
     docstring, a blank line) comes with it, as ``git apply`` brings it."""
-    text = _Text(module.code, module.default_newline)
+    code = edited_code(module.code, module.default_newline, units)
+    if code == module.code:
+        return module
+    return cst.parse_module(code.encode(module.encoding))
+
+
+def edited_code(code: str, newline: str, units: Sequence[UnitToMake]) -> str:
+    """``code`` with each unit's edits made (:func:`apply_edits` on text:
+    the edits are made on text, so a caller holding text needs no module)."""
+    text = _Text(code, newline)
     for unit, edits, renaming in units:
         if not renaming and text.whole_definition(unit, [c for c, _ in edits]):
             continue
         for compiled, details in edits:
             text.apply(compiled, details, renaming)
-    if text.code == module.code:
-        return module
-    return cst.parse_module(text.code.encode(module.encoding))
+    return text.code
 
 
 def apply_edit(
