@@ -227,14 +227,21 @@ def refuse_unchecked(plan: Plan) -> None:
     """A selected needed patch whose code's runtime names the tree could not
     check (:mod:`.derived.runtime`: this tool's partial extraction without
     the whole ``vllm`` package): refuse, writing nothing."""
-    from deepstack_patch.engine.derived.runtime import UNCHECKED
-
-    unchecked = [
+    needed = [
         (report, location)
         for report in plan.reports
         if report.selected
         for location in report.locations
-        if location.state is PatchState.NEEDED and UNCHECKED in location.finding.details
+        if location.state is PatchState.NEEDED and location.finding.details
+    ]
+    if not needed:  # nothing to write: the derived engine need not be imported
+        return
+    from deepstack_patch.engine.derived.runtime import UNCHECKED
+
+    unchecked = [
+        (report, location)
+        for report, location in needed
+        if UNCHECKED in location.finding.details
     ]
     if unchecked:
         report, where = unchecked[0]
