@@ -140,24 +140,21 @@ class _Differ:
         neighbours: tuple[Anchor | None, Anchor | None] = (None, None),
     ) -> None:
         """Two aligned compound statements that differ inside."""
-        definition = isinstance(was, shapes.DEFINITIONS)
-        if definition:
-            chain = (*chain, (was, now))
-            code = shapes.header_source(self.before_lines, was)
-            if shapes.header(was, self.memo) != shapes.header(now, self.memo):
-                self.found.append(
-                    _Found(
-                        Edit(
-                            kind="header",
-                            block=(*steps, Step(code, "header", *neighbours)),
-                            header_before=code,
-                            header_after=shapes.header_source(self.after_lines, now),
-                        ),
-                        chain,
-                    )
+        definition, code, chain = self.opened(was, now, chain)
+        if definition and shapes.header(was, self.memo) != shapes.header(
+            now, self.memo
+        ):
+            self.found.append(
+                _Found(
+                    Edit(
+                        kind="header",
+                        block=(*steps, Step(code, "header", *neighbours)),
+                        header_before=code,
+                        header_after=shapes.header_source(self.after_lines, now),
+                    ),
+                    chain,
                 )
-        else:
-            code = shapes.header_code(was)
+            )
         for name in shapes.BLOCK_FIELDS:
             old_inner = getattr(was, name, None)
             new_inner = getattr(now, name, None)
@@ -172,6 +169,26 @@ class _Differ:
                 self.docstring(old_inner, new_inner or [], (*steps, step), chain)
             self.block(old_inner, new_inner, (*steps, step), chain)
 
+    def opened(
+        self,
+        was: ast.stmt,
+        now: ast.stmt,
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+    ) -> tuple[bool, str, tuple[tuple[ast.stmt, ast.stmt], ...]]:
+        """Entering a compound statement: whether it is a definition, the
+        header code its steps are known by (a definition's as written), and
+        the chain of definitions with it added."""
+        if isinstance(was, shapes.DEFINITIONS):
+            return (
+                True,
+                shapes.header_source(self.before_lines, was),
+                (
+                    *chain,
+                    (was, now),
+                ),
+            )
+        return False, shapes.header_code(was), chain
+
     def documentation(
         self,
         was: ast.stmt,
@@ -185,12 +202,7 @@ class _Differ:
         its own, found on the way :meth:`inside` finds code."""
         if not shapes.is_compound(was):
             return
-        definition = isinstance(was, shapes.DEFINITIONS)
-        if definition:
-            chain = (*chain, (was, now))
-            code = shapes.header_source(self.before_lines, was)
-        else:
-            code = shapes.header_code(was)
+        definition, code, chain = self.opened(was, now, chain)
         for name in shapes.BLOCK_FIELDS:
             old_inner = getattr(was, name, None)
             new_inner = getattr(now, name, None)
