@@ -150,7 +150,8 @@ def plan_tree(
         # meanwhile as if it found nothing; where it found something, the
         # series is planned again with its answers (a drifted patch writes
         # nothing a later one could read). The last pass puts nothing off.
-        context.defer_checks = True
+        # A file is shown once, whatever the passes.
+        progress = _each_once(progress) if progress else None
         for last in [False] * _DEFERRING_PASSES + [True]:
             context.defer_checks = not last
             plan = _plan(tree, series, selected, rewrite, progress, cache)
@@ -160,6 +161,18 @@ def plan_tree(
                 return plan
             context.start_again()
         return plan
+
+
+def _each_once(progress: Callable[[str], None]) -> Callable[[str], None]:
+    """``progress`` called once for each file, however often it is read."""
+    shown: set[str] = set()
+
+    def show(relpath: str) -> None:
+        if relpath not in shown:
+            shown.add(relpath)
+            progress(relpath)
+
+    return show
 
 
 #: How many passes of the plan may put checks off: one as a rule; another
@@ -237,7 +250,6 @@ class _Planning:
     current: dict[str, SourceFile] = field(default_factory=dict)
     edits: dict[str, FileEdit] = field(default_factory=dict)
     real_dirs: dict[str, str] = field(default_factory=dict)
-    shown: set[str] = field(default_factory=set)
 
     def plan_segment(
         self, patches: list[Patch], rewrite: bool, read_later: bool
@@ -264,8 +276,7 @@ class _Planning:
             # Only files a patch may rewrite must live inside the tree; checking
             # just these keeps a status run to one realpath per folder.
             check_inside(self.tree, relpath, self.real_dirs)
-            if self.progress and relpath not in self.shown:
-                self.shown.add(relpath)
+            if self.progress:
                 self.progress(relpath)
             found, edit = _plan_file(
                 source, touching, self.selected, rewrite, self.cache, read_later
