@@ -23,30 +23,19 @@ from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import apply_tree
 from deepstack_patch.engine.derived import DerivedPatch, load_derived
 from deepstack_patch.engine.derived.data import write_derived
-from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree, rewrite_text
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
+
+from tests.support.toys import derived_patch, toy_tree
 
 PATH = "vllm/models/b.py"
 OTHER = "vllm/models/a.py"
 
 
 def patch_of(*changes: tuple[str, str, str]) -> DerivedPatch:
-    units = [
-        u
-        for path, before, after in changes
-        for u in units_of_change(path, before, after)
-    ]
-    return DerivedPatch(
-        id="local#30",
-        title="t",
-        symptom="s",
-        base="0.0.1",
-        paths=sorted({path for path, _, _ in changes}),
-        units=units,
-    )
+    return derived_patch("local#30", *changes)
 
 
 def states(patch: DerivedPatch, source: str, path: str = PATH) -> dict[str, tuple]:
@@ -59,17 +48,7 @@ def make_tree(root: Path, files: dict[str, str], *, whole: bool = True) -> VllmT
     """A vLLM tree; ``whole``: with its pyproject.toml, as a checkout or an
     sdist has it; else this tool's partial extraction, with its list of
     what it was asked for (empty unless ``files`` gives one)."""
-    for path, text in {
-        "vllm/__init__.py": "",
-        "vllm/models/__init__.py": "",
-        "PKG-INFO": "Metadata-Version: 2.4\nName: vllm\nVersion: 0.0.1\n",
-        **({"pyproject.toml": "[project]\nname = 'vllm'\n"} if whole else {}),
-        **({} if whole else {ASKED_FOR: ""}),
-        **files,
-    }.items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(text)
-    return VllmTree.open(root)
+    return toy_tree(root, {"vllm/models/__init__.py": "", **files}, whole=whole)
 
 
 def report_of(tree: VllmTree, patch: DerivedPatch):

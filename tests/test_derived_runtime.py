@@ -28,19 +28,13 @@ from deepstack_patch.engine.tree import ASKED_FOR, VllmTree, link_copy
 from deepstack_patch.patches import SERIES
 
 from tests.support import TARGETS
+from tests.support.toys import derived_patch
 from tests.test_json_schemas import errors as schema_errors
 from tests.test_verify_imports import git_diff
 
 
 def patch_of(patch_id: str, path: str, before: str, after: str) -> DerivedPatch:
-    return DerivedPatch(
-        id=patch_id,
-        title="t",
-        symptom="s",
-        base="0.0.1",
-        paths=[path],
-        units=units_of_change(path, before, after),
-    )
+    return derived_patch(patch_id, (path, before, after))
 
 
 def whole_tree(root: Path, files: dict[str, str], version: str = "0.0.1") -> Path:

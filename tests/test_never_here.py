@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from deepstack_patch.engine.derived.patch import DerivedPatch
-from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
 
+from tests.support.toys import derived_patch
 from tests.test_derive import _tree
 
 WARN = "vllm/platforms/interface.py"
@@ -44,15 +44,7 @@ GRAPHS_AFTER = "def use_graphs(mode, breakable):\n    return mode\n"
 
 
 def patch_of(*changes: tuple[str, str, str]) -> DerivedPatch:
-    units = [unit for path, a, b in changes for unit in units_of_change(path, a, b)]
-    return DerivedPatch(
-        id="vllm#1",
-        title="t",
-        symptom="s",
-        base="0.0.1",
-        paths=sorted({path for path, _, _ in changes}),
-        units=units,
-    )
+    return derived_patch("vllm#1", *changes)
 
 
 def report_on(tmp_path: Path, patch: DerivedPatch, files: dict[str, str]):  # noqa: ANN201

@@ -20,39 +20,23 @@ from pathlib import Path
 import pytest
 from deepstack_patch.engine.apply import apply_tree
 from deepstack_patch.engine.derived import DerivedPatch, typecheck
-from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.tree import VllmTree
 
 from tests.support import link_copy
+from tests.support.toys import derived_patch, toy_tree
 
 
 def derived(
     patch_id: str, path: str, before: str, after: str, requires: tuple[str, ...] = ()
 ) -> DerivedPatch:
-    return DerivedPatch(
-        id=patch_id,
-        title="t",
-        symptom="s",
-        base="0.0.1",
-        paths=[path],
-        units=units_of_change(path, before, after),
-        requires=requires,
-    )
+    return derived_patch(patch_id, (path, before, after), requires=requires)
 
 
 def whole_tree(root: Path, files: dict[str, str]) -> VllmTree:
     """A whole vLLM tree (its pyproject.toml: every file of the release)."""
-    for path, text in {
-        "pyproject.toml": "[project]\nname = 'vllm'\n",
-        "PKG-INFO": "Metadata-Version: 2.4\nName: vllm\nVersion: 0.0.1\n",
-        "vllm/__init__.py": "",
-        **files,
-    }.items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(text)
-    return VllmTree.open(root)
+    return toy_tree(root, files)
 
 
 # -- a name one patch adds and the next imports ---------------------------------
