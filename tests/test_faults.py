@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -293,6 +295,12 @@ def test_commit_with_a_dirty_tree(tree: Path) -> None:
     readme = tree / "vllm" / "__init__.py"
     own_copy(readme)
     readme.write_bytes(readme.read_bytes() + b"# local edit\n")
+    # The tree's files are hard links to a shared pristine copy: another link
+    # to one (as a parallel test makes) changes its ctime, and a plain git
+    # status then rewrites .git/index. A refusal must not, so this does it.
+    time.sleep(1.1)  # ctime has one-second resolution on some filesystems
+    tracked = tree / "vllm" / "envs.py"
+    os.link(tracked, tree.parent / "another-link-to-envs.py")
     before = snapshot(tree)
     result = run("apply", "--vllm-src", str(tree), "--commit")
     assert_refused(result, "vllm/__init__.py")

@@ -165,7 +165,12 @@ def repo_path(repo: git.Repo, tree: VllmTree, relpath: str) -> str:
 def dirty_paths(repo: git.Repo, tree: VllmTree) -> list[str]:
     """Changed, staged and untracked (not ignored) paths under the tree."""
     scope = repo_path(repo, tree, ".")
-    output = repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", scope)
+    # git status refreshes the index's stat cache when it can take the lock
+    # (always after an edit in the second the index was written): a refused
+    # --commit must leave .git as it found it, so that refresh is turned off.
+    output = repo.git(no_optional_locks=True).status(
+        "--porcelain=v1", "-z", "--untracked-files=all", scope
+    )
     entries = output.split("\0")
     paths: list[str] = []
     index = 0
