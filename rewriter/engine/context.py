@@ -71,14 +71,27 @@ class TreeContext:
     #: patch at a pass's end (ty on all the files that need it, not a run
     #: per patch); its answers meanwhile were provisional.
     deferred: dict[str, Deferred] = field(default_factory=dict)
+    #: Every path of the tree asked about here (read, looked for): what a
+    #: plan kept whole must find as it was (:mod:`.plan_memo`).
+    probed: set[str] = field(default_factory=set)
+    #: A check could not give its answer this time (ty could not run), and
+    #: may give another next time: the plan is not kept whole.
+    unsettled: bool = False
 
     def read(self, relpath: str) -> bytes:
         """The file as the earlier patches leave it (OSError where absent)."""
+        self.probed.add(relpath)
         found = self.overlay.get(relpath)
         return found if found is not None else (self.root / relpath).read_bytes()
 
     def is_file(self, relpath: str) -> bool:
+        self.probed.add(relpath)
         return relpath in self.overlay or (self.root / relpath).is_file()
+
+    def is_dir(self, relpath: str) -> bool:
+        """Whether the tree has the folder ``relpath`` (on disk)."""
+        self.probed.add(relpath)
+        return (self.root / relpath).is_dir()
 
     def lay_over(self, files: Mapping[str, bytes]) -> None:
         """Lay ``files`` (as a patch left them) over the tree: what was read
@@ -99,6 +112,7 @@ class TreeContext:
         """Whether the release lacks the file ``relpath``: it is not here, and
         the tree is whole, or a partial extraction that was asked for it. A
         file a partial extraction was not asked for is unknown: False."""
+        self.probed.add(relpath)
         if relpath in self.overlay or (self.root / relpath).exists():
             return False
         key = ("asked for", self.root)

@@ -18,11 +18,13 @@ import ast
 import contextlib
 import gc
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from deepstack_patch.engine.context import note_source, recognising_in, tree_context
 from deepstack_patch.engine.errors import DeepstackError, RewriteRefused
+from deepstack_patch.engine.plan_memo import PlanMemo, keeps_plans
 from deepstack_patch.engine.protocol import (
     Finding,
     Location,
@@ -134,10 +136,19 @@ def plan_tree(
 
     With a ``cache`` (see :mod:`deepstack_patch.engine.cache`) a file whose
     exact bytes were recognised before by the same code is not parsed again,
-    unless a patch is to be rewritten in it.
+    unless a patch is to be rewritten in it; and a plan that rewrites nothing,
+    of a series with a patch that reads the tree, is kept whole, and given
+    again while no file it could read has changed (:mod:`.plan_memo`).
     """
     if selected is None:
         selected = {patch.id for patch in series}
+    memo = None
+    if cache is not None and keeps_plans(series, rewrite):
+        memo = PlanMemo.for_plan(tree, series, selected, cache)
+        kept = memo.load(series)
+        if kept is not None:
+            return Plan(tree=tree, reports=kept, edits=[])
+    started = time.time()
     # Recognition may read other files of the tree (a derived patch checks
     # the names its fix imports: engine/derived/names.py), as the earlier
     # patches leave them, and rewrites a file to check it (runtime.py).
@@ -158,8 +169,10 @@ def plan_tree(
             # Every piece of work is run, so none is left behind.
             again = [work.run() for work in context.deferred.values()]
             if not any(again):
-                return plan
+                break
             context.start_again()
+        if memo is not None and not plan.edits:
+            memo.store(plan.reports, context, started)
         return plan
 
 

@@ -167,7 +167,7 @@ def _folder_there(patch: names.DerivedPatch, path: str) -> bool:
         return True
     # A partial extraction holds the folder's __init__.py where the release
     # has it (a derived patch asks for it: ``also_reads``).
-    if (context.root / folder).is_dir():
+    if context.is_dir(folder):
         return True
     package = f"{folder}/__init__.py"
     adds_package = any(

@@ -488,7 +488,7 @@ class _Module:
         if self.package is None:
             return False
         folder = self.package.relative_to(context.root).as_posix()
-        return (self.package / name).is_dir() or not (
+        return context.is_dir(f"{folder}/{name}") or not (
             context.lacks(f"{folder}/{name}.py")
             and context.lacks(f"{folder}/{name}/__init__.py")
         )
@@ -516,7 +516,7 @@ def _module(
         # A partial extraction not asked for the module: it cannot tell.
         context.memo[key] = _UNKNOWN
         return context.memo[key]
-    elif base.is_dir():  # a namespace package: its submodules only
+    elif context.is_dir(relpath):  # a namespace package: its submodules only
         context.memo[key] = _Module(frozenset(), base, False)
         return context.memo[key]
     else:  # not in the release (a whole tree, or asked for and not there)

@@ -462,6 +462,7 @@ def typed_problem(
         return ""
     (found,) = typecheck.diagnostics_of(context.root, [check])
     if isinstance(found, typecheck.CheckerFailed):
+        context.unsettled = True
         return _could_not_check(path, found)
     problem, names = _concluded(
         patch, units, path, raw, fixed, _sources(context, package), found
@@ -519,6 +520,8 @@ class _TypedChecks:
     (problem, excused names), for the passes after."""
 
     root: Path
+    #: Told where ty could not run (``unsettled``: the plan is not kept).
+    context: TreeContext = field(repr=False, compare=False)
     pending: dict[
         str,
         tuple[
@@ -542,6 +545,7 @@ class _TypedChecks:
         for key, found in zip(keys, checked, strict=True):
             check, conclude = self.pending[key]
             if isinstance(found, typecheck.CheckerFailed):
+                self.context.unsettled = True
                 verdict = _could_not_check(check.path, found), []
             else:  # as a check run at once would, kept in the cache
                 verdict = conclude(found)
@@ -556,7 +560,7 @@ def _typed_checks(context: TreeContext) -> _TypedChecks:
     """The plan's typed checks (kept across its passes)."""
     found = context.deferred.get("typed checks")
     if not isinstance(found, _TypedChecks):
-        found = context.deferred["typed checks"] = _TypedChecks(context.root)
+        found = context.deferred["typed checks"] = _TypedChecks(context.root, context)
     return found
 
 

@@ -1,0 +1,467 @@
+"""A status plan kept whole between runs, for a series that reads the tree.
+
+A derived patch's verdict reads far more than its own files: the modules its
+fix imports, the names the whole ``vllm`` package defines, what ty finds in
+the modules its file can reach (:mod:`.context`). Each of those is cached by
+its own key, yet a warm ``status`` of 40 derived patches still redoes the
+plan's Python work (finding every unit, computing each needed fix so that
+later patches see it, looking up runtime names): seconds where the per-file
+recognition cache gives the built-in series a tenth of one.
+
+So a plan that rewrites nothing (``status``, ``apply --check``) of a series
+with a patch that reads the tree is kept whole, under a key of everything
+the plan is a function of besides the tree's files: the code and data of
+the series (the recognition cache's fingerprint), its order and selection,
+the tree's folder, version and kind, the Python and ty that check it. With
+it is kept a manifest of the tree's files the plan could read:
+
+- every entry under ``vllm/`` (the package the runtime names are looked up
+  in and ty reads), by its ``lstat`` and its content's sha256;
+- every other file the plan asked about (:attr:`.context.TreeContext.probed`),
+  present or absent, and what each of the series' globs outside ``vllm/``
+  matched.
+
+A run uses the kept plan only where every entry is as recorded: a file whose
+``lstat`` (size, mtime, ctime, inode) is unchanged is unchanged, as for git's
+index, since a write always moves ctime and nothing can set it back. A file
+whose times fall within :data:`_RACY_SECONDS` of when the manifest was taken
+(written around then, where ctime's ticks are coarse) and a file whose
+``lstat`` moved are hashed again and compared by content. Any entry added,
+gone or different is a miss: the plan is made again, and kept again.
+
+A plan is kept only where nothing under ``vllm/`` moved while it was made
+(the manifest is taken before, and compared after), no other file it read
+was written then, and no check failed for a reason that may pass (ty could
+not run: :attr:`.context.TreeContext.unsettled`).
+
+Entries live under ``$DEEPSTACK_PATCH_CACHE/plans``; ``DEEPSTACK_PATCH_NO_CACHE=1``
+turns this off with the recognition cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from deepstack_patch.engine.context import TreeContext
+from deepstack_patch.engine.protocol import (
+    Finding,
+    Location,
+    Patch,
+    PatchReport,
+    PatchState,
+)
+from deepstack_patch.engine.recognition_cache import RecognitionCache
+from deepstack_patch.engine.tree import VllmTree, _asked_for
+
+#: Bump when what is stored changes meaning.
+_SCHEMA = "1"
+
+#: A file whose mtime or ctime is this close to the manifest's time (or
+#: after it) is compared by content, never by its ``lstat`` alone.
+_RACY_SECONDS = 2.0
+
+#: How coarse a file system's ctime may be: a file written this long
+#: before the plan began may have been written while it read it.
+_CTIME_TICK = 0.05
+
+#: Larger files are kept by ``lstat`` alone (an installed vLLM's compiled
+#: kernels): one that moved is a miss, never read to hash.
+_LARGEST_HASHED = 8 << 20
+
+#: ``(size, mtime_ns, ctime_ns, inode, kind)``; kind: "f" file, "d" folder,
+#: "l" link (its target in place of a hash), "o" other.
+Signature = tuple[int, int, int, int, str]
+
+
+@dataclass(frozen=True)
+class Entry:
+    signature: Signature
+    #: The content's sha256 (a link: its target), "" where not hashed.
+    digest: str
+
+    def same_as(self, kept: Entry) -> bool:
+        """Whether this is the file ``kept`` recorded: the same bytes (a
+        touched file too), or, where not hashed, the same ``lstat``."""
+        if self.signature[4] != kept.signature[4]:
+            return False
+        if self.digest or kept.digest:
+            return self.digest == kept.digest
+        return self.signature == kept.signature
+
+
+#: A file the plan asked about that is not there.
+_ABSENT = Entry((0, 0, 0, 0, "-"), "")
+
+
+@dataclass
+class Manifest:
+    """The tree's files a plan could read, as they were when it was taken."""
+
+    taken_at: float
+    entries: dict[str, Entry]
+
+    def racy(self, entry: Entry) -> bool:
+        _size, mtime_ns, ctime_ns, _inode, _kind = entry.signature
+        edge = (self.taken_at - _RACY_SECONDS) * 1e9
+        return mtime_ns >= edge or ctime_ns >= edge
+
+
+def keeps_plans(series: Sequence[Patch], rewrite: bool) -> bool:
+    """Whether a plan of ``series`` is worth keeping whole: it rewrites
+    nothing and a patch reads the tree (else the per-file recognition cache
+    does all a kept plan would, and the manifest would cost more)."""
+    return not rewrite and any(getattr(p, "reads_tree", False) for p in series)
+
+
+class PlanMemo:
+    """One kept plan: its file, and the manifest taken before it was made."""
+
+    def __init__(self, path: Path, tree: VllmTree, patterns: list[str]) -> None:
+        self.path = path
+        self.tree = tree
+        #: The series' globs outside ``vllm/`` (the walk covers the rest).
+        self.patterns = patterns
+        self.before: Manifest | None = None
+
+    @classmethod
+    def for_plan(
+        cls,
+        tree: VllmTree,
+        series: Sequence[Patch],
+        selected: set[str],
+        cache: RecognitionCache,
+    ) -> PlanMemo:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            checker = version("ty")
+        except PackageNotFoundError:
+            checker = "absent"
+        asked = tree.root / ".deepstack-asked-for"
+        key = hashlib.sha256(cache.fingerprint)
+        for piece in (
+            _SCHEMA,
+            sys.version,
+            checker,
+            str(tree.root),
+            tree.version,
+            tree.version_source,
+            # A whole tree, or a partial extraction with its list.
+            "whole" if _asked_for(tree.root) is None else _read(asked),
+            os.environ.get("DEEPSTACK_PATCH_FULL_REWRITE", ""),
+            "\n".join(p.id for p in series),
+            "\n".join(sorted(selected)),
+        ):
+            key.update(piece.encode("utf-8", "surrogateescape") + b"\0")
+        name = key.hexdigest()
+        patterns = sorted(
+            {pat for p in series for pat in p.paths if not pat.startswith("vllm/")}
+        )
+        return cls(cache.directory.parent / "plans" / f"{name}.json", tree, patterns)
+
+    # -- a kept plan ----------------------------------------------------------------
+
+    def load(self, series: Sequence[Patch]) -> list[PatchReport] | None:
+        """The kept plan's reports, where every file it could read is as it
+        was; None otherwise. Takes the manifest a new plan is kept with."""
+        try:
+            document = json.loads(self.path.read_bytes())
+            kept = _manifest_of(document["manifest"])
+            globbed = document["globbed"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.before = _walk(self.tree.root, previous=None)
+            return None
+        now = self.before = _walk(self.tree.root, previous=kept)
+        if not self._same(kept, now, globbed):
+            return None
+        try:
+            reports = _reports_of(document["reports"], series)
+        except (ValueError, KeyError, TypeError):
+            return None
+        if any(
+            kept.racy(old) or old.signature != now.entries[relpath].signature
+            for relpath, old in kept.entries.items()
+            if relpath in now.entries
+        ):  # what was hashed now need not be again: keep it with today's lstat
+            outside = {p: e for p, e in kept.entries.items() if p not in now.entries}
+            document["manifest"] = _manifest_document(
+                Manifest(now.taken_at, {**now.entries, **outside})
+            )
+            _write_atomically(self.path, json.dumps(document))
+        return reports
+
+    def _same(self, kept: Manifest, now: Manifest, globbed: dict[str, list]) -> bool:
+        package = {p: e for p, e in kept.entries.items() if p.startswith("vllm/")}
+        if package.keys() != now.entries.keys():
+            return False  # a file added or gone
+        if not all(e.same_as(package[p]) for p, e in now.entries.items()):
+            return False
+        for relpath, entry in kept.entries.items():
+            if relpath not in package:
+                here = _entry(self.tree.root / relpath, kept, entry)
+                if not here.same_as(entry):
+                    return False
+        return all(self.tree.glob([p]) == found for p, found in globbed.items())
+
+    def store(
+        self, reports: Sequence[PatchReport], context: TreeContext, started: float
+    ) -> None:
+        """Keep ``reports`` with the manifest taken before they were made,
+        unless the tree moved meanwhile or a check may answer otherwise
+        next time; a failure to write is no failure of the run."""
+        before = self.before
+        if before is None or context.unsettled:
+            return
+        # Nothing under vllm/ moved while the plan was made.
+        after = _walk(self.tree.root, previous=before, rehash=False)
+        if {p: e.signature for p, e in after.entries.items()} != {
+            p: e.signature for p, e in before.entries.items()
+        }:
+            return
+        globbed = {pattern: self.tree.glob([pattern]) for pattern in self.patterns}
+        outside = {
+            relpath
+            for relpath in {*context.probed, *(f for g in globbed.values() for f in g)}
+            if not relpath.startswith("vllm/")
+        }
+        entries = dict(before.entries)
+        for relpath in sorted(outside):
+            entry = _entry(self.tree.root / relpath, None, None)
+            _size, mtime_ns, ctime_ns, _inode, _kind = entry.signature
+            if max(mtime_ns, ctime_ns) >= (started - _CTIME_TICK) * 1e9:
+                return  # written while the plan read it: which bytes did it?
+            entries[relpath] = entry
+        try:
+            document = {
+                "manifest": _manifest_document(Manifest(before.taken_at, entries)),
+                "globbed": globbed,
+                "reports": [_report_document(r) for r in reports],
+            }
+            text = json.dumps(document)
+            if _reports_of(json.loads(text)["reports"], [r.patch for r in reports]) != (
+                list(reports)
+            ):
+                return  # a detail JSON does not carry whole
+        except (TypeError, ValueError, KeyError):
+            return
+        _write_atomically(self.path, text)
+
+
+# -- the manifest ----------------------------------------------------------------------
+
+
+def _walk(root: Path, previous: Manifest | None, rehash: bool = True) -> Manifest:
+    """Every entry under ``root/vllm``: by ``lstat``, and by content where
+    ``previous`` cannot vouch for it (``rehash=False``: ``lstat`` alone)."""
+    taken_at = time.time()
+    entries: dict[str, Entry] = {}
+    stack = [root / "vllm"]
+    while stack:
+        folder = stack.pop()
+        try:
+            scanned = list(os.scandir(folder))
+        except OSError:
+            continue
+        for item in scanned:
+            relpath = os.path.relpath(item.path, root).replace(os.sep, "/")
+            old = previous.entries.get(relpath) if previous else None
+            if rehash:
+                entry = _entry(Path(item.path), previous, old)
+            else:
+                signature = _signature(item.stat(follow_symlinks=False))
+                entry = Entry(signature, old.digest if old else "")
+            entries[relpath] = entry
+            if entry.signature[4] == "d":
+                stack.append(Path(item.path))
+    return Manifest(taken_at, entries)
+
+
+def _entry(path: Path, manifest: Manifest | None, old: Entry | None) -> Entry:
+    """``path``'s entry; its content is read only where ``old`` (from
+    ``manifest``) cannot vouch for it by ``lstat``."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return _ABSENT
+    signature = _signature(info)
+    if (
+        old is not None
+        and manifest is not None
+        and old.signature == signature
+        and not manifest.racy(old)
+    ):
+        return old
+    kind = signature[4]
+    if kind == "l":
+        return Entry(signature, os.readlink(path))
+    if kind != "f" or info.st_size > _LARGEST_HASHED:
+        return Entry(signature, "")
+    try:
+        return Entry(signature, hashlib.sha256(path.read_bytes()).hexdigest())
+    except OSError:
+        return Entry(signature, "")
+
+
+def _signature(info: os.stat_result) -> Signature:
+    mode = info.st_mode
+    kind = (
+        "f"
+        if stat.S_ISREG(mode)
+        else "d"
+        if stat.S_ISDIR(mode)
+        else "l"
+        if stat.S_ISLNK(mode)
+        else "o"
+    )
+    if kind == "d":  # a folder's entries are walked; its own times say nothing
+        return (0, 0, 0, info.st_ino, kind)
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, kind)
+
+
+def _manifest_document(manifest: Manifest) -> dict[str, object]:
+    return {
+        "taken_at": manifest.taken_at,
+        "entries": {
+            relpath: [*entry.signature, entry.digest]
+            for relpath, entry in sorted(manifest.entries.items())
+        },
+    }
+
+
+def _manifest_of(document: dict[str, object]) -> Manifest:
+    entries = {}
+    for relpath, (size, mtime, ctime, inode, kind, digest) in document[
+        "entries"
+    ].items():  # type: ignore[attr-defined]
+        entries[relpath] = Entry((size, mtime, ctime, inode, kind), digest)
+    return Manifest(float(document["taken_at"]), entries)  # type: ignore[arg-type]
+
+
+# -- the reports -----------------------------------------------------------------------
+
+
+def _report_document(report: PatchReport) -> dict[str, object]:
+    return {
+        "id": report.patch.id,
+        "selected": report.selected,
+        "locations": [
+            {"path": loc.path, "finding": _finding_document(loc.finding)}
+            for loc in report.locations
+        ],
+        "blocked_reason": report.blocked_reason,
+        "blocked_by": report.blocked_by,
+        "applied_now": report.applied_now,
+        "tree_files": None if report.tree_files is None else sorted(report.tree_files),
+    }
+
+
+def _reports_of(
+    documents: list[dict[str, object]], series: Sequence[Patch]
+) -> list[PatchReport]:
+    patches = {patch.id: patch for patch in series}
+    if [d["id"] for d in documents] != [p.id for p in series]:
+        raise ValueError("another series")
+    reports = []
+    for document in documents:
+        files = document["tree_files"]
+        reports.append(
+            PatchReport(
+                patch=patches[str(document["id"])],
+                selected=bool(document["selected"]),
+                locations=[
+                    Location(str(loc["path"]), _finding_of(loc["finding"]))
+                    for loc in document["locations"]  # type: ignore[attr-defined]
+                ],
+                blocked_reason=str(document["blocked_reason"]),
+                blocked_by=[str(b) for b in document["blocked_by"]],  # type: ignore[attr-defined]
+                applied_now=bool(document["applied_now"]),
+                tree_files=None if files is None else frozenset(files),  # type: ignore[arg-type]
+            )
+        )
+    return reports
+
+
+def _finding_document(finding: Finding) -> list[object]:
+    return [
+        finding.state.value,
+        finding.symbol,
+        finding.line,
+        list(finding.span),
+        finding.reason,
+        finding.part,
+        list(finding.rewrites),
+        _tagged(finding.details),
+    ]
+
+
+def _finding_of(document: list) -> Finding:
+    state, symbol, line, (first, last), reason, part, rewrites, details = document
+    return Finding(
+        PatchState(state),
+        str(symbol),
+        int(line),
+        (int(first), int(last)),
+        str(reason),
+        str(part),
+        tuple(str(name) for name in rewrites),
+        _untagged(details),  # type: ignore[arg-type]
+    )
+
+
+def _tagged(value: object) -> object:
+    """A finding's ``details`` in JSON, each container tagged with its type:
+    recognition keeps tuples, lists, dicts and read-only mappings in them,
+    and a kept plan gives back exactly what recognition gave."""
+    match value:
+        case str() | int() | float() | bool() | None:
+            return value
+        case tuple() | list():
+            return {type(value).__name__: [_tagged(item) for item in value]}
+        case MappingProxyType() | dict() if all(isinstance(k, str) for k in value):
+            tag = "dict" if isinstance(value, dict) else "mappingproxy"
+            return {tag: {key: _tagged(item) for key, item in value.items()}}
+    raise TypeError(f"{type(value).__name__} in a finding's details")
+
+
+def _untagged(value: object) -> object:
+    match value:
+        case {"tuple": list(items)}:
+            return tuple(_untagged(item) for item in items)
+        case {"list": list(items)}:
+            return [_untagged(item) for item in items]
+        case {"dict": dict(items)}:
+            return {key: _untagged(item) for key, item in items.items()}
+        case {"mappingproxy": dict(items)}:
+            return MappingProxyType({k: _untagged(i) for k, i in items.items()})
+        case dict() | list():
+            raise ValueError("an untagged container in a kept finding")
+    return value
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="surrogateescape")
+    except OSError:
+        return ""
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    import tempfile
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(name, path)
+    except OSError:
+        pass

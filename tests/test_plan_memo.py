@@ -1,0 +1,203 @@
+"""Issue 41 item 4: a status plan of a series that reads the tree is kept
+whole between runs and given again only while every file it could read is
+as it was (engine/plan_memo.py): never a stale state."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from deepstack_patch.engine import plan as plan_module
+from deepstack_patch.engine import plan_memo
+from deepstack_patch.engine.derived import typecheck
+from deepstack_patch.engine.plan import Plan, plan_tree
+from deepstack_patch.engine.recognition_cache import RecognitionCache
+from deepstack_patch.patches import SERIES
+
+from tests.support.toys import derived_patch, toy_tree
+
+LIMITS = "def cap(n):\n    return n\n"
+LIMITS_FIXED = "def cap(n):\n    return min(n, 64)\n"
+SIZES = "def size(x):\n    return x * 2\n"
+SIZES_FIXED = "def size(x):\n    return x * 3\n"
+
+FIX_LIMITS = derived_patch("local#limits", ("vllm/limits.py", LIMITS, LIMITS_FIXED))
+FIX_SIZES = derived_patch("local#sizes", ("vllm/sizes.py", SIZES, SIZES_FIXED))
+DERIVED = [FIX_LIMITS, FIX_SIZES]
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("DEEPSTACK_PATCH_NO_CACHE", raising=False)
+
+
+@pytest.fixture
+def plans_made(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many times the series was planned (not given from a kept plan)."""
+    made: list[int] = []
+    real = plan_module._plan
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "_plan", counted)
+    return made
+
+
+def tree_of(root: Path) -> object:
+    tree = toy_tree(
+        root,
+        {
+            "vllm/limits.py": LIMITS,
+            "vllm/sizes.py": SIZES,
+            "vllm/other.py": "VALUE = 1\n",
+        },
+    )
+    backdate(root)
+    return tree
+
+
+def backdate(root: Path) -> None:
+    """Files written well before the run, as a user's tree is (a file
+    written in the last seconds is compared by content: see the module)."""
+    old = time.time_ns() - 60 * 10**9
+    for path in root.rglob("*"):
+        os.utime(path, ns=(old, old), follow_symlinks=False)
+    # ctime cannot be set back: a file outside vllm/ whose ctime is in the
+    # plan's own time may have been written while it was read (not kept).
+    time.sleep(2 * plan_memo._CTIME_TICK)
+
+
+def status(tree: object, series: list = DERIVED) -> Plan:  # type: ignore[type-arg]
+    cache = RecognitionCache.for_series(series)
+    assert cache is not None
+    return plan_tree(tree, series, rewrite=False, cache=cache)  # type: ignore[arg-type]
+
+
+def states(plan: Plan) -> dict[str, str]:
+    return {r.patch.id: f"{r.state.value}: {r.reason}" for r in plan.reports}
+
+
+def test_a_second_status_is_the_kept_plan(tmp_path: Path, plans_made: list) -> None:
+    tree = tree_of(tmp_path / "tree")
+    first = status(tree)
+    made = len(plans_made)
+    second = status(tree)
+    assert len(plans_made) == made  # given whole, not planned again
+    assert second.reports == first.reports
+    assert states(second) == {
+        "local#limits": "needed: ",
+        "local#sizes": "needed: ",
+    }
+
+
+def test_an_edit_anywhere_in_the_package_plans_again(
+    tmp_path: Path, plans_made: list
+) -> None:
+    root = tmp_path / "tree"
+    tree = tree_of(root)
+    status(tree)
+    # A file no patch reads: the plan is made again (and kept again).
+    (root / "vllm" / "other.py").write_text("VALUE = 2\n")
+    made = len(plans_made)
+    status(tree)
+    assert len(plans_made) > made
+    # A patch's own file, fixed by hand: the state follows.
+    (root / "vllm" / "limits.py").write_text(LIMITS_FIXED)
+    assert states(status(tree))["local#limits"].startswith("applied")
+    # A file that appears, and one that goes.
+    (root / "vllm" / "new.py").write_text("")
+    made = len(plans_made)
+    status(tree)
+    assert len(plans_made) > made
+    (root / "vllm" / "new.py").unlink()
+    made = len(plans_made)
+    status(tree)
+    assert len(plans_made) > made
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_seen(
+    tmp_path: Path, plans_made: list
+) -> None:
+    root = tmp_path / "tree"
+    tree = tree_of(root)
+    status(tree)
+    target = root / "vllm" / "sizes.py"
+    before = target.stat()
+    fixed = SIZES.replace("x * 2", "x * 9")  # the same size; not the fix
+    assert len(fixed) == len(SIZES)
+    target.write_text(fixed)
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    made = len(plans_made)
+    assert states(status(tree))["local#sizes"].startswith("drifted")
+    assert len(plans_made) > made
+
+
+def test_a_file_written_around_the_manifest_is_compared_by_content(
+    tmp_path: Path,
+) -> None:
+    """An ``lstat`` vouches for a file only where its times are well before
+    the manifest was taken: ctime's ticks can be coarse, and a write in the
+    same tick as the hash would look unchanged."""
+    path = tmp_path / "f.py"
+    path.write_text("a = 1\n")
+    signature = plan_memo._signature(path.lstat())
+    wrong = plan_memo.Entry(signature, "0" * 64)  # kept from other bytes
+    just_now = plan_memo.Manifest(time.time(), {"f.py": wrong})
+    assert not plan_memo._entry(path, just_now, wrong).same_as(wrong)
+    long_ago = plan_memo.Manifest(time.time() + 60, {"f.py": wrong})
+    long_ago.taken_at = signature[1] / 1e9 + 60  # taken a minute after the write
+    assert plan_memo._entry(path, long_ago, wrong) is wrong  # lstat vouches
+
+
+def test_a_plan_ty_could_not_check_is_not_kept(
+    tmp_path: Path, plans_made: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = tree_of(tmp_path / "tree")
+    real = typecheck.diagnostics_of
+
+    def cannot_run(root, checks):  # type: ignore[no-untyped-def]
+        return [typecheck.CheckerFailed("ty crashed") for _ in checks]
+
+    monkeypatch.setattr(typecheck, "diagnostics_of", cannot_run)
+    first = status(tree)
+    assert "could not check" in states(first)["local#limits"]
+    monkeypatch.setattr(typecheck, "diagnostics_of", real)
+    made = len(plans_made)
+    again = status(tree)
+    assert len(plans_made) > made  # asked again, not kept
+    assert states(again)["local#limits"] == "needed: "
+
+
+def test_a_glob_outside_the_package_is_matched_again(
+    tmp_path: Path, plans_made: list
+) -> None:
+    script = "def run():\n    return 1\n"
+    fix = derived_patch(
+        "local#tool", ("tools/run.py", script, script.replace("1", "2"))
+    )
+    root = tmp_path / "tree"
+    tree = toy_tree(root, {"vllm/other.py": "", "tools/run.py": script})
+    backdate(root)
+    assert states(status(tree, [fix]))["local#tool"] == "needed: "
+    assert (tmp_path / "cache" / "plans").is_dir()  # kept
+    (root / "tools" / "run.py").write_text(script.replace("1", "2"))
+    assert states(status(tree, [fix]))["local#tool"].startswith("applied")
+    (root / "tools" / "run.py").unlink()
+    assert states(status(tree, [fix]))["local#tool"].startswith("not-applicable")
+
+
+def test_nothing_is_kept_for_the_built_in_series_or_without_the_cache(
+    tmp_path: Path, plans_made: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not plan_memo.keeps_plans(SERIES, rewrite=False)
+    assert not plan_memo.keeps_plans(DERIVED, rewrite=True)
+    tree = tree_of(tmp_path / "tree")
+    monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
+    assert RecognitionCache.for_series(DERIVED) is None
+    plan_tree(tree, DERIVED, rewrite=False, cache=None)  # type: ignore[arg-type]
+    assert not (tmp_path / "cache" / "plans").exists()
