@@ -175,6 +175,21 @@ def test_a_hand_made_edit_is_refused(data_file: Path, base: Path) -> None:
     )
 
 
+def test_an_agreement_kept_from_a_load_holds_only_for_those_bytes(
+    data_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file found in agreement is not checked again on the next load (its
+    bytes and the engine's code are the key); a byte edited is a new key."""
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("DEEPSTACK_PATCH_NO_CACHE", raising=False)
+    load_derived(data_file)
+    assert len(list((tmp_path / "cache" / "agreed").rglob("*"))) == 2  # folder, mark
+    load_derived(data_file)
+    edit(data_file, inserted("return max(n, 0)"), inserted('print("HACKED")'))
+    with pytest.raises(DeepstackError, match="its edits do not turn"):
+        load_derived(data_file)
+
+
 def test_a_hand_made_after_alone_is_refused(data_file: Path, base: Path) -> None:
     """Editing what the reviewer reads changes nothing the engine writes."""
     edit(data_file, "    return max(n, 0)\n'''", "    return min(n, 0)\n'''")

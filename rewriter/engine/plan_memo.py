@@ -142,6 +142,8 @@ class PlanMemo:
     ) -> PlanMemo:
         from importlib.metadata import PackageNotFoundError, version
 
+        from deepstack_patch.engine.cache import cache_dir
+
         try:
             checker = version("ty")
         except PackageNotFoundError:
@@ -166,7 +168,7 @@ class PlanMemo:
         patterns = sorted(
             {pat for p in series for pat in p.paths if not pat.startswith("vllm/")}
         )
-        return cls(cache.directory.parent / "plans" / f"{name}.json", tree, patterns)
+        return cls(cache_dir() / "plans" / f"{name}.json", tree, patterns)
 
     # -- a kept plan ----------------------------------------------------------------
 

@@ -80,6 +80,12 @@ KINDS = (
         "a derived patch's runtime names, checked with ty",
         "checked again (seconds per file)",
     ),
+    Kind(
+        "plans",
+        "status plans of series with derived patches, with their tree's manifest",
+        "planned again (seconds)",
+    ),
+    Kind("agreed", "derived data files found in one truth", "checked again"),
     Kind("live", "the live check's results per install", "checked again"),
     Kind("index", "the list of vLLM releases (watch)", "asked of the index again"),
     Kind("locks", "lock files of running commands", "never cleared"),

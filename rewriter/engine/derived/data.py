@@ -258,13 +258,14 @@ def _toml() -> Any:
     return tomllib
 
 
-def read_fields(path: Path) -> dict[str, Any]:
-    """A data file's fields, as :class:`DerivedPatch` takes them; a broken
-    file is a DeepstackError naming it (and the line, where TOML says)."""
+def read_fields(path: Path, raw: bytes | None = None) -> dict[str, Any]:
+    """A data file's fields, as :class:`DerivedPatch` takes them (from
+    ``raw``, its bytes, where given); a broken file is a DeepstackError
+    naming it (and the line, where TOML says)."""
     tomllib = _toml()
     hint = BROKEN_HINT
     try:
-        text = path.read_text(encoding="utf-8")
+        text = (path.read_bytes() if raw is None else raw).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DeepstackError(f"cannot read: {exc}", hint, path=str(path)) from None
     try:

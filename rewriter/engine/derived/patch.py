@@ -803,7 +803,13 @@ def load_derived(path: Path) -> DerivedPatch:
     (:mod:`.truth`)."""
     from deepstack_patch.engine.derived.truth import refuse_disagreement
 
-    patch = DerivedPatch(**read_fields(path))
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DeepstackError(
+            f"cannot read: {exc}", BROKEN_HINT, path=str(path)
+        ) from None
+    patch = DerivedPatch(**read_fields(path, data))
     try:
         for unit in patch.units:  # every recorded piece of code must parse
             for edit in unit.edits:
@@ -814,7 +820,7 @@ def load_derived(path: Path) -> DerivedPatch:
             BROKEN_HINT,
             path=str(path),
         ) from None
-    refuse_disagreement(patch.units, path)
+    refuse_disagreement(patch.units, path, data)
     return patch
 
 

@@ -306,7 +306,7 @@ def cache_key(patch_data: bytes, path: str, raw: bytes, reads_digest: str) -> st
     for piece in (
         _CACHE_SCHEMA,
         _ty_version(),
-        _engine_digest(),
+        engine_digest(),
         reads_digest,
         path,
         patch_data.hex(),
@@ -327,7 +327,7 @@ def _ty_version() -> str:
 
 
 @functools.cache
-def _engine_digest() -> str:
+def engine_digest() -> str:
     """The engine's code: a rewrite or a check that changed makes new keys."""
     digest = hashlib.sha256()
     engine = Path(__file__).resolve().parents[1]
