@@ -761,3 +761,29 @@ def test_each_kind_drifts_named_alike_on_the_whole_and_the_partial_release(
     assert not result.written
     for path in {SAMPLING, CONNECTIONS, EAGLE3}:
         assert (copy / path).read_text() == (release / path).read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (b"x = obj.limit\n", True),
+        (b"class A:\n    limit: int = 3\n", True),
+        (b"def limit(self):\n    pass\n", True),
+        (b"getattr(obj, 'limit')\n", True),
+        (b"limit = 3\n", True),
+        (b"limits = 3\nif limit == 3: pass\n", False),  # a comparison binds nothing
+        (b"unlimited.x = 1\n", False),
+        (b"obj.limited = 1\n", False),
+        (b"x = " + b"a" * 200 + b".limit\n", True),  # far into a long line
+        (b"limit" + b" " * 100 + b"= 3\n", False),  # evidence out of reach: refused
+        (b"limit" + b" " * 63 + b"==3\n", False),  # a lookahead cut at the window
+    ],
+)
+def test_a_name_is_mentioned_as_the_whole_search_says_or_refused(
+    text: bytes, said: bool
+) -> None:
+    """``mentions`` looks around each occurrence of the word, never further
+    than the pattern would (runtime.py's names defined nowhere)."""
+    from deepstack_patch.engine.derived import outside
+
+    assert outside.mentions("limit", [b"# nothing\n", text]) is said

@@ -194,9 +194,10 @@ def test_a_glob_outside_the_package_is_matched_again(
 def test_nothing_is_kept_for_the_built_in_series_or_without_the_cache(
     tmp_path: Path, plans_made: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert not plan_memo.keeps_plans(SERIES, rewrite=False)
-    assert not plan_memo.keeps_plans(DERIVED, rewrite=True)
     tree = tree_of(tmp_path / "tree")
+    status(tree, list(SERIES))
+    plan_tree(tree, DERIVED, rewrite=True, cache=RecognitionCache.for_series(DERIVED))  # type: ignore[arg-type]
+    assert not (tmp_path / "cache" / "plans").exists()
     monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
     assert RecognitionCache.for_series(DERIVED) is None
     plan_tree(tree, DERIVED, rewrite=False, cache=None)  # type: ignore[arg-type]

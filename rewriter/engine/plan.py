@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from deepstack_patch.engine.context import note_source, recognising_in, tree_context
 from deepstack_patch.engine.errors import DeepstackError, RewriteRefused
-from deepstack_patch.engine.plan_memo import PlanMemo, keeps_plans
 from deepstack_patch.engine.protocol import (
     Finding,
     Location,
@@ -143,7 +142,12 @@ def plan_tree(
     if selected is None:
         selected = {patch.id for patch in series}
     memo = None
-    if cache is not None and keeps_plans(series, rewrite):
+    # Kept whole only where it rewrites nothing and a patch reads the tree
+    # (else the per-file cache does all a kept plan would, for less).
+    reads_tree = any(getattr(p, "reads_tree", False) for p in series)
+    if cache is not None and not rewrite and reads_tree:
+        from deepstack_patch.engine.plan_memo import PlanMemo
+
         memo = PlanMemo.for_plan(tree, series, selected, cache)
         kept = memo.load(series)
         if kept is not None:

@@ -115,13 +115,6 @@ class Manifest:
         return mtime_ns >= edge or ctime_ns >= edge
 
 
-def keeps_plans(series: Sequence[Patch], rewrite: bool) -> bool:
-    """Whether a plan of ``series`` is worth keeping whole: it rewrites
-    nothing and a patch reads the tree (else the per-file recognition cache
-    does all a kept plan would, and the manifest would cost more)."""
-    return not rewrite and any(getattr(p, "reads_tree", False) for p in series)
-
-
 class PlanMemo:
     """One kept plan: its file, and the manifest taken before it was made."""
 

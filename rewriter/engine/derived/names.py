@@ -272,17 +272,36 @@ def _scope_bindings(unit: Unit, tree: ast.Module) -> set[str]:
     """Every name bound in the outermost definition the unit's edits are in
     (its parameters and all its locals, nested ones included: more than the
     scope, never less); empty for a module-level edit."""
-    found: set[str] = set()
-    memo: shapes.Memo = {}
+    outermost: dict[int, ast.stmt] = {}
     for edit in unit.edits:
         if not edit.block:
             continue
         identity = shapes.identity(one_statement(with_block(edit.block[0].header)))
         for node in tree.body:
             if isinstance(node, shapes.DEFINITIONS) and (
-                shapes.identity(node, memo) == identity
+                shapes.identity(node) == identity
             ):
-                found |= bound_in([node], nested=True)
+                outermost[id(node)] = node
+    found: set[str] = set()
+    for node in outermost.values():
+        found |= _bound_in_definition(node)
+    return found
+
+
+def _bound_in_definition(node: ast.stmt) -> frozenset[str]:
+    """``bound_in([node], nested=True)``, once per node in a plan: every
+    method a fix changes in a class walks the whole class (thousands of
+    lines in vLLM's model runner), and a file's tree is shared by every
+    patch that reads the same bytes."""
+    context = tree_context()
+    if context is None:
+        return frozenset(bound_in([node], nested=True))
+    key = ("bound in a definition", id(node))
+    kept = context.on_disk.get(key)
+    if isinstance(kept, tuple) and kept[0] is node:  # the node's id is its own
+        return kept[1]
+    found = frozenset(bound_in([node], nested=True))
+    context.on_disk[key] = (node, found)
     return found
 
 
