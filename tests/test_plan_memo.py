@@ -95,17 +95,10 @@ def test_a_second_status_is_the_kept_plan(tmp_path: Path, plans_made: list) -> N
     }
 
 
-def test_an_edit_anywhere_in_the_package_plans_again(
-    tmp_path: Path, plans_made: list
-) -> None:
+def test_an_edit_the_plan_read_plans_again(tmp_path: Path, plans_made: list) -> None:
     root = tmp_path / "tree"
     tree = tree_of(root)
     status(tree)
-    # A file no patch reads: the plan is made again (and kept again).
-    (root / "vllm" / "other.py").write_text("VALUE = 2\n")
-    made = len(plans_made)
-    status(tree)
-    assert len(plans_made) > made
     # A patch's own file, fixed by hand: the state follows.
     (root / "vllm" / "limits.py").write_text(LIMITS_FIXED)
     assert states(status(tree))["local#limits"].startswith("applied")
@@ -117,6 +110,38 @@ def test_an_edit_anywhere_in_the_package_plans_again(
     (root / "vllm" / "new.py").unlink()
     made = len(plans_made)
     status(tree)
+    assert len(plans_made) > made
+
+
+#: A fix that reads ``obj.ceiling``, which the release defines nowhere: a
+#: search of the whole package for the word decides its state.
+READS = "def cap(n, obj):\n    return n\n"
+READS_FIXED = "def cap(n, obj):\n    return min(n, obj.ceiling)\n"
+FIX_READS = derived_patch("local#reads", ("vllm/limits.py", READS, READS_FIXED))
+
+
+def test_an_edit_to_a_file_no_check_read_keeps_the_plan_unless_it_holds_a_word(
+    tmp_path: Path, plans_made: list
+) -> None:
+    root = tmp_path / "tree"
+    tree = toy_tree(root, {"vllm/limits.py": READS, "vllm/other.py": "VALUE = 1\n"})
+    backdate(root)
+    first = states(status(tree, [FIX_READS]))["local#reads"]
+    assert first.startswith("drifted") and "`ceiling`" in first, first
+    # A file no check read, with none of the words a search looked for:
+    # every answer stands, and so does the plan (kept again as it is now).
+    (root / "vllm" / "other.py").write_text("VALUE = 2\n")
+    made = len(plans_made)
+    assert states(status(tree, [FIX_READS]))["local#reads"] == first
+    assert len(plans_made) == made
+    # The same file, now defining the word: the search answers otherwise.
+    (root / "vllm" / "other.py").write_text("class Holder:\n    ceiling = 3\n")
+    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    assert len(plans_made) > made
+    # And back: the file held the word when the plan was kept.
+    (root / "vllm" / "other.py").write_text("VALUE = 3\n")
+    made = len(plans_made)
+    assert states(status(tree, [FIX_READS]))["local#reads"] == first
     assert len(plans_made) > made
 
 
@@ -202,3 +227,49 @@ def test_nothing_is_kept_for_the_built_in_series_or_without_the_cache(
     assert RecognitionCache.for_series(DERIVED) is None
     plan_tree(tree, DERIVED, rewrite=False, cache=None)  # type: ignore[arg-type]
     assert not (tmp_path / "cache" / "plans").exists()
+
+
+#: A fix that imports a helper from another module: the names check reads
+#: that module by path, and ty reads it too.
+USES = "def cap(n):\n    return n\n"
+USES_FIXED = "from vllm.helpers import clamp\n\n\ndef cap(n):\n    return clamp(n)\n"
+FIX_USES = derived_patch("local#uses", ("vllm/limits.py", USES, USES_FIXED))
+
+
+def test_an_edit_to_a_module_a_check_read_by_path_plans_again(
+    tmp_path: Path, plans_made: list
+) -> None:
+    root = tmp_path / "tree"
+    helpers = "def clamp(n):\n    return min(n, 8)\n"
+    tree = toy_tree(root, {"vllm/limits.py": USES, "vllm/helpers.py": helpers})
+    backdate(root)
+    assert states(status(tree, [FIX_USES]))["local#uses"] == "needed: "
+    (root / "vllm" / "helpers.py").write_text(helpers.replace("clamp", "bound"))
+    made = len(plans_made)
+    again = states(status(tree, [FIX_USES]))["local#uses"]
+    assert len(plans_made) > made
+    assert again.startswith("drifted") and "clamp" in again, again
+
+
+def test_a_name_found_defined_stands_while_a_file_that_defines_it_stands(
+    tmp_path: Path, plans_made: list
+) -> None:
+    """A common name (``get``, ``device``) is defined in hundreds of files:
+    an edit to one of them, if another still defines it, changes no answer."""
+    root = tmp_path / "tree"
+    files = {
+        "vllm/limits.py": READS,
+        "vllm/holder.py": "class Holder:\n    ceiling = 3\n",
+        "vllm/other.py": "def top(x):\n    return x.ceiling\n",
+    }
+    tree = toy_tree(root, files)
+    backdate(root)
+    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    (root / "vllm" / "other.py").write_text("def top(x):\n    return 0\n")
+    made = len(plans_made)
+    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    assert len(plans_made) == made  # holder.py still defines it
+    (root / "vllm" / "holder.py").write_text("class Holder:\n    pass\n")
+    again = states(status(tree, [FIX_READS]))["local#reads"]
+    assert len(plans_made) > made
+    assert again.startswith("drifted") and "`ceiling`" in again, again

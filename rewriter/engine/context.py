@@ -74,6 +74,13 @@ class TreeContext:
     #: Every path of the tree asked about here (read, looked for): what a
     #: plan kept whole must find as it was (:mod:`.plan_memo`).
     probed: set[str] = field(default_factory=set)
+    #: The words the checks looked for across the whole package (a file
+    #: without any of them answered none of those searches): what lets a
+    #: kept plan stand an edit to a file it never read (:mod:`.plan_memo`).
+    scanned_for: set[bytes] = field(default_factory=set)
+    #: The names looked up as defined or read anywhere in the package, with
+    #: the test of one file's text (:func:`.derived.outside.mentions`).
+    mentioned: dict[bytes, Callable[[bytes], bool]] = field(default_factory=dict)
     #: A check could not give its answer this time (ty could not run), and
     #: may give another next time: the plan is not kept whole.
     unsettled: bool = False

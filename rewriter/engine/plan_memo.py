@@ -108,6 +108,8 @@ class Manifest:
 
     taken_at: float
     entries: dict[str, Entry]
+    #: The tree's folder (not kept: the key holds it).
+    root: Path = Path()
 
     def racy(self, entry: Entry) -> bool:
         _size, mtime_ns, ctime_ns, _inode, _kind = entry.signature
@@ -121,7 +123,7 @@ class PlanMemo:
     def __init__(self, path: Path, tree: VllmTree, patterns: list[str]) -> None:
         self.path = path
         self.tree = tree
-        #: The series' globs outside ``vllm/`` (the walk covers the rest).
+        #: The series' globs (those outside ``vllm/`` are matched again).
         self.patterns = patterns
         self.before: Manifest | None = None
 
@@ -158,9 +160,7 @@ class PlanMemo:
         ):
             key.update(piece.encode("utf-8", "surrogateescape") + b"\0")
         name = key.hexdigest()
-        patterns = sorted(
-            {pat for p in series for pat in p.paths if not pat.startswith("vllm/")}
-        )
+        patterns = sorted({pattern for p in series for pattern in p.paths})
         return cls(cache_dir() / "plans" / f"{name}.json", tree, patterns)
 
     # -- a kept plan ----------------------------------------------------------------
@@ -176,13 +176,24 @@ class PlanMemo:
             self.before = _walk(self.tree.root, previous=None)
             return None
         now = self.before = _walk(self.tree.root, previous=kept)
-        if not self._same(kept, now, globbed):
-            return None
         try:
+            read = set(document["read"])
+            words = [word.encode("latin-1") for word in document["words"]]
+            witnesses = document["witnesses"]
+            changed = self._unread_changes(
+                kept, now, globbed, read, words, list(witnesses.values())
+            )
+            if changed is None:
+                return None
             reports = _reports_of(document["reports"], series)
         except (ValueError, KeyError, TypeError):
             return None
-        if any(
+        # A changed file vouches for nothing now (its new bytes may not).
+        document["witnesses"] = {
+            word: [f for f in files if f not in changed]
+            for word, files in witnesses.items()
+        }
+        if changed or any(
             kept.racy(old) or old.signature != now.entries[relpath].signature
             for relpath, old in kept.entries.items()
             if relpath in now.entries
@@ -194,18 +205,54 @@ class PlanMemo:
             _write_atomically(self.path, json.dumps(document))
         return reports
 
-    def _same(self, kept: Manifest, now: Manifest, globbed: dict[str, list]) -> bool:
+    def _unread_changes(
+        self,
+        kept: Manifest,
+        now: Manifest,
+        globbed: dict[str, list],
+        read: set[str],
+        words: list[bytes],
+        witnesses: list[list[str]],
+    ) -> set[str] | None:
+        """The files that changed, where the kept plan is still the plan of
+        the tree as it is now (else None): no file added or gone, and every
+        file the same but one the plan never
+        read (``read``: by path, or in a search of the whole package, which
+        looks only at files holding one of its ``words``) whose new bytes
+        hold none of those words either (so every search answers as it did),
+        and each name found defined somewhere (``witnesses``) still found so
+        in a file that did not change."""
         package = {p: e for p, e in kept.entries.items() if p.startswith("vllm/")}
         if package.keys() != now.entries.keys():
-            return False  # a file added or gone
-        if not all(e.same_as(package[p]) for p, e in now.entries.items()):
-            return False
+            return None  # a file added or gone
+        changed = {
+            relpath
+            for relpath, entry in now.entries.items()
+            if not entry.same_as(package[relpath])
+        }
+        if any(changed.issuperset(files) for files in witnesses):
+            return None
+        for relpath, entry in now.entries.items():
+            if relpath not in changed:
+                continue
+            if relpath in read or not entry.digest or entry.signature[4] != "f":
+                return None
+            try:
+                raw = (self.tree.root / relpath).read_bytes()
+            except OSError:
+                return None
+            if hashlib.sha256(raw).hexdigest() != entry.digest:
+                return None  # written again since the walk
+            if any(word in raw for word in words):
+                return None
         for relpath, entry in kept.entries.items():
             if relpath not in package:
                 here = _entry(self.tree.root / relpath, kept, entry)
                 if not here.same_as(entry):
-                    return False
-        return all(self.tree.glob([p]) == found for p, found in globbed.items())
+                    return None
+        if any(self.tree.glob([p]) != found for p, found in globbed.items()):
+            return None
+        return changed
 
     def store(
         self, reports: Sequence[PatchReport], context: TreeContext, started: float
@@ -223,11 +270,18 @@ class PlanMemo:
         }:
             return
         globbed = {pattern: self.tree.glob([pattern]) for pattern in self.patterns}
+        candidates = {f for found in globbed.values() for f in found}
         outside = {
             relpath
-            for relpath in {*context.probed, *(f for g in globbed.values() for f in g)}
+            for relpath in {*context.probed, *candidates}
             if not relpath.startswith("vllm/")
         }
+        searched = _Searched.of(before, candidates, context)
+        if searched is None:
+            return
+        read = _read_by(before, {*context.probed, *candidates}, searched.words)
+        if read is None:
+            return
         entries = dict(before.entries)
         for relpath in sorted(outside):
             entry = _entry(self.tree.root / relpath, None, None)
@@ -238,7 +292,17 @@ class PlanMemo:
         try:
             document = {
                 "manifest": _manifest_document(Manifest(before.taken_at, entries)),
-                "globbed": globbed,
+                "globbed": {
+                    p: found
+                    for p, found in globbed.items()
+                    if not p.startswith("vllm/")
+                },
+                "read": sorted(read),
+                "words": sorted(word.decode("latin-1") for word in searched.words),
+                "witnesses": {
+                    word.decode("latin-1"): files
+                    for word, files in searched.witnesses.items()
+                },
                 "reports": [_report_document(r) for r in reports],
             }
             text = json.dumps(document)
@@ -252,6 +316,83 @@ class PlanMemo:
 
 
 # -- the manifest ----------------------------------------------------------------------
+
+
+@dataclass
+class _Searched:
+    """What the plan's searches of the whole package depend on, on disk.
+
+    A name looked up as defined anywhere (``mentions``) whose evidence a
+    file outside the patches' own holds is found in every state of the
+    series while that file stands: its ``witnesses`` (a few) vouch for it,
+    and what any other file holds does not matter. The other searches'
+    words (and a name found nowhere but in the patches' files) depend on
+    every file that holds the word: ``words``."""
+
+    words: set[bytes]
+    witnesses: dict[bytes, list[str]]
+
+    @classmethod
+    def of(
+        cls, manifest: Manifest, candidates: set[str], context: TreeContext
+    ) -> _Searched | None:
+        """None where a file is no longer the bytes ``manifest`` holds."""
+        witnesses: dict[bytes, list[str]] = {w: [] for w in context.mentioned}
+        for relpath, entry in sorted(manifest.entries.items()):
+            if relpath in candidates or not entry.digest or entry.signature[4] != "f":
+                continue
+            wanted = [w for w, found in witnesses.items() if len(found) < _WITNESSES]
+            if not wanted:
+                break
+            raw = _bytes_of(manifest.root / relpath, entry)
+            if raw is None:
+                return None
+            for word in wanted:
+                if context.mentioned[word](raw):
+                    witnesses[word].append(relpath)
+        unwitnessed = {word for word, found in witnesses.items() if not found}
+        return cls(
+            {*context.scanned_for, *unwitnessed},
+            {word: found for word, found in witnesses.items() if found},
+        )
+
+
+#: How many files vouch for a name found defined: all of them changed at
+#: once is a new plan.
+_WITNESSES = 4
+
+
+def _bytes_of(path: Path, entry: Entry) -> bytes | None:
+    """The file's bytes, where they are still those ``entry`` recorded."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    return raw if hashlib.sha256(raw).hexdigest() == entry.digest else None
+
+
+def _read_by(
+    manifest: Manifest, probed: set[str], words: set[bytes]
+) -> set[str] | None:
+    """The files under ``vllm/`` whose bytes the plan depends on: those it
+    read by path (``probed``: what the checks asked about, the patches'
+    files, what ty reads), those a search of the whole package looked into
+    (every such search looks only at files holding one of its ``words``),
+    and those kept by ``lstat`` alone; None where a file is no longer the
+    bytes ``manifest`` recorded (the plan is not kept)."""
+    read = {relpath for relpath in probed if relpath in manifest.entries}
+    for relpath, entry in manifest.entries.items():
+        if relpath in read or entry.signature[4] != "f":
+            continue
+        if not entry.digest:
+            read.add(relpath)
+            continue
+        raw = _bytes_of(manifest.root / relpath, entry)
+        if raw is None:
+            return None
+        if any(word in raw for word in words):
+            read.add(relpath)
+    return read
 
 
 def _walk(root: Path, previous: Manifest | None, rehash: bool = True) -> Manifest:
@@ -277,7 +418,7 @@ def _walk(root: Path, previous: Manifest | None, rehash: bool = True) -> Manifes
             entries[relpath] = entry
             if entry.signature[4] == "d":
                 stack.append(Path(item.path))
-    return Manifest(taken_at, entries)
+    return Manifest(taken_at, entries, root)
 
 
 def _entry(path: Path, manifest: Manifest | None, old: Entry | None) -> Entry:

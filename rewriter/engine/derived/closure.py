@@ -192,6 +192,17 @@ def reads_file(found: Mapping[str, str], relpath: str, appears: bool) -> bool:
     )
 
 
+def files_read(found: Mapping[str, str]) -> set[str]:
+    """The files whose bytes what a closure found holds (every file of each
+    module in it; a package on the way stands by its files' existence)."""
+    return {
+        relpath
+        for module in found
+        if not module.endswith("/")
+        for relpath in _candidates(module)
+    }
+
+
 #: The index made last in this process (see ``ModuleIndex._inherit``).
 _LAST: list[ModuleIndex] = []
 

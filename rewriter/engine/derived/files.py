@@ -77,9 +77,11 @@ def still_imported(patch: names.DerivedPatch, finding: Finding) -> Finding:
         return finding
     if context is None or not package_is_whole(context):
         return finding
+    word = unit.name.rpartition(".")[2].encode()
+    context.scanned_for.add(word)  # only a file that holds it can import it
     for relpath, raw in package_of(context).files:
         line = 0
-        if relpath not in patch.paths and unit.name.rpartition(".")[2].encode() in raw:
+        if relpath not in patch.paths and word in raw:
             line = _imports_module(raw, relpath, unit.name)
         if line:
             reason = f"the fix deletes {unit.path}, which {relpath}:{line} imports"

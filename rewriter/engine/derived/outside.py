@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deepstack_patch.engine.context import tree_context
 from deepstack_patch.engine.derived.names import absolute_module
 
 #: The modules whose classes add no attribute a fix may read (``Generic``,
@@ -61,8 +62,13 @@ class Sources:
     parsed: dict[str, tuple[bytes | None, ast.Module | None]] = field(
         default_factory=dict
     )
+    #: Where given, every file read here is added (the plan's
+    #: :attr:`~deepstack_patch.engine.context.TreeContext.probed`).
+    probed: set[str] | None = None
 
     def module(self, relpath: str) -> ast.Module | None:
+        if self.probed is not None:
+            self.probed.add(relpath)
         raw = self.files.get(relpath)
         known = self.parsed.get(relpath)
         if known is None or known[0] is not raw:  # new, or rewritten since
@@ -269,7 +275,22 @@ def mentions(name: str, raws: Iterable[bytes]) -> bool:
         + re.escape(word)
         + rb"\s*(?::|=(?!=))"
     )
-    return any(word in raw and _evidence_in(raw, word, evidence) for raw in raws)
+
+    def evidence_in(raw: bytes) -> bool:
+        return word in raw and _evidence_in(raw, word, evidence)
+
+    context = tree_context()
+    if context is not None:  # a kept plan asks each file again (plan_memo)
+        context.mentioned.setdefault(word, evidence_in)
+    return any(evidence_in(raw) for raw in raws)
+
+
+def _scanning_for(word: bytes) -> None:
+    """Note that a search of the whole package looks at files holding
+    ``word`` only (every such search here tests ``word in raw`` first)."""
+    context = tree_context()
+    if context is not None:
+        context.scanned_for.add(word)
 
 
 #: How far around an occurrence of the word its evidence is looked for.
@@ -307,6 +328,7 @@ def open_interface(owner: str, sources: Sources) -> bool:
     name = re.sub(r"\[.*\]$", "", _OR_NONE.sub("", owner)).rpartition(".")[2]
     if not re.fullmatch(r"\w+", name):
         return False
+    _scanning_for(name.encode())
     definition = re.compile(rb"^\s*class\s+" + re.escape(name.encode()) + rb"\b", re.M)
     classes = [
         found
@@ -334,6 +356,7 @@ def _is_open(node: ast.ClassDef, sources: Sources) -> bool:
     if "ABC" not in last and "ABCMeta" not in metaclass:
         return False
     # Abstract: open only where no class of vLLM derives from it.
+    _scanning_for(node.name.encode())
     derived = re.compile(
         rb"\bclass\s+\w+\s*\([^)]*\b" + re.escape(node.name.encode()) + rb"\b"
     )

@@ -382,7 +382,7 @@ def _sources(context: TreeContext, package: Package) -> outside.Sources:
     key = ("runtime sources", context.root)
     if key not in context.memo:
         files = ChainMap(context.sources, dict(package.files))
-        context.memo[key] = outside.Sources(files)  # type: ignore[arg-type]
+        context.memo[key] = outside.Sources(files, probed=context.probed)  # type: ignore[arg-type]
     return context.memo[key]  # type: ignore[return-value]
 
 
@@ -390,7 +390,10 @@ def _sources_now(context: TreeContext, package: Package) -> outside.Sources:
     """The package's files as :func:`_sources` sees them now, kept as they
     are: a check put off to the pass's end reads them as it would have at
     once."""
-    return outside.Sources(ChainMap(dict(context.sources), dict(package.files)))
+    return outside.Sources(
+        ChainMap(dict(context.sources), dict(package.files)),  # type: ignore[arg-type]
+        probed=context.probed,
+    )
 
 
 # -- the type checker ----------------------------------------------------------------
@@ -583,6 +586,7 @@ def _reads(
     ]
     found = index.closure(path, [raw, *fix])
     closure.save()
+    context.probed.update(closure.files_read(found))  # what ty reads
     return found
 
 
