@@ -21,13 +21,24 @@ it is kept a manifest of the tree's files the plan could read:
   present or absent, and what each of the series' globs outside ``vllm/``
   matched.
 
-A run uses the kept plan only where every entry is as recorded: a file whose
-``lstat`` (size, mtime, ctime, inode) is unchanged is unchanged, as for git's
-index, since a write always moves ctime and nothing can set it back. A file
-whose times fall within :data:`_RACY_SECONDS` of when the manifest was taken
-(written around then, where ctime's ticks are coarse) and a file whose
-``lstat`` moved are hashed again and compared by content. Any entry added,
-gone or different is a miss: the plan is made again, and kept again.
+A file whose ``lstat`` (size, mtime, ctime, inode) is unchanged is
+unchanged, as for git's index, since a write always moves ctime and nothing
+can set it back. A file whose times fall within :data:`_RACY_SECONDS` of
+when the manifest was taken (written around then, where ctime's ticks are
+coarse) and a file whose ``lstat`` moved are hashed again and compared by
+content. A run uses the kept plan where no entry was added or went, and
+every file that changed is one the plan did not depend on (else it plans
+again, and keeps that plan):
+
+- not one it read by path (``read``): the patches' files, what the checks
+  asked the tree's context about, the modules ty reads for a typed check,
+  the classes the checks parsed (all in ``TreeContext.probed``);
+- not one a search of the whole package looked into: every such search
+  tests ``word in raw`` first (``TreeContext.scanned_for``), so a file that
+  holds none of its words, before and after, answered none of them; a name
+  looked up as defined anywhere (``TreeContext.mentioned``) is vouched for
+  instead by a few files outside the patches' that define it
+  (:class:`_Searched`): while one stands, the answer stands.
 
 A plan is kept only where nothing under ``vllm/`` moved while it was made
 (the manifest is taken before, and compared after), no other file it read
@@ -215,13 +226,13 @@ class PlanMemo:
         witnesses: list[list[str]],
     ) -> set[str] | None:
         """The files that changed, where the kept plan is still the plan of
-        the tree as it is now (else None): no file added or gone, and every
-        file the same but one the plan never
-        read (``read``: by path, or in a search of the whole package, which
-        looks only at files holding one of its ``words``) whose new bytes
-        hold none of those words either (so every search answers as it did),
-        and each name found defined somewhere (``witnesses``) still found so
-        in a file that did not change."""
+        the tree as it is now (else None): no file added or gone; every file
+        the same but one the plan never read (``read``: by path, or in a
+        search of the whole package, which looks only at files holding one
+        of its ``words``) whose new bytes hold none of those words either
+        (so every search answers as it did); each name found defined
+        somewhere still vouched for by a file that did not change
+        (``witnesses``); the files outside ``vllm/`` as they were."""
         package = {p: e for p, e in kept.entries.items() if p.startswith("vllm/")}
         if package.keys() != now.entries.keys():
             return None  # a file added or gone
