@@ -44,3 +44,19 @@ def user_cache_dir() -> str:
     import platformdirs
 
     return platformdirs.user_cache_dir("deepstack-patch")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a temporary file renamed
+    over it), its folder made; a failure to write is left unsaid: a cache
+    is an optimisation, never a failure."""
+    import tempfile  # a store only: a run served from the cache never needs it
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(name, path)
+    except OSError:
+        pass

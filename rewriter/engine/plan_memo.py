@@ -61,6 +61,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepstack_patch.engine.cache import write_atomically
 from deepstack_patch.engine.context import TreeContext
 from deepstack_patch.engine.kept_reports import report_document, reports_of
 from deepstack_patch.engine.protocol import Patch, PatchReport
@@ -207,7 +208,7 @@ class PlanMemo:
             document["manifest"] = _manifest_document(
                 Manifest(now.taken_at, {**now.entries, **outside})
             )
-            _write_atomically(self.path, json.dumps(document))
+            write_atomically(self.path, json.dumps(document))
         return reports
 
     def _unread_changes(
@@ -317,7 +318,7 @@ class PlanMemo:
                 return  # a detail JSON does not carry whole
         except (TypeError, ValueError, KeyError):
             return
-        _write_atomically(self.path, text)
+        write_atomically(self.path, text)
 
 
 # -- the manifest ----------------------------------------------------------------------
@@ -492,16 +493,3 @@ def _read(path: Path) -> str:
         return path.read_text(errors="surrogateescape")
     except OSError:
         return ""
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    import tempfile
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.replace(name, path)
-    except OSError:
-        pass

@@ -93,17 +93,9 @@ class RecognitionCache:
             return
         if restored != [list(per) for per in found]:
             return
-        path = self._path(relpath, raw, patches)
-        import tempfile  # a store only: a run served from the cache never needs it
+        from deepstack_patch.engine.cache import write_atomically
 
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            with os.fdopen(handle, "w") as out:
-                out.write(text)
-            os.replace(name, path)
-        except OSError:
-            pass
+        write_atomically(self._path(relpath, raw, patches), text)
 
 
 #: Fingerprints by the series' modules: the code a process loaded does not
