@@ -165,9 +165,10 @@ def repo_path(repo: git.Repo, tree: VllmTree, relpath: str) -> str:
 def dirty_paths(repo: git.Repo, tree: VllmTree) -> list[str]:
     """Changed, staged and untracked (not ignored) paths under the tree."""
     scope = repo_path(repo, tree, ".")
-    # git status refreshes the index's stat cache when it can take the lock
-    # (always after an edit in the second the index was written): a refused
-    # --commit must leave .git as it found it, so that refresh is turned off.
+    # git status refreshes the index's stat cache when it can take the lock,
+    # rewriting .git/index wherever a tracked file's stat data moved (its
+    # ctime does when another hard link to it is made): a refused --commit
+    # must leave .git as it found it, so that refresh is turned off.
     output = repo.git(no_optional_locks=True).status(
         "--porcelain=v1", "-z", "--untracked-files=all", scope
     )
