@@ -282,12 +282,11 @@ class PlanMemo:
             for relpath in {*context.probed, *candidates}
             if not relpath.startswith("vllm/")
         }
-        searched = _Searched.of(before, candidates, context)
-        if searched is None:
+        package = _package_bytes(before)
+        if package is None:
             return
-        read = _read_by(before, {*context.probed, *candidates}, searched.words)
-        if read is None:
-            return
+        searched = _Searched.of(package, candidates, context)
+        read = _read_by(before, package, {*context.probed, *candidates}, searched.words)
         entries = dict(before.entries)
         for relpath in sorted(outside):
             entry = _entry(self.tree.root / relpath, None, None)
@@ -340,19 +339,17 @@ class _Searched:
 
     @classmethod
     def of(
-        cls, manifest: Manifest, candidates: set[str], context: TreeContext
-    ) -> _Searched | None:
-        """None where a file is no longer the bytes ``manifest`` holds."""
+        cls, package: dict[str, bytes], candidates: set[str], context: TreeContext
+    ) -> _Searched:
+        """What ``context``'s searches depend on in ``package`` (the bytes
+        of the files the manifest hashed, :func:`_package_bytes`)."""
         witnesses: dict[bytes, list[str]] = {w: [] for w in context.mentioned}
-        for relpath, entry in sorted(manifest.entries.items()):
-            if relpath in candidates or not entry.digest or entry.signature[4] != "f":
+        for relpath, raw in sorted(package.items()):
+            if relpath in candidates:
                 continue
             wanted = [w for w, found in witnesses.items() if len(found) < _WITNESSES]
             if not wanted:
                 break
-            raw = _bytes_of(manifest.root / relpath, entry)
-            if raw is None:
-                return None
             for word in wanted:
                 if context.mentioned[word](raw):
                     witnesses[word].append(relpath)
@@ -368,35 +365,37 @@ class _Searched:
 _WITNESSES = 4
 
 
-def _bytes_of(path: Path, entry: Entry) -> bytes | None:
-    """The file's bytes, where they are still those ``entry`` recorded."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    return raw if hashlib.sha256(raw).hexdigest() == entry.digest else None
+def _package_bytes(manifest: Manifest) -> dict[str, bytes] | None:
+    """The bytes of every file the manifest hashed, read once; None where
+    one is no longer the bytes it recorded (the plan is not kept)."""
+    package = {}
+    for relpath, entry in manifest.entries.items():
+        if entry.signature[4] != "f" or not entry.digest:
+            continue
+        try:
+            raw = (manifest.root / relpath).read_bytes()
+        except OSError:
+            return None
+        if hashlib.sha256(raw).hexdigest() != entry.digest:
+            return None
+        package[relpath] = raw
+    return package
 
 
 def _read_by(
-    manifest: Manifest, probed: set[str], words: set[bytes]
-) -> set[str] | None:
+    manifest: Manifest, package: dict[str, bytes], probed: set[str], words: set[bytes]
+) -> set[str]:
     """The files under ``vllm/`` whose bytes the plan depends on: those it
     read by path (``probed``: what the checks asked about, the patches'
     files, what ty reads), those a search of the whole package looked into
     (every such search looks only at files holding one of its ``words``),
-    and those kept by ``lstat`` alone; None where a file is no longer the
-    bytes ``manifest`` recorded (the plan is not kept)."""
+    and the files kept by ``lstat`` alone (not in ``package``)."""
     read = {relpath for relpath in probed if relpath in manifest.entries}
     for relpath, entry in manifest.entries.items():
         if relpath in read or entry.signature[4] != "f":
             continue
-        if not entry.digest:
-            read.add(relpath)
-            continue
-        raw = _bytes_of(manifest.root / relpath, entry)
-        if raw is None:
-            return None
-        if any(word in raw for word in words):
+        raw = package.get(relpath)
+        if raw is None or any(word in raw for word in words):
             read.add(relpath)
     return read
 

@@ -179,14 +179,8 @@ class _Differ:
         header code its steps are known by (a definition's as written), and
         the chain of definitions with it added."""
         if isinstance(was, shapes.DEFINITIONS):
-            return (
-                True,
-                shapes.header_source(self.before_lines, was),
-                (
-                    *chain,
-                    (was, now),
-                ),
-            )
+            code = shapes.header_source(self.before_lines, was)
+            return True, code, (*chain, (was, now))
         return False, shapes.header_code(was), chain
 
     def documentation(
