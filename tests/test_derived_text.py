@@ -339,9 +339,10 @@ def test_what_upstream_changed_beside_the_statements_comes_with_the_definition(
 ) -> None:
     """Where the definition is line for line the one the fix was made on,
     a comment or a docstring line upstream changed away from the statements
-    it changes comes too; elsewhere the statements alone do, and the
-    docstring where the target's is the one the fix edits (issue 34 item 5:
-    a docstring edit rides along)."""
+    it changes comes too; elsewhere the statements do, and the docstring and
+    comment lines where the target's are the ones the fix edits (issue 34
+    item 5: a docstring edit rides along; issue 40 item 5: comment lines
+    too)."""
     before = (
         "def limit(n):\n"
         '    """Clamp n.\n'
@@ -363,15 +364,22 @@ def test_what_upstream_changed_beside_the_statements_comes_with_the_definition(
     fixed = written(before, after, target, monkeypatch)
     assert fixed == target.replace("return n", "return max(n, 0)").replace(
         "    Negative values pass.\n", "    Negative values are 0.\n"
+    ).replace("# too big", "# too large")
+    # A vendor's comment there is theirs: the fix's code, and nothing else.
+    vendor = target.replace("# too big", "# the vendor's cap")
+    fixed = written(before, after, vendor, monkeypatch)
+    assert fixed == vendor.replace("return n", "return max(n, 0)").replace(
+        "    Negative values pass.\n", "    Negative values are 0.\n"
     )
 
 
 def test_a_fix_inside_a_nested_function_changes_only_the_lines_it_claims(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Recognition claims the nested function the fix changes: a comment
-    upstream changed in the function around it stays the target's (the
-    definition is not written whole there)."""
+    """Recognition claims the nested function the fix changes, and the
+    comment upstream changed in the function around it, where the target's
+    is the old one (the definition is not written whole there); a vendor's
+    comment there stays theirs."""
     before = (
         "def outer(x):\n"
         "    def inner(y):\n"
@@ -381,8 +389,13 @@ def test_a_fix_inside_a_nested_function_changes_only_the_lines_it_claims(
         "    return inner(x)\n"
     )
     after = before.replace("# add one", "# add two").replace("y + 1", "y + 2")
-    fixed = written(before, after, before, monkeypatch)
-    assert fixed == before.replace("y + 1", "y + 2")
+    target = before.replace("    def inner(y):", "    def inner(y):  # ours")
+    fixed = written(before, after, target, monkeypatch)
+    assert fixed == after.replace("    def inner(y):", "    def inner(y):  # ours")
+    vendor = target.replace("# add one", "# the vendor's")
+    assert written(before, after, vendor, monkeypatch) == vendor.replace(
+        "y + 1", "y + 2"
+    )
 
 
 # -- the target's own layout ----------------------------------------------------
@@ -446,18 +459,19 @@ def test_derive_says_text_where_its_rewrite_is_the_diffs_result(
     tmp_path: Path,
 ) -> None:
     """The round trip is ``text`` for the chain (it was ``ast``: quotes and
-    comments were lost); where a comment changes in a function whose code
-    the fix does not change, ``ast``, and a note names the line."""
+    comments were lost); where a comment at the end of a line changes in a
+    function whose code the fix does not change (comment lines are carried,
+    such a comment is not), ``ast``, and a note names the line."""
     # Toy code (``layer.qlinear.qweight``): runtime names are not tested here.
     base = _tree(tmp_path / "base", {PATH: CHAIN}, partial=True)
     result = derive_patch_from_text(git_diff(PATH, CHAIN, CHAIN_FIXED), base, "l#1")
     assert result.round_trip == "text" and result.notes == []
-    elsewhere = CHAIN + "\n\ndef other():\n    # old words\n    return 1\n"
-    fixed = CHAIN_FIXED + "\n\ndef other():\n    # new words\n    return 1\n"
+    elsewhere = CHAIN + "\n\ndef other():\n    return 1  # old words\n"
+    fixed = CHAIN_FIXED + "\n\ndef other():\n    return 1  # new words\n"
     base = _tree(tmp_path / "other", {PATH: elsewhere}, partial=True)
     result = derive_patch_from_text(git_diff(PATH, elsewhere, fixed), base, "l#2")
     assert result.round_trip == "ast"
-    line = fixed.splitlines().index("    # new words") + 1
+    line = fixed.splitlines().index("    return 1  # new words") + 1
     assert result.notes == [
         f"{PATH}: the rewrite's text differs from the diff's result at line(s) "
         f"{line} of the result (the same code: a comment, docstring or blank line "

@@ -291,7 +291,12 @@ def _read_changes(
         except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
             raise _unexpected(exc, f"reading the change of {path}", diff_name) from exc
         if not changed:
-            notes.append(f"{path}: only comments or formatting change")
+            # Comment lines between statements are units (comments.py);
+            # what is left is layout, or comments at a line's or block's end.
+            notes.append(
+                f"{path}: only formatting, or comments at the end of a line or "
+                "a block, change; left out"
+            )
             continue
         notes += [
             f"{path}: {_docstring_of(name)} changes alone; left out "

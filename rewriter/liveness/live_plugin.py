@@ -292,7 +292,10 @@ def _candidates(
 
 
 def _parse(path: Path) -> ast.Module | None:
-    try:
-        return ast.parse(path.read_bytes(), str(path))
-    except (OSError, SyntaxError, ValueError):
+    from deepstack_patch.engine.errors import DeepstackError
+    from deepstack_patch.engine.source import SourceFile
+
+    try:  # as the engine parses a file: its comments can be read back
+        return SourceFile(str(path), path.read_bytes()).ast
+    except (OSError, DeepstackError, ValueError):
         return None

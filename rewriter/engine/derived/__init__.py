@@ -24,7 +24,10 @@ The package's modules, in the order a fix travels through them:
 - :mod:`.entries`: an entry of a large literal or a keyword of a long call
   as an edit of its own, found by its key whatever the other entries hold;
 - :mod:`.regions` and :mod:`.rewrite`: the lines an edit changes, and the
-  rewrite that changes only those (as text; imports by name where it must).
+  rewrite that changes only those (as text; imports by name where it must);
+- :mod:`.docstrings` and :mod:`.comments`: documentation the fix edits,
+  carried where the old text is there exactly, never counting for
+  recognition.
 """
 
 from deepstack_patch.engine.derived.data import (

@@ -33,9 +33,9 @@ UNIT_KINDS = (
     # or a class (engine/derived/entries.py).
     "entry",
 )
-EDIT_KINDS = ("body", "header", "imports", "docstring", "entry")
+EDIT_KINDS = ("body", "header", "imports", "docstring", "entry", "comments")
 #: The edit kinds that change documentation alone, never code.
-DOCUMENTATION = frozenset({"docstring"})
+DOCUMENTATION = frozenset({"docstring", "comments"})
 
 #: The units that add or delete a whole file: ``after`` (``before``) is the
 #: file's whole text, the other side is "", and the data file records no
@@ -89,6 +89,9 @@ class Edit:
     literal or call holds them, the entries ``removed`` (written inside
     their statement) become ``inserted``; the anchors are the entries
     around them, by key (engine/derived/entries.py).
+    ``comments``: in the block ``block`` leads to, the blank and comment
+    lines ``removed`` between ``before_anchor`` (None: the block's start)
+    and ``after_anchor`` become ``inserted`` (engine/derived/comments.py).
     """
 
     kind: str
@@ -147,7 +150,8 @@ class Unit:
 
     @property
     def documentation_only(self) -> bool:
-        """Whether the fix changes only documentation here (docstrings): such
+        """Whether the fix changes only documentation here (docstrings,
+        comment lines): such
         a unit is carried where the old text is found exactly, and never
         holds the fix's code back (docs/derive.md)."""
         return bool(self.edits) and all(e.kind in DOCUMENTATION for e in self.edits)
@@ -346,6 +350,10 @@ def _edit(edit: dict[str, Any]) -> Edit:
     edit_kind = _field(edit, "kind")
     if edit_kind not in EDIT_KINDS:
         raise ValueError(f"unknown edit kind {edit_kind!r}")
+    if edit_kind == "comments" and edit.get("after_anchor") is None:
+        raise ValueError(
+            "a comments edit needs an after_anchor: the statement its lines are above"
+        )
     return Edit(
         kind=edit_kind,
         block=tuple(

@@ -50,7 +50,9 @@ from deepstack_patch.engine.derived.match import (
     with_block,
 )
 from deepstack_patch.engine.derived.never import imports_alone, is_there
+from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.source import SourceFile
 
 #: Names every module has without binding them.
 _IMPLICIT = frozenset(dir(builtins)) | {
@@ -604,9 +606,9 @@ def _all_of(body: Sequence[ast.stmt]) -> set[str]:
 def _parsed(context: TreeContext, relpath: str) -> ast.Module | None:
     key = ("parsed", relpath)
     if key not in context.memo:
-        try:
-            context.memo[key] = ast.parse(context.read(relpath))
-        except (OSError, SyntaxError, ValueError):
+        try:  # as the engine parses a file: its comments can be read back
+            context.memo[key] = SourceFile(relpath, context.read(relpath)).ast
+        except (OSError, DeepstackError, ValueError):
             context.memo[key] = None
     return context.memo[key]  # type: ignore[return-value]
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.derived import (
+    comments,
     docstrings,
     entries,
     files,
@@ -41,6 +42,7 @@ from deepstack_patch.engine.derived import (
 )
 from deepstack_patch.engine.derived.data import (
     BROKEN_HINT,
+    DOCUMENTATION,
     Edit,
     SkippedTest,
     Unit,
@@ -73,6 +75,9 @@ if TYPE_CHECKING:
     import libcst
     from deepstack_patch.engine.derived.rewrite import UnitToMake
 
+
+#: What a unit whose code is in still lacks, by edit kind (its reason).
+_REWORDED = {"docstring": "docstring", "comments": "comment lines"}
 
 #: A needed unit's detail for an edit that is made already (its docstring
 #: edit alone is to write): the rewrite leaves it.
@@ -295,6 +300,20 @@ class DerivedPatch(Patch):
                     details[str(index)] = docstrings.details_of(todo)
                     notes += [note] if note else []
                 continue
+            if edit.kind == "comments":  # rides along too, never counts
+                located = _locate(compiled, tree, shapes_of)
+                if isinstance(located, _Located):
+                    text = comments.lines_of(tree)
+                    found = comments.action(compiled, located.block, text, shapes_of)
+                    details[str(index)] = comments.details_of(found.todo)
+                    if found.todo:  # lines it writes: the unit's span holds them
+                        spans.append(found.span)
+                    if found.todo is None:
+                        notes.append(
+                            f"its comments above {found.above} are not the ones "
+                            "the fix edits: left as they are"
+                        )
+                continue
             if edit.kind == "imports":
                 state, reason, span, edit_details = imports.recognise_imports(
                     compiled, tree, shapes_of, uses_after_fix, unit.edits
@@ -342,23 +361,31 @@ class DerivedPatch(Patch):
             note = "; ".join(notes)
             return _UnitState(PatchState.NEEDED, (first, last), note, details, line)
         if kinds == {PatchState.APPLIED}:
-            pending = [
-                int(index)
+            pending = {
+                unit.edits[int(index)].kind
                 for index, found in details.items()
-                if unit.edits[int(index)].kind == "docstring" and found
-            ]
+                if unit.edits[int(index)].kind in DOCUMENTATION and found
+            }
             if pending:
                 # Never applied while an edit is missing: the code is in,
-                # its docstring is still the one the fix rewords; the
+                # its documentation is still the one the fix rewords; the
                 # rewrite writes only that (APPLIED_EDIT marks the others).
                 for index, edit in enumerate(unit.edits):
-                    if edit.kind != "docstring":
+                    if edit.kind not in DOCUMENTATION:
                         details[str(index)] = {APPLIED_EDIT: True}
+                still = " and ".join(
+                    _REWORDED[kind] for kind in sorted(pending, reverse=True)
+                )
                 return _UnitState(
                     PatchState.NEEDED,
                     (first, last),
-                    "its code is the fixed one; its docstring is still the one "
-                    "the fix rewords",
+                    f"its code is the fixed one; its {still} "
+                    + (
+                        "is still the one"
+                        if pending == {"docstring"}
+                        else "are still the ones"
+                    )
+                    + " the fix rewords",
                     details,
                     line,
                 )
@@ -400,6 +427,18 @@ class DerivedPatch(Patch):
                 return None
             if isinstance(located, _Drifted):
                 left_out.append(located.reason)
+                continue
+            if edit.kind == "comments":
+                text = comments.lines_of(tree)
+                found = comments.action(compiled, located.block, text, shapes_of)
+                spans.append(found.span)
+                if found.todo is None:
+                    left_out.append(
+                        f"the comments above {found.above} in "
+                        f"{_where(located.owner)} {found.why}"
+                    )
+                elif found.todo:
+                    details[str(index)] = comments.details_of(found.todo)
                 continue
             spans.append(_documentation_span(located))
             todo = docstrings.exact_action(compiled, located.block)
@@ -514,6 +553,8 @@ class DerivedPatch(Patch):
                     for index, edit in enumerate(unit.edits)
                     if edit.kind != "docstring"
                     and not finding.details.get(str(index), {}).get(APPLIED_EDIT)
+                    # Comment lines only where recognition found the old ones.
+                    and (edit.kind != "comments" or finding.details.get(str(index)))
                 ],
                 finding.details.get("renaming", {}),
             )

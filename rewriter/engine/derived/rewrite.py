@@ -27,7 +27,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import libcst as cst
-from deepstack_patch.engine.derived import entries, regions, rename, shapes, signature
+from deepstack_patch.engine.derived import (
+    comments,
+    entries,
+    regions,
+    rename,
+    shapes,
+    signature,
+)
 from deepstack_patch.engine.derived.match import (
     ShapeCache,
     bound_name,
@@ -120,6 +127,8 @@ class _Text:
             self.header(lines, walk.statement(tree.body), walk)
         elif compiled.edit.kind == "entry":
             self.entries(lines, walk.block(tree.body), walk)
+        elif compiled.edit.kind == "comments":
+            self.comments(lines, walk.block(tree.body), walk)
         else:
             self.statements(lines, walk.block(tree.body), walk)
 
@@ -271,6 +280,17 @@ class _Text:
             out = regions.replaced_statements(
                 lines, region, removed, after, self.newline
             )
+        self.replace(lines, region, out)
+
+    def comments(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:
+        """A comments edit: upstream's comment lines in place of the old
+        ones, which recognition found there exactly (:mod:`.comments`)."""
+        made = comments.rewritten(
+            lines, block, walk.compiled, walk.shapes, self.newline
+        )
+        if isinstance(made, str):
+            raise RewriteRefused(made)
+        region, out = made
         self.replace(lines, region, out)
 
     def entries(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:

@@ -91,10 +91,17 @@ def disagreement(unit: Unit) -> str:
     except SyntaxError as exc:
         return f"`before` or `after` does not parse: {exc.msg} (line {exc.lineno})"
     differs = _edits_differ(unit.edits, computed, unit.name)
-    if differs and not any(edit.kind == "entry" for edit in unit.edits):
-        # A file derived before a literal's entries were edits of their own
-        # records the statement whole: still one truth.
-        earlier = edits_of_change(unit.before, unit.after, by_entries=False)
+    kinds = {edit.kind for edit in unit.edits}
+    # A file derived before a literal's entries, or comment lines, were
+    # edits of their own records neither: still one truth.
+    for by_entries, with_comments in ((False, True), (True, False), (False, False)):
+        if not differs:
+            break
+        if ("entry" in kinds and not by_entries) or (
+            "comments" in kinds and not with_comments
+        ):
+            continue
+        earlier = edits_of_change(unit.before, unit.after, by_entries, with_comments)
         if not _edits_differ(unit.edits, earlier, unit.name):
             return ""
     return differs
@@ -132,11 +139,13 @@ def _concatenation_differs(unit: Unit) -> str:
     # An edit holds statements or (a class's) header, never both.
     removed = "".join(edit.removed + edit.header_before for edit in unit.edits)
     inserted = "".join(edit.inserted + edit.header_after for edit in unit.edits)
+    # Comment lines are text: the code of any two is the same.
+    exact = any(edit.kind == "comments" for edit in unit.edits)
     for side, recorded, joined, field in (
         ("before", unit.before, removed, "removed"),
         ("after", unit.after, inserted, "inserted"),
     ):
-        if recorded != joined and _code(recorded) != _code(joined):
+        if recorded != joined and (exact or _code(recorded) != _code(joined)):
             ours, theirs = _first_difference(recorded, joined)
             return f"`{side}` has {ours} where its edits' `{field}` code has {theirs}"
     return ""
@@ -183,7 +192,10 @@ def _edit_differs(ours: Edit, theirs: Edit, our_block: Sequence[Step]) -> str:
         return "its block is not where `before` and `after` differ"
     for name in ("removed", "inserted", "header_before", "header_after"):
         mine, computed = getattr(ours, name), getattr(theirs, name)
-        if mine != computed and _code(mine) != _code(computed):
+        # Comment lines are text: the code of any two is the same.
+        if mine != computed and (
+            ours.kind == "comments" or _code(mine) != _code(computed)
+        ):
             ours, theirs = _first_difference(mine, computed)
             return (
                 f"`{name}` has {ours} where the change from `before` to `after` "

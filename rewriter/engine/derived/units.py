@@ -15,13 +15,15 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deepstack_patch.engine.derived import entries, regions, shapes
+from deepstack_patch.engine.derived import comments, entries, regions, shapes
 from deepstack_patch.engine.derived.data import Anchor, Edit, Step, Unit
 from deepstack_patch.engine.derived.match import one_statement, with_block
 from deepstack_patch.engine.source import code_lines
 
 #: The unit of the module's docstring (its name in Python).
 MODULE_DOCSTRING = "__doc__"
+#: How the unit of comments above a module's or class's statement is named.
+COMMENTS_ABOVE = "comments above "
 
 
 @dataclass
@@ -35,10 +37,19 @@ class _Found:
     #: A body edit's statements before and after the fix, without the lines
     #: around them its region has: what its unit shows a reviewer.
     code: tuple[str, str] = ("", "")
+    #: A comments edit's unit name outside a function (the statement the
+    #: comments are above, :func:`statement_name`).
+    above: str = ""
 
 
 class _Differ:
-    def __init__(self, before: str, after: str, by_entries: bool = True) -> None:
+    def __init__(
+        self,
+        before: str,
+        after: str,
+        by_entries: bool = True,
+        with_comments: bool = True,
+    ) -> None:
         self.before_lines = code_lines(before)
         self.after_lines = code_lines(after)
         self.found: list[_Found] = []
@@ -46,6 +57,10 @@ class _Differ:
         #: Whether a large literal's entries are edits of their own (a data
         #: file derived before they were holds the whole statement).
         self.by_entries = by_entries
+        #: Whether comment lines the fix edits between statements it keeps
+        #: are edits of their own (:mod:`.comments`; a data file derived
+        #: before they were has none).
+        self.with_comments = with_comments
 
     def module(self, before: ast.Module, after: ast.Module) -> None:
         """The whole change: the module's docstring, then its statements."""
@@ -110,10 +125,16 @@ class _Differ:
                 continue
             for offset in range(i2 - i1):
                 was, now = old[i1 + offset], new[j1 + offset]
+                # The comments above it, where the one before it is kept too
+                # (else they are the lines of the edit before it).
+                if offset or (i1 == 0 and j1 == 0):
+                    self.comments(
+                        old_block, new_block, steps, chain, i1 + offset, j1 + offset
+                    )
                 if self.shape(was) == self.shape(now):
-                    # The same code; its docstrings may still differ (shapes
-                    # leave them out): those are edits of their own.
-                    if _documentation(was) != _documentation(now):
+                    # The same code; its docstrings and comments may still
+                    # differ (shapes leave them out): edits of their own.
+                    if self.documented_otherwise(was, now):
                         around = self.neighbours(old, i1 + offset, stable)
                         self.documentation(was, now, steps, chain, around)
                     continue
@@ -160,11 +181,13 @@ class _Differ:
             new_inner = getattr(now, name, None)
             if not isinstance(old_inner, list) or not old_inner:
                 continue
+            step = Step(code, name, *neighbours)
             if [self.shape(n) for n in old_inner] == [
                 self.shape(n) for n in new_inner or []
-            ]:
+            ]:  # the same code: its comments and docstrings may differ
+                if self.with_comments and new_inner:
+                    self.same_code(old_inner, new_inner, (*steps, step), chain)
                 continue
-            step = Step(code, name, *neighbours)
             if definition and name == "body":
                 self.docstring(old_inner, new_inner or [], (*steps, step), chain)
             self.block(old_inner, new_inner, (*steps, step), chain)
@@ -207,17 +230,87 @@ class _Differ:
             step = Step(code, name, *neighbours)
             if definition and name == "body":
                 self.docstring(old_inner, new_inner, (*steps, step), chain)
-            old = shapes.without_docstring(old_inner)
-            new = shapes.without_docstring(new_inner)
-            if len(old) != len(new):
-                continue  # not the same code after all: block() said the rest
-            every = set(range(len(old)))
-            for at, (inner_was, inner_now) in enumerate(zip(old, new, strict=True)):
-                if _documentation(inner_was) != _documentation(inner_now):
-                    around = self.neighbours(old, at, every)
-                    self.documentation(
-                        inner_was, inner_now, (*steps, step), chain, around
-                    )
+            self.same_code(old_inner, new_inner, (*steps, step), chain)
+
+    def same_code(
+        self,
+        old_block: Sequence[ast.stmt],
+        new_block: Sequence[ast.stmt],
+        steps: tuple[Step, ...],
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+    ) -> None:
+        """Two blocks of the same code: the comments above each statement
+        that the fix edits, and the documentation inside each statement."""
+        old = shapes.without_docstring(old_block)
+        new = shapes.without_docstring(new_block)
+        if len(old) != len(new):
+            return  # not the same code after all: block() said the rest
+        every = set(range(len(old)))
+        for at, (inner_was, inner_now) in enumerate(zip(old, new, strict=True)):
+            self.comments(old_block, new_block, steps, chain, at, at)
+            if self.documented_otherwise(inner_was, inner_now):
+                around = self.neighbours(old, at, every)
+                self.documentation(inner_was, inner_now, steps, chain, around)
+
+    def documented_otherwise(self, was: ast.stmt, now: ast.stmt) -> bool:
+        """Whether two statements of the same code differ in a docstring or
+        (where comments are edits) a comment line inside them."""
+        if _documentation(was) != _documentation(now):
+            return True
+        return self.with_comments and comments.inside_differ(
+            self.before_lines, self.after_lines, was, now
+        )
+
+    def comments(
+        self,
+        old_block: Sequence[ast.stmt],
+        new_block: Sequence[ast.stmt],
+        steps: tuple[Step, ...],
+        chain: tuple[tuple[ast.stmt, ast.stmt], ...],
+        at: int,
+        at_new: int,
+    ) -> None:
+        """The comment lines above ``old[at]`` and ``new[at_new]`` (indices
+        after the docstring; two statements the fix keeps, as the one before
+        them), where the fix edits them: a ``comments`` edit (:mod:`.comments`)."""
+        if not self.with_comments:
+            return
+        old = shapes.without_docstring(old_block)
+        new = shapes.without_docstring(new_block)
+        pairs = [(old[at], new[at_new])]
+        if at:
+            pairs.append((old[at - 1], new[at_new - 1]))
+        # Its neighbours must be found after the fix as before it.
+        if not all(self.kept(was, now) for was, now in pairs):
+            return
+        offsets = (len(old_block) - len(old), len(new_block) - len(new))
+        texts = comments.differ(
+            self.before_lines,
+            self.after_lines,
+            old_block,
+            new_block,
+            (at + offsets[0], at_new + offsets[1]),
+        )
+        if texts is None:
+            return
+        edit = Edit(
+            "comments",
+            steps,
+            self.anchor(old[at - 1]) if at else None,
+            self.anchor(old[at]),
+            texts[0],
+            texts[1],
+        )
+        self.found.append(
+            _Found(edit, chain, code=texts, above=statement_name([old[at]]))
+        )
+
+    def kept(self, was: ast.stmt, now: ast.stmt) -> bool:
+        """Whether ``was`` is found as its anchor records it after the fix
+        too: the same statement, or a compound one by its header."""
+        if shapes.is_compound(was):
+            return shapes.identity(was, self.memo) == shapes.identity(now, self.memo)
+        return self.shape(was) == self.shape(now)
 
     def entries(
         self,
@@ -496,8 +589,8 @@ def _inside_only(was: ast.stmt, now: ast.stmt, memo: shapes.Memo) -> bool:
 def units_of_change(
     path: str, before: str, after: str, by_entries: bool = True
 ) -> list[Unit]:
-    """The units of one file's change (empty if no code changed);
-    ``by_entries=False``: a large literal's statement whole (see
+    """The units of one file's change (empty if nothing but formatting
+    changed); ``by_entries=False``: a large literal's statement whole (see
     :mod:`.entries`)."""
     differ = _Differ(before, after, by_entries)
     differ.module(ast.parse(before), ast.parse(after))
@@ -567,6 +660,11 @@ def _unit_of(found: _Found, differ: _Differ) -> tuple[str, str, tuple[str, str]]
         if prefix:
             return "class", prefix, texts
         return "module-statement", MODULE_DOCSTRING, texts
+    if edit.kind == "comments":  # of a class or the module, above a statement
+        name = f"{COMMENTS_ABOVE}{found.above}"
+        if prefix:
+            return "class-attribute", f"{prefix}.{name}", texts
+        return "module-statement", name, texts
     if edit.kind == "imports":
         return "import", "imports", texts
     if edit.kind == "entry":
@@ -617,12 +715,15 @@ def statement_name(statements: Sequence[ast.stmt]) -> str:
     return type(statements[0]).__name__.lower() if statements else "statement"
 
 
-def edits_of_change(before: str, after: str, by_entries: bool = True) -> list[Edit]:
+def edits_of_change(
+    before: str, after: str, by_entries: bool = True, with_comments: bool = True
+) -> list[Edit]:
     """The edits between two versions of a piece of code, as
     :func:`units_of_change` finds them (in order), without grouping them
     into units: what the loader compares a unit's recorded edits with
     (``by_entries=False``: as derive found them before a literal's entries
-    were edits of their own, :mod:`.entries`)."""
-    differ = _Differ(before, after, by_entries)
+    were edits of their own, :mod:`.entries`; ``with_comments=False``:
+    before comment lines were, :mod:`.comments`)."""
+    differ = _Differ(before, after, by_entries, with_comments)
     differ.module(ast.parse(before), ast.parse(after))
     return [found.edit for found in differ.found]
