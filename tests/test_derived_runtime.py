@@ -427,6 +427,91 @@ def test_an_attribute_inherited_from_a_class_outside_vllm_is_there(
         )
 
 
+LOADER = """import argparse
+from typing import TYPE_CHECKING
+
+from torch import nn
+from transformers import AutoModel
+
+from vllm.base import Base
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+else:
+    PreTrainedModel = object
+
+
+class Loader:
+    def decoder_of(self, config):
+        return None
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "state"),
+    [
+        # vllm#30518 on 0.19.0: a transformers model's method, the class
+        # imported for the type checker alone.
+        pytest.param(
+            "model: PreTrainedModel = AutoModel.from_config(config)\n"
+            "        return type(model.get_decoder())",
+            PatchState.NEEDED,
+            id="dependency",
+        ),
+        pytest.param(
+            "model = AutoModel.from_config(config)\n"
+            "        return type(model.get_decoder())",
+            PatchState.DRIFTED,
+            id="not-annotated",
+        ),
+        pytest.param(
+            "parser: argparse.ArgumentParser = config\n"
+            "        return parser._option_string_actions",
+            PatchState.NEEDED,
+            id="standard-library",
+        ),
+        pytest.param(
+            "parser: argparse.ArgumentParser = config\n"
+            "        return parser._option_strings_map",
+            PatchState.DRIFTED,
+            id="standard-library-lacks-it",
+        ),
+        pytest.param(
+            "model: Base = config\n        return model.get_decoder()",
+            PatchState.DRIFTED,
+            id="a-vllm-class",
+        ),
+        pytest.param(
+            "model: nn.Module = config\n        return model.get_decoder()",
+            PatchState.DRIFTED,
+            id="torch-module",
+        ),
+        pytest.param(
+            "model: Base = config\n"
+            "        model: PreTrainedModel = model\n"
+            "        return model.get_decoder()",
+            PatchState.DRIFTED,
+            id="annotated-twice",
+        ),
+    ],
+)
+def test_a_local_the_fix_annotates_with_a_class_outside_vllm(
+    tmp_path: Path, code: str, state: PatchState
+) -> None:
+    """What an object of a dependency's class holds is there at run time
+    where the fix's own code annotates the local with that class (issue 40
+    item 4); an unannotated local, a vLLM class, a torch module, a name the
+    standard library's class lacks, or a local annotated two ways, drift."""
+    fixed = LOADER.replace("return None", code)
+    root = whole_tree(tmp_path, {"vllm/loader.py": LOADER, "vllm/base.py": BASE_PARSER})
+    report = report_of(root, patch_of("local#a", "vllm/loader.py", LOADER, fixed))
+    assert report.state is state, report.reason
+    if state is PatchState.DRIFTED:
+        assert "_option_strings_map" in report.reason or (
+            "get_decoder" in report.reason
+        )
+
+
 TOKENIZER = """from typing import Protocol
 
 

@@ -3,7 +3,8 @@ them (issue 40, item 4): :mod:`.runtime` refuses a fix whose code reads an
 attribute the release lacks, and asks this module first whether the
 attribute comes from outside vLLM.
 
-Two such cases, each read off the release's own code, never guessed:
+Three such cases, each read off the release's own code or the fix's,
+never guessed:
 
 - **inherited from a class outside vLLM**: the fix reads ``self.name`` (or
   ``self.inherited.name``) in a method of a class one of whose bases, its
@@ -19,6 +20,10 @@ Two such cases, each read off the release's own code, never guessed:
   added (a transformers config's). ``torch`` is never such a base: an
   ``nn.Module`` answers the submodules and parameters that vLLM's own
   code registers, which are vLLM's attributes, not torch's.
+- **a local the fix annotates with a class outside vLLM**: ``model:
+  PreTrainedModel = AutoModel.from_config(...)`` then ``model.get_decoder()``
+  (vllm#30518), the class imported by the file from a dependency: what its
+  object holds is taken as there, as above (:func:`annotated`).
 - **an open interface**: ty says a type has no such attribute, and that
   type is a ``Protocol`` (any object with the right methods is one: vLLM's
   ``TokenizerLike`` is at run time a Hugging Face tokenizer), or an
@@ -119,6 +124,49 @@ def inherited(node: ast.Attribute, class_name: str, path: str, sources: Sources)
     return ""
 
 
+def annotated(
+    node: ast.Attribute, code: Iterable[ast.AST], path: str, sources: Sources
+) -> str:
+    """The class outside vLLM, dotted, that ``node`` (``name.attr``) is read
+    on where the fix's own code annotates the local ``name`` with it, once
+    (``model: PreTrainedModel = AutoModel.from_config(...)``, a parameter
+    ``model: PreTrainedModel``) and the file imports that class from a module
+    not under ``vllm``: what a dependency's object holds is taken as there,
+    as ``self.tokenizer.add_tokens`` is; the standard library's where its
+    source names it. Empty where it is not one (an unannotated local, a
+    union, a vLLM class, ``torch``)."""
+    if not isinstance(node.value, ast.Name):
+        return ""
+    local = node.value.id
+    annotations: list[str] = []
+    for root in code:
+        for inner in ast.walk(root):
+            match inner:
+                case ast.AnnAssign(target=ast.Name(id=name), annotation=annotation):
+                    pass
+                case ast.arg(arg=name, annotation=ast.expr() as annotation):
+                    pass
+                case _:
+                    continue
+            if name == local:
+                annotations.append(_dotted(annotation))
+    if len(set(annotations)) != 1 or "" in annotations:
+        return ""  # none, one that is not a plain class, or several
+    module = sources.module(path)
+    if module is None:
+        return ""
+    head, _, rest = annotations[-1].partition(".")
+    # An annotation's class may be imported for the type checker alone.
+    imports = _imports(module, path, for_annotations=True)
+    if head not in imports:
+        return ""
+    full = f"{imports[head]}.{rest}" if rest else imports[head]
+    top = full.split(".")[0]
+    if top == "vllm" or top in _NEVER_OUTSIDE or top in _NO_ATTRIBUTES:
+        return ""
+    return full if _may_define(full, node.attr, trusted=True) else ""
+
+
 @dataclass(frozen=True)
 class _Hierarchy:
     #: Its bases outside vLLM, dotted, its vLLM bases' included.
@@ -201,10 +249,23 @@ def _defines(node: ast.ClassDef) -> set[str]:
     return found
 
 
-def _imports(module: ast.Module, path: str) -> dict[str, str]:
-    """Name -> the dotted module or object the file's top-level imports bind."""
+def _imports(
+    module: ast.Module, path: str, for_annotations: bool = False
+) -> dict[str, str]:
+    """Name -> the dotted module or object the file's top-level imports bind
+    (``for_annotations``: those under ``if TYPE_CHECKING:`` too)."""
     found: dict[str, str] = {}
-    for node in module.body:
+    statements = list(module.body)
+    if for_annotations:
+        for node in module.body:
+            match node:
+                case ast.If(
+                    test=ast.Name(id="TYPE_CHECKING")
+                    | ast.Attribute(attr="TYPE_CHECKING"),
+                    body=body,
+                ):
+                    statements += body
+    for node in statements:
         match node:
             case ast.Import(names=names):
                 for alias in names:

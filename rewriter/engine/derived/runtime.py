@@ -282,9 +282,14 @@ def undefined_attribute(
                 continue
             if not _known(name, package) and not (
                 sources is not None
-                and unit.kind == "method"
-                and outside.inherited(
-                    node, unit.name.rpartition(".")[0], unit.path, sources
+                and (
+                    (
+                        unit.kind == "method"
+                        and outside.inherited(
+                            node, unit.name.rpartition(".")[0], unit.path, sources
+                        )
+                    )
+                    or outside.annotated(node, new, unit.path, sources)
                 )
             ):
                 shown = ast.unparse(node)
