@@ -8,8 +8,10 @@ A cell is one derived patch on one release. Its verdict:
   apply``'s result;
 - ``same-ast``: the same, but a file's text differs where its AST does not
   (comments, quotes, blank lines: the ``text`` check);
-- ``beyond``: it writes where ``git apply`` fails, and none of the checks
-  below finds it wrong;
+- ``beyond``: it writes where ``git apply`` fails, or where ``git apply``'s
+  own result gains an undefined name that the write does not (vllm#50533 on
+  0.25.1 drops an import the release still uses elsewhere), and none of the
+  checks below finds it wrong;
 - ``wrong``: a check below finds the write wrong;
 - ``refused-where-git-applies``: nothing written (drifted, not-applicable,
   an error) where ``git apply`` applies and does not say applied;
@@ -22,15 +24,18 @@ A cell is one derived patch on one release. Its verdict:
 The checks of a write, each with its own verdict in ``Cell.checks``
 (``ok`` or ``wrong``; absent where it does not apply):
 
-- ``ast``: where ``git apply`` applies, every file has its result's AST;
+- ``ast``: where ``git apply`` applies, every file has its result's AST
+  (but a file where that result gains an undefined name and the write does
+  not: ``Cell.git_broken``, judged by ``beyond``);
 - ``text``: where ``git apply`` applies, every file has its result's text
   (a ``wrong`` here makes the cell ``same-ast``, not ``wrong``: the code is
   right, the bytes around it are not kept);
-- ``beyond``: where ``git apply`` fails, a written file compiles, gains no
+- ``beyond``: where ``git apply`` fails (or its result is broken, above),
+  a written file compiles, gains no
   undefined name (ruff F821/F822/F823, before vs after), imports from a
   ``vllm`` module only names (and modules) the release has, and equals a
   clean 3-way merge where there is one (``git merge-file``: the release's
-  file, the parent's, the commit's);
+  file, the parent's, the commit's) that gains no undefined name itself;
 - ``types``: a real type checker, ty, finds no new error on a written file
   (its diagnostics on the release's file and on the written one, in the
   release tree with every written file in place, compared without their
@@ -50,9 +55,9 @@ The checks of a write, each with its own verdict in ``Cell.checks``
   library class (a stream's ``isatty``, a logger's ``warning``); a name
   the write asks ``hasattr(x, "NAME")`` of is not counted either. A name
   defined nowhere that the release reads elsewhere (a tensor's method, a
-  Hugging Face config field) is only noted (``Cell.external``): it comes
-  from outside ``vllm``; one that the release neither defines nor reads is
-  wrong.
+  Hugging Face config field; ``getattr(x, "NAME")`` is a read too) is only
+  noted (``Cell.external``): it comes from outside ``vllm``; one that the
+  release neither defines nor reads is wrong.
 
 The judge shares no code with the engine: it runs the command line
 (``apply --dry-run``) and reads files, git and ruff's and ty's output.
@@ -121,6 +126,9 @@ class Cell:
     #: Attribute names the write newly reads that the release defines
     #: nowhere but reads elsewhere: from outside vllm (not wrong).
     external: list[str] = field(default_factory=list)
+    #: The files where git apply's own result gains an undefined name and
+    #: the write does not: judged by the ``beyond`` checks there.
+    git_broken: list[str] = field(default_factory=list)
     exit_code: int = 0
     seconds: float = 0.0
 
@@ -202,8 +210,26 @@ def _verdict(
             for p in cell.written
         )
         if cell.git_forward:
-            _check(cell, "ast", _ast_wrongs(commit.paths, ours, git))
-            cell.text_differs = _text_wrongs(commit.paths, ours, git)
+            differing = [p for p in commit.paths if _code(ours / p) != _code(git / p)]
+            # Where git apply's result reads a name it no longer has (an
+            # import it drops that the release still uses elsewhere) and the
+            # write does not, git apply is no reference: the beyond checks.
+            cell.git_broken = [
+                p
+                for p in differing
+                if _gains_undefined(pristine, git, p)
+                and not _gains_undefined(pristine, ours, p)
+            ]
+            _check(cell, "ast", _ast_wrongs(differing, cell.git_broken))
+            if cell.git_broken:
+                beyond = [
+                    wrong
+                    for path in cell.git_broken
+                    for wrong in _beyond_wrongs(commit, tree, pristine, ours, path)
+                ]
+                _check(cell, "beyond", beyond)
+            kept = [p for p in commit.paths if p not in cell.git_broken]
+            cell.text_differs = _text_wrongs(kept, ours, git)
             cell.checks["text"] = "wrong" if cell.text_differs else "ok"
         else:
             beyond = [
@@ -218,7 +244,7 @@ def _verdict(
         _check(cell, "attributes", attributes)
         if cell.wrong:
             return "wrong"
-        if not cell.git_forward:
+        if not cell.git_forward or cell.git_broken:
             return "beyond"
         return "same-ast" if cell.text_differs else "same"
     if cell.state == "applied":
@@ -238,12 +264,22 @@ def _check(cell: Cell, name: str, wrongs: list[str] | None) -> None:
     cell.wrong.extend(wrongs)
 
 
-def _ast_wrongs(paths: list[str], ours: Path, git: Path) -> list[str]:
+def _ast_wrongs(differing: list[str], git_broken: list[str]) -> list[str]:
     return [
         f"{path}: not the AST of git apply's result"
-        for path in paths
-        if _code(ours / path) != _code(git / path)
+        for path in differing
+        if path not in git_broken
     ]
+
+
+def _gains_undefined(pristine: Path, result: Path, path: str) -> bool:
+    """Whether ``result``'s file reads a name the release's does not leave
+    undefined (ruff F821/F822/F823, before vs after)."""
+    if not (result / path).is_file():
+        return False
+    before = _text(pristine / path)
+    after = (result / path).read_text(encoding="utf-8")
+    return bool(_new(_ruff_names(before, path), _ruff_names(after, path)))
 
 
 def _text_wrongs(paths: list[str], ours: Path, git: Path) -> list[str]:
@@ -287,7 +323,12 @@ def _beyond_wrongs(
     imports = _missing_imports(before, after, path, [ours, tree])
     wrongs += [f"{path}: {what}" for what in imports]
     merged = _merge_file(pristine / path, commit, path)
-    if merged is not None and _code_of(merged) != _code_of(after):
+    # A merge that itself reads a name it no longer has is no reference.
+    if (
+        merged is not None
+        and _code_of(merged) != _code_of(after)
+        and not _new(_ruff_names(before, path), _ruff_names(merged, path))
+    ):
         wrongs.append(f"{path}: a clean 3-way merge (git merge-file) differs")
     return wrongs
 

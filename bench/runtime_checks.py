@@ -260,7 +260,7 @@ def _absolute(path: str, level: int, module: str | None) -> str:
 # -- attributes: names the release defines somewhere ---------------------------
 
 #: Bump when what counts as defined or read changes: the cache is stale then.
-_NAMES_VERSION = 1
+_NAMES_VERSION = 2  # 2: getattr(x, "NAME") is a read
 _RELEASE_NAMES: dict[Path, tuple[set[str], set[str]]] = {}
 #: Standard library modules whose classes' attributes a file may read off
 #: objects it gets (a stream's ``isatty``, a logger's ``warning``).
@@ -336,6 +336,7 @@ def release_names(tree: Path) -> tuple[set[str], set[str]]:
             text = file.read_text(encoding="utf-8", errors="replace")
             defined |= _defined_in(text)
             read |= _attribute_reads(text, str(file.relative_to(tree)))
+            read |= _getattr_reads(text)
         names = defined, read
         document = {"version": _NAMES_VERSION, "defined": sorted(defined)}
         document["read"] = sorted(read)
@@ -369,6 +370,27 @@ def _defined_in(text: str) -> set[str]:
             ):
                 defined.add(n)
     return defined
+
+
+def _getattr_reads(text: str) -> set[str]:
+    """The names a file reads as ``getattr(x, "NAME"[, default])``: the
+    release reads them too (0.20.2 reads torch's
+    ``_non_persistent_buffers_set`` so, which vllm#42481 reads as an
+    attribute)."""
+    try:
+        module = ast.parse(text)
+    except SyntaxError:
+        return set()
+    return {
+        node.args[1].value
+        for node in ast.walk(module)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) in (2, 3)
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    }
 
 
 def _asked_for(text: str) -> set[str]:

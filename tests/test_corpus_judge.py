@@ -35,7 +35,11 @@ HELPERS = "def scale(x):\n    return 2 * x\n\n\ndef clamp(x):\n    return min(x,
 
 
 def _diff(tmp_path: Path) -> str:
-    for name, text in (("a", PARENT), ("b", FIXED)):
+    return _diff_of(tmp_path, PARENT, FIXED)
+
+
+def _diff_of(tmp_path: Path, parent: str, fixed: str) -> str:
+    for name, text in (("a", parent), ("b", fixed)):
         (tmp_path / name / "vllm").mkdir(parents=True)
         (tmp_path / name / PATH).write_text(text)
     result = subprocess.run(
@@ -191,7 +195,9 @@ def runtime_tree(tmp_path: Path) -> Path:
         "vllm/config.py": CONFIG,
         "vllm/envs.py": ENVS,
         USER: USER_BEFORE,
-        "vllm/other.py": "def f(t):\n    return t.narrow(0, 0, 2)\n",
+        "vllm/other.py": "def f(t):\n    return t.narrow(0, 0, 2)\n\n\n"
+        # torch's private set, read as vllm#42481's release reads it
+        'def h(m):\n    return getattr(m, "_buffers_set", set())\n',
     }.items():
         (tree / path).parent.mkdir(parents=True, exist_ok=True)
         (tree / path).write_text(text)
@@ -259,7 +265,8 @@ def test_the_attribute_check_says_wrong_on_a_name_defined_nowhere(
     A name the release defines nowhere and reads nowhere is wrong; one it
     reads elsewhere (a tensor's method) is only noted; one it defines (a
     field), a method of a builtin or standard library class (a stream's
-    ``isatty``), or one the write asks ``hasattr`` of first, is fine."""
+    ``isatty``), or one the write asks ``hasattr`` of first, is fine; a
+    ``getattr(m, "NAME", ...)`` in the release is a read of it."""
     broken = USER_BEFORE.replace("config.is_pooling", "config.fc_norm")
     pristine, ours = _write(tmp_path, runtime_tree, broken)
     wrongs, external = runtime_checks.attribute_wrongs(
@@ -275,7 +282,7 @@ def test_the_attribute_check_says_wrong_on_a_name_defined_nowhere(
         "return x.narrow(0, 0, 1) or str(x).strip() or sys.stdout.isatty()",
     ).replace(
         "return config.is_pooling",
-        "return config.is_pooling or config.scale or "
+        "return config.is_pooling or config.scale or config._buffers_set or "
         '(hasattr(config, "fc_gate") and config.fc_gate)',
     )
     (ours / USER).write_text(fine + "\n\ndef g(c):\n    c.scale = 1\n")
@@ -284,8 +291,53 @@ def test_the_attribute_check_says_wrong_on_a_name_defined_nowhere(
     )
     assert (wrongs, external) == (
         [],
-        [f"{USER}: .narrow (read elsewhere, defined nowhere)"],
+        [
+            f"{USER}: ._buffers_set (read elsewhere, defined nowhere)",
+            f"{USER}: .narrow (read elsewhere, defined nowhere)",
+        ],
     )
+
+
+def test_a_write_that_keeps_an_import_git_apply_drops_is_beyond(
+    setup, tmp_path
+) -> None:
+    """vllm#50533 on 0.25.1: the commit drops an import the release still
+    uses in another function. git apply's result reads a name it no longer
+    has; the write that keeps the import is judged by the beyond checks, not
+    held to git apply's AST. A write as broken as git apply's stays wrong."""
+    commit, tree, _ = setup
+    parent = PARENT.replace("import scale", "import clamp, scale")
+    fixed = parent.replace("import clamp, scale", "import clamp").replace(
+        "return scale(x)", "return clamp(x)"
+    )
+    commit.diff = _diff_of(tmp_path / "drop", parent, fixed)
+    commit.parent_text, commit.commit_text = {PATH: parent}, {PATH: fixed}
+    release = parent + "\n\nLIMIT = 4\n\n\ndef h(x):\n    return scale(x)\n"
+    (tree / PATH).write_text(release)
+    pristine = corpus_judge._copy_files(tree, [PATH], tmp_path / "pristine2")
+    git = corpus_judge._copy_files(tree, [PATH], tmp_path / "git")
+    assert corpus_judge._git_apply(git, commit.diff)
+    kept = release.replace(
+        "    return scale(x)\n\n\ndef g", "    return clamp(x)\n\n\ndef g"
+    )
+    assert kept != release
+    cell = corpus_judge.Cell(commit.sha, commit.patch_id, "0.0.1")
+    cell.written, cell.git_forward = [PATH], True
+    ours = _written(tmp_path / "a", kept)
+    verdict = corpus_judge._verdict(cell, commit, tree, pristine, ours, git)
+    assert cell.git_broken == [PATH]
+    assert cell.checks["ast"] == "ok" and cell.checks["beyond"] == "ok", cell.wrong
+    assert verdict == "beyond"
+    # The same write with the import dropped, as git apply drops it.
+    broken = kept.replace("import clamp, scale", "import clamp").replace(
+        "LIMIT = 4", "LIMIT = 5"
+    )
+    other = corpus_judge.Cell(commit.sha, commit.patch_id, "0.0.1")
+    other.written, other.git_forward = [PATH], True
+    ours = _written(tmp_path / "b", broken)
+    assert corpus_judge._verdict(other, commit, tree, pristine, ours, git) == "wrong"
+    assert other.git_broken == []
+    assert f"{PATH}: not the AST of git apply's result" in other.wrong
 
 
 def test_text_not_kept_is_its_own_verdict(setup, tmp_path) -> None:

@@ -14,11 +14,9 @@ here are made up.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from pathlib import Path
 
 import pytest
-from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.derived import DerivedPatch, load_derived, rewrite
 from deepstack_patch.engine.derived.data import dump_derived
 from deepstack_patch.engine.derived.match import CompiledEdit
@@ -28,7 +26,8 @@ from deepstack_patch.engine.errors import DeepstackError, RewriteRefused
 from deepstack_patch.engine.plan import rewrite_text
 from deepstack_patch.engine.protocol import Finding, PatchState
 from deepstack_patch.engine.source import SourceFile
-from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
+
+from tests.support.toys import derived_from_diff
 
 PATH = "vllm/limits.py"
 
@@ -70,26 +69,7 @@ AFTER = (
 
 
 def derive(tmp_path: Path, before: str, after: str) -> tuple[DerivedPatch, str, list]:
-    root = tmp_path / "base"
-    (root / "vllm").mkdir(parents=True)
-    (root / "vllm/__init__.py").write_text("")
-    (root / "PKG-INFO").write_text(
-        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.0.1\n"
-    )
-    (root / PATH).write_text(before)
-    # This tool's partial extraction (toy code): runtime names are not what
-    # is tested here.
-    (root / ASKED_FOR).write_text("")
-    diff = "".join(
-        difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            f"a/{PATH}",
-            f"b/{PATH}",
-        )
-    )
-    result = derive_patch_from_text(diff, VllmTree.open(root), "local#43846")
-    return result.patch, result.round_trip, result.notes
+    return derived_from_diff(tmp_path / "base", PATH, before, after, "local#43846")
 
 
 def findings(patch: DerivedPatch, source: str) -> dict[str, Finding]:

@@ -12,14 +12,13 @@ made up.
 from __future__ import annotations
 
 import ast
-import difflib
 from pathlib import Path
 
-from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.derived import DerivedPatch
 from deepstack_patch.engine.plan import rewrite_text
 from deepstack_patch.engine.protocol import Finding, PatchState
-from deepstack_patch.engine.tree import ASKED_FOR, VllmTree
+
+from tests.support.toys import derived_from_diff
 
 PATH = "vllm/rope.py"
 
@@ -67,26 +66,7 @@ NEW_METHOD = '''
 
 
 def derive(tmp_path: Path, before: str, after: str) -> tuple[DerivedPatch, str, list]:
-    root = tmp_path / "base"
-    (root / "vllm").mkdir(parents=True)
-    (root / "vllm/__init__.py").write_text("")
-    (root / "PKG-INFO").write_text(
-        "Metadata-Version: 2.4\nName: vllm\nVersion: 0.0.1\n"
-    )
-    (root / PATH).write_text(before)
-    # This tool's partial extraction (toy code: ``Cache.store`` is defined
-    # nowhere): runtime names are not what is tested here.
-    (root / ASKED_FOR).write_text("")
-    diff = "".join(
-        difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            f"a/{PATH}",
-            f"b/{PATH}",
-        )
-    )
-    result = derive_patch_from_text(diff, VllmTree.open(root), "local#52005")
-    return result.patch, result.round_trip, result.notes
+    return derived_from_diff(tmp_path / "base", PATH, before, after, "local#52005")
 
 
 def finding(patch: DerivedPatch, source: str) -> Finding:

@@ -8,6 +8,7 @@ list of what it was asked for). No vLLM code: the modules are the tests'.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from deepstack_patch.engine.derived import DerivedPatch
@@ -48,3 +49,24 @@ def toy_tree(root: Path, files: dict[str, str], *, whole: bool = True) -> VllmTr
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
     return VllmTree.open(root)
+
+
+def derived_from_diff(
+    root: Path, path: str, before: str, after: str, patch_id: str
+) -> tuple[DerivedPatch, str, list[str]]:
+    """``derive`` of the diff from ``before`` to ``after`` of ``path``, on
+    this tool's partial extraction of a tree holding ``before`` (toy code:
+    its runtime names are not checked); the patch, round trip and notes."""
+    from deepstack_patch.authoring.derive import derive_patch_from_text
+
+    tree = toy_tree(root, {path: before}, whole=False)
+    diff = "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            f"a/{path}",
+            f"b/{path}",
+        )
+    )
+    result = derive_patch_from_text(diff, tree, patch_id)
+    return result.patch, result.round_trip, result.notes

@@ -833,6 +833,8 @@ def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
     # first statement) to the block's end. Wide, but only whole statements
     # matched by the pattern are ever replaced.
     block = located.block
+    if not block:  # an empty module (a package's bare __init__.py)
+        return 1, 1
     first = _lines(block[0])[0]
     if isinstance(located.owner, ast.stmt):
         first = _lines(located.owner)[0]
