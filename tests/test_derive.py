@@ -1109,3 +1109,14 @@ def test_exactly_one_base_and_an_existing_diff(tmp_path: Path, base: Path) -> No
     code, output = run(*derive_args(tmp_path / "missing.diff", base, out))
     assert code == 2 and "no such file" in output and "hint:" in output
     assert not out.exists()
+
+
+def test_a_statement_of_an_empty_module_drifts_without_a_traceback() -> None:
+    """vllm#46203 changes a statement of ``vllm/device_allocator/__init__.py``,
+    which 0.13.0 to 0.22.1 ship empty: drifted, with the statement named
+    (it was an IndexError on six releases of the held-out corpus)."""
+    patch = derived(BEFORE, BEFORE.replace("LIMIT = 4", "LIMIT = 5"))
+    for empty in ("", "# SPDX-License-Identifier: Apache-2.0\n"):
+        assert states(patch, empty) == {
+            "LIMIT": (PatchState.DRIFTED, "`LIMIT = 4` not found in the module")
+        }
