@@ -23,7 +23,7 @@ import functools
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -293,26 +293,15 @@ class DerivedPatch(Patch):
         notes: list[str] = []
         for index, edit in enumerate(unit.edits):
             compiled = self._compile(edit)
-            if edit.kind == "docstring":  # rides along, never counts
+            if edit.kind in DOCUMENTATION:  # rides along, never counts
                 located = _locate(compiled, tree, shapes_of)
                 if isinstance(located, _Located):
-                    todo, note = docstrings.action(compiled, located.block)
-                    details[str(index)] = docstrings.details_of(todo)
+                    todo, note, span = _documentation_riding(
+                        compiled, located, tree, shapes_of
+                    )
+                    details[str(index)] = todo
                     notes += [note] if note else []
-                continue
-            if edit.kind == "comments":  # rides along too, never counts
-                located = _locate(compiled, tree, shapes_of)
-                if isinstance(located, _Located):
-                    text = comments.lines_of(tree)
-                    found = comments.action(compiled, located.block, text, shapes_of)
-                    details[str(index)] = comments.details_of(found.todo)
-                    if found.todo:  # lines it writes: the unit's span holds them
-                        spans.append(found.span)
-                    if found.todo is None:
-                        notes.append(
-                            f"its comments above {found.above} are not the ones "
-                            "the fix edits: left as they are"
-                        )
+                    spans += [span] if span else []
                 continue
             if edit.kind == "imports":
                 state, reason, span, edit_details = imports.recognise_imports(
@@ -361,33 +350,13 @@ class DerivedPatch(Patch):
             note = "; ".join(notes)
             return _UnitState(PatchState.NEEDED, (first, last), note, details, line)
         if kinds == {PatchState.APPLIED}:
-            pending = {
-                unit.edits[int(index)].kind
-                for index, found in details.items()
-                if unit.edits[int(index)].kind in DOCUMENTATION and found
-            }
-            if pending:
+            reworded = _still_reworded(unit, details)
+            if reworded:
                 # Never applied while an edit is missing: the code is in,
                 # its documentation is still the one the fix rewords; the
                 # rewrite writes only that (APPLIED_EDIT marks the others).
-                for index, edit in enumerate(unit.edits):
-                    if edit.kind not in DOCUMENTATION:
-                        details[str(index)] = {APPLIED_EDIT: True}
-                still = " and ".join(
-                    _REWORDED[kind] for kind in sorted(pending, reverse=True)
-                )
                 return _UnitState(
-                    PatchState.NEEDED,
-                    (first, last),
-                    f"its code is the fixed one; its {still} "
-                    + (
-                        "is still the one"
-                        if pending == {"docstring"}
-                        else "are still the ones"
-                    )
-                    + " the fix rewords",
-                    details,
-                    line,
+                    PatchState.NEEDED, (first, last), reworded, details, line
                 )
             return _UnitState(PatchState.APPLIED, (first, last), "", line=line)
         if PatchState.NOT_APPLICABLE in kinds and kinds <= {
@@ -623,6 +592,47 @@ def _locate(
             )
         block, owner = inner, node
     return _Located(block, owner, unit_node, None, unit_first)
+
+
+def _documentation_riding(
+    compiled: CompiledEdit, located: _Located, tree: ast.Module, shapes_of: ShapeCache
+) -> tuple[Mapping[str, str], str, tuple[int, int] | None]:
+    """A docstring or comments edit of a unit with code, in its block: its
+    detail for the rewrite (what to write; empty: nothing), a note where the
+    target's text is another, and the lines it writes (None: none)."""
+    if compiled.edit.kind == "docstring":
+        todo, note = docstrings.action(compiled, located.block)
+        return docstrings.details_of(todo), note, None
+    found = comments.action(compiled, located.block, comments.lines_of(tree), shapes_of)
+    note = (
+        f"its comments above {found.above} are not the ones the fix edits: "
+        "left as they are"
+        if found.todo is None
+        else ""
+    )
+    return comments.details_of(found.todo), note, found.span if found.todo else None
+
+
+def _still_reworded(unit: Unit, details: dict[str, Any]) -> str:
+    """Where the unit's code is the fixed one and documentation it edits is
+    still the old (a detail says what to write): the reason, with every
+    other edit marked made (APPLIED_EDIT); else ``""``."""
+    pending = {
+        unit.edits[int(index)].kind
+        for index, found in details.items()
+        if unit.edits[int(index)].kind in DOCUMENTATION and found
+    }
+    if not pending:
+        return ""
+    for index, edit in enumerate(unit.edits):
+        if edit.kind not in DOCUMENTATION:
+            details[str(index)] = {APPLIED_EDIT: True}
+    still = " and ".join(_REWORDED[kind] for kind in sorted(pending, reverse=True))
+    if pending == {"docstring"}:
+        return (
+            f"its code is the fixed one; its {still} is still the one the fix rewords"
+        )
+    return f"its code is the fixed one; its {still} are still the ones the fix rewords"
 
 
 def _documentation_span(located: _Located) -> tuple[int, int]:
