@@ -87,6 +87,13 @@ class DeriveResult:
     tree: VllmTree | None = None
 
 
+#: derive's note for a file whose change no unit carries (comment lines
+#: between statements are units, engine/derived/comments.py).
+ONLY_FORMATTING = (
+    "only formatting, or comments at the end of a line or a block, change; left out"
+)
+
+
 def is_test_path(path: str) -> bool:
     parts = path.split("/")
     name = parts[-1]
@@ -290,13 +297,8 @@ def _read_changes(
             changed = units_of_change(path, before, after, by_entries)
         except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
             raise _unexpected(exc, f"reading the change of {path}", diff_name) from exc
-        if not changed:
-            # Comment lines between statements are units (comments.py);
-            # what is left is layout, or comments at a line's or block's end.
-            notes.append(
-                f"{path}: only formatting, or comments at the end of a line or "
-                "a block, change; left out"
-            )
+        if not changed:  # comment lines between statements are units
+            notes.append(f"{path}: {ONLY_FORMATTING}")
             continue
         notes += [
             f"{path}: {_docstring_of(name)} changes alone; left out "
