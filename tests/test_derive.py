@@ -1120,3 +1120,69 @@ def test_a_statement_of_an_empty_module_drifts_without_a_traceback() -> None:
         assert states(patch, empty) == {
             "LIMIT": (PatchState.DRIFTED, "`LIMIT = 4` not found in the module")
         }
+
+
+TRY_BEFORE = """import logging
+
+logger = logging.getLogger(__name__)
+
+
+def convert(items):
+    try:
+        out = [str(i) for i in items]
+        return out
+    except Exception as e:
+        logger.exception("failed")
+        raise RuntimeError(str(e)) from e
+"""
+#: The fix changes a statement of the ``try``'s body only.
+TRY_AFTER = TRY_BEFORE.replace(
+    "out = [str(i) for i in items]", "out = [str(i) for i in items if i]"
+)
+
+
+@pytest.mark.parametrize(
+    ("target", "state"),
+    [
+        # Another fix rewrote the except body (vllm#45287 on 0.20.2).
+        pytest.param(
+            TRY_BEFORE.replace(
+                "raise RuntimeError(str(e))", "raise RuntimeError(f(e))"
+            ),
+            PatchState.NEEDED,
+            id="except-body-rewritten",
+        ),
+        # Another exception caught: not the same try.
+        pytest.param(
+            TRY_BEFORE.replace("except Exception as e:", "except ValueError as e:"),
+            PatchState.DRIFTED,
+            id="another-except-clause",
+        ),
+        # A finally added: not the same try either.
+        pytest.param(
+            TRY_BEFORE.replace(
+                "        raise RuntimeError(str(e)) from e\n",
+                "        raise RuntimeError(f(e)) from e\n    finally:\n        pass\n",
+            ),
+            PatchState.DRIFTED,
+            id="a-finally-added",
+        ),
+    ],
+)
+def test_a_try_is_found_by_its_clauses_where_an_except_body_differs(
+    target: str, state: PatchState
+) -> None:
+    """A step into a ``try``'s body finds the ``try`` by its whole text
+    first; where an ``except`` body is not the fix's, by its clauses (the
+    types and names it catches, its ``else`` and ``finally``): the fix's
+    statements in the body are still found by their own shapes."""
+    patch = derived(TRY_BEFORE, TRY_AFTER)
+    (found,) = states(patch, target).values()
+    assert found[0] is state, found
+    if state is PatchState.NEEDED:
+        written = rewrite_text(patch, target, PATH)
+        assert written == target.replace(
+            "out = [str(i) for i in items]", "out = [str(i) for i in items if i]"
+        )
+    else:
+        assert "`try:" in found[1] and "not found" in found[1]

@@ -63,6 +63,9 @@ class CompiledEdit:
     header_identity_after: str = ""
     #: An entry edit's entries and the statement that holds them.
     entries: entries.Pattern | None = None
+    #: Each step's ``try`` by its clauses (:func:`.shapes.try_head`), where
+    #: the step enters a ``try``'s own block; ``""`` for any other step.
+    step_try_heads: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, edit: Edit) -> CompiledEdit:
@@ -112,6 +115,12 @@ class CompiledEdit:
             if edit.header_after
             else "",
             pattern,
+            tuple(
+                shapes.try_head(one_statement(with_block(s.header)))
+                if s.field in shapes.BLOCK_FIELDS
+                else ""
+                for s in edit.block
+            ),
         )
 
     def step_identities(self, index: int) -> tuple[str, ...]:
@@ -336,9 +345,16 @@ def find_step(
 ) -> ast.stmt | str:
     """The compound statement of step ``index`` in ``block``, found once
     (by its neighbours where its header is there more than once); else why
-    not (``not found``, ``found 2 times``)."""
+    not (``not found``, ``found 2 times``). A ``try`` whose ``except``
+    bodies are not the fix's (another fix rewrote one, vllm#45287 on 0.20.2)
+    is still found, by its clauses (:func:`.shapes.try_head`), where the
+    step enters its body, ``else`` or ``finally``: the fix's own statements
+    there are still found by their own shapes."""
     identities = compiled.step_identities(index)
     starts = [i for i, n in enumerate(block) if shapes_of.identity(n) in identities]
+    if not starts and compiled.step_try_heads[index]:
+        head = compiled.step_try_heads[index]
+        starts = [i for i, n in enumerate(block) if shapes.try_head(n) == head]
     if not starts:
         return "not found"
     neighbours = compiled.step_neighbours[index]

@@ -114,6 +114,20 @@ def identity(node: ast.stmt, memo: Memo | None = None) -> str:
     return shape(node, memo)
 
 
+def try_head(node: ast.stmt) -> str:
+    """A ``try`` by its clauses alone: each ``except``'s type and name, and
+    whether it has ``else`` and ``finally`` blocks, the code in them left
+    out (an ``except`` body another fix rewrote is still the same ``try``
+    to a step into its body); ``""`` for any other statement."""
+    # ``try``/``except*`` (ast.TryStar, Python 3.11 on) alike, by their fields.
+    handlers = getattr(node, "handlers", None)
+    if not isinstance(handlers, list) or not type(node).__name__.startswith("Try"):
+        return ""
+    clauses = [(_dump(h.type, {}) if h.type else "", h.name or "") for h in handlers]
+    blocks = f"else={bool(node.orelse)} finally={bool(node.finalbody)}"  # type: ignore[attr-defined]
+    return f"{type(node).__name__}{clauses!r} {blocks}"
+
+
 def header_code(node: ast.stmt) -> str:
     """The header as readable code: the statement with ``...`` as each of
     its blocks (a ``try`` keeps its ``finally:``, an ``if`` its ``else:``)."""
