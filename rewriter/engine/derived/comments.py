@@ -65,12 +65,33 @@ def region(
     return regions.between(lines, block, at, at)
 
 
+def _placed(
+    compiled: CompiledEdit,
+    block: Sequence[ast.stmt],
+    lines: Sequence[str],
+    shapes_of: ShapeCache,
+) -> tuple[regions.Region, str | None] | str:
+    """The edit's lines in the target (recognition and the rewrite find
+    them alike) and what to do there: REPLACE where they are the ones the
+    fix edits, exactly; ``""`` where they are the fixed ones; None where
+    neither. Why not, where they cannot be placed."""
+    at = gap(compiled, block, shapes_of)
+    found = region(lines, block, at) if isinstance(at, int) else at
+    if isinstance(found, str):
+        return found
+    ours = found.text(lines)
+    if ours == regions.split(compiled.edit.inserted):
+        return found, ""
+    if ours == regions.split(compiled.edit.removed):
+        return found, REPLACE
+    return found, None
+
+
 @dataclass(frozen=True)
 class Found:
-    """A comments edit in the target: what to do (REPLACE where its lines
-    are the ones the fix edits, exactly; ``""`` where they are the fixed
-    ones; None where neither, or where they cannot be told), the lines they
-    take (1-based), the statement they are above, and why not, for None."""
+    """A comments edit in the target: what to do (:func:`_placed`; None also
+    where the lines cannot be told), the lines they take (1-based), the
+    statement they are above, and why not, for None."""
 
     todo: str | None
     span: tuple[int, int]
@@ -90,20 +111,17 @@ def action(
     above = f"`{shapes.quoted(compiled.edit.after_anchor.code)}`"  # type: ignore[union-attr]
     if lines is None:
         return Found(None, (1, 1), above, "cannot be read (no source)")
-    at = gap(compiled, block, shapes_of)
-    if isinstance(at, str):
-        return Found(None, (1, 1), above, f"cannot be placed: {at}")
-    found = region(lines, block, at)
-    if isinstance(found, str):
-        return Found(None, (1, 1), above, f"cannot be placed: {found}")
+    placed = _placed(compiled, block, lines, shapes_of)
+    if isinstance(placed, str):
+        return Found(None, (1, 1), above, f"cannot be placed: {placed}")
+    found, todo = placed
     span = (found.first + 1, max(found.stop, found.first + 1))
-    ours = found.text(lines)
-    if ours == _split(compiled.edit.inserted):
-        return Found("", span, above)
-    if ours == _split(compiled.edit.removed):
-        return Found(REPLACE, span, above)
-    why = "are neither the ones the fix edits nor the fixed ones"
-    return Found(None, span, above, why)
+    why = (
+        ""
+        if todo is not None
+        else "are neither the ones the fix edits nor the fixed ones"
+    )
+    return Found(todo, span, above, why)
 
 
 def lines_of(tree: ast.Module) -> list[str] | None:
@@ -135,23 +153,15 @@ def rewritten(
 ) -> tuple[regions.Region, list[str]] | str:
     """The region of the comments and its lines as the fix writes them; or
     why not (the lines are no longer the ones recognition found)."""
-    at = gap(compiled, block, shapes_of)
-    if isinstance(at, str):
-        return at
-    found = region(lines, block, at)
-    if isinstance(found, str):
-        return found
-    ours = found.text(lines)
-    if ours == _split(compiled.edit.inserted):
-        return found, list(lines[found.first : found.stop])
-    if ours != _split(compiled.edit.removed):
+    placed = _placed(compiled, block, lines, shapes_of)
+    if isinstance(placed, str):
+        return placed
+    found, todo = placed
+    if todo is None:
         return "the comment lines are not the ones the fix edits"
+    if not todo:
+        return found, list(lines[found.first : found.stop])
     return found, regions.rewritten(lines, found, compiled.edit.inserted, newline)
-
-
-def _split(text: str) -> list[str]:
-    lines = text.split("\n")
-    return lines[:-1] if lines[-1] == "" else lines
 
 
 # -- at derive time ------------------------------------------------------------

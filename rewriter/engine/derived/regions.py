@@ -248,7 +248,7 @@ def replaced(
     comment lines around them are still matched as text. ``raw``: the
     lines of ``after`` inside a string, where ``after`` is not statements
     (a literal's entries, :mod:`.entries`)."""
-    old, new = _split(before), _split(after)
+    old, new = split(before), split(after)
     target = region.text(lines)
     plan = merged(old, new, target)
     if plan is None and own:
@@ -322,7 +322,7 @@ def rewritten(
     lines: Sequence[str], region: Region, after: str, newline: str
 ) -> list[str]:
     """The region's lines all replaced by ``after`` (recorded, dedented)."""
-    return _keep_last_line_end(_written(_split(after), region, newline), lines, region)
+    return _keep_last_line_end(_written(split(after), region, newline), lines, region)
 
 
 def replaced_statements(
@@ -338,7 +338,7 @@ def replaced_statements(
     comment lines right above the first one that the target does not have
     above them already: the way where neither the recorded lines nor the
     blank and comment lines around the statements are the target's."""
-    new = _split(after)
+    new = split(after)
     parsed = _statement_lines(new)
     start = parsed[0] if parsed else len(new)
     while start > 0 and new[start - 1].strip().startswith("#"):
@@ -406,7 +406,7 @@ def merged(
     return plan
 
 
-def _split(text: str) -> list[str]:
+def split(text: str) -> list[str]:
     """Recorded code's lines (only ``\\n`` ends one there)."""
     lines = text.split("\n")
     return lines[:-1] if lines[-1] == "" else lines
