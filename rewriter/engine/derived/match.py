@@ -83,9 +83,10 @@ class CompiledEdit:
                 for node in shapes.parse_statements(code)
             )
 
+        step_nodes = [one_statement(with_block(s.header)) for s in edit.block]
         steps = tuple(
-            (shapes.identity(one_statement(with_block(s.header))), s.field, s.header)
-            for s in edit.block
+            (shapes.identity(node), s.field, s.header)
+            for node, s in zip(step_nodes, edit.block, strict=True)
         )
         pattern = None
         anchors = (edit.before_anchor, edit.after_anchor)
@@ -116,10 +117,8 @@ class CompiledEdit:
             else "",
             pattern,
             tuple(
-                shapes.try_head(one_statement(with_block(s.header)))
-                if s.field in shapes.BLOCK_FIELDS
-                else ""
-                for s in edit.block
+                shapes.try_head(node) if s.field in shapes.BLOCK_FIELDS else ""
+                for node, s in zip(step_nodes, edit.block, strict=True)
             ),
         )
 

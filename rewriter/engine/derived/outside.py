@@ -142,14 +142,11 @@ def annotated(
     for root in code:
         for inner in ast.walk(root):
             match inner:
-                case ast.AnnAssign(target=ast.Name(id=name), annotation=annotation):
-                    pass
-                case ast.arg(arg=name, annotation=ast.expr() as annotation):
-                    pass
-                case _:
-                    continue
-            if name == local:
-                annotations.append(_dotted(annotation))
+                case (
+                    ast.AnnAssign(target=ast.Name(id=name), annotation=annotation)
+                    | ast.arg(arg=name, annotation=ast.expr() as annotation)
+                ) if name == local:
+                    annotations.append(_dotted(annotation))
     if len(set(annotations)) != 1 or "" in annotations:
         return ""  # none, one that is not a plain class, or several
     module = sources.module(path)
