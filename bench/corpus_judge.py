@@ -69,6 +69,7 @@ ty is a bench requirement, not a dependency of the tool: ``pip install ty``
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import shutil
@@ -337,7 +338,11 @@ def _new(before: Counter, after: Counter) -> list[tuple[str, str]]:
     return sorted((after - before).elements())
 
 
+@functools.lru_cache(maxsize=64)
 def _ruff_names(text: str, path: str) -> Counter:
+    """ruff's undefined-name findings on ``text`` (kept: a cell asks the
+    same file's several times, for git apply's result, the write and the
+    3-way merge). Callers read the Counter, never change it."""
     result = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
          "--select", "F821,F822,F823", "--output-format", "json",

@@ -377,25 +377,18 @@ def _getattr_reads(text: str) -> set[str]:
     release reads them too (0.20.2 reads torch's
     ``_non_persistent_buffers_set`` so, which vllm#42481 reads as an
     attribute)."""
-    try:
-        module = ast.parse(text)
-    except SyntaxError:
-        return set()
-    return {
-        node.args[1].value
-        for node in ast.walk(module)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id == "getattr"
-        and len(node.args) in (2, 3)
-        and isinstance(node.args[1], ast.Constant)
-        and isinstance(node.args[1].value, str)
-    }
+    return _named_in_calls(text, "getattr", (2, 3))
 
 
 def _asked_for(text: str) -> set[str]:
     """The names a file asks ``hasattr(x, "NAME")`` of: it reads them only
     where they are there (vllm#47690's ``elif hasattr(layer, "ark_linear")``)."""
+    return _named_in_calls(text, "hasattr", (2,))
+
+
+def _named_in_calls(text: str, function: str, arities: tuple[int, ...]) -> set[str]:
+    """The string second arguments of the file's calls of the builtin
+    ``function`` with one of ``arities`` arguments."""
     try:
         module = ast.parse(text)
     except SyntaxError:
@@ -405,8 +398,8 @@ def _asked_for(text: str) -> set[str]:
         for node in ast.walk(module)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
-        and node.func.id == "hasattr"
-        and len(node.args) == 2
+        and node.func.id == function
+        and len(node.args) in arities
         and isinstance(node.args[1], ast.Constant)
         and isinstance(node.args[1].value, str)
     }
