@@ -8,7 +8,6 @@ list of what it was asked for). No vLLM code: the modules are the tests'.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 from deepstack_patch.engine.derived import DerivedPatch
@@ -59,14 +58,8 @@ def derived_from_diff(
     its runtime names are not checked); the patch, round trip and notes."""
     from deepstack_patch.authoring.derive import derive_patch_from_text
 
+    from tests.support.upstream import git_diff
+
     tree = toy_tree(root, {path: before}, whole=False)
-    diff = "".join(
-        difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            f"a/{path}",
-            f"b/{path}",
-        )
-    )
-    result = derive_patch_from_text(diff, tree, patch_id)
+    result = derive_patch_from_text(git_diff(path, before, after), tree, patch_id)
     return result.patch, result.round_trip, result.notes
