@@ -933,6 +933,18 @@ def test_the_recognition_cache_knows_a_folder_patch_by_its_file(
     assert other not in (None, first)
 
 
+def test_the_code_fingerprint_covers_the_engines_subpackages() -> None:
+    """A change to the code that recognises derived patches (engine/derived)
+    makes new keys: the kept plans and recognitions were once keyed by the
+    engine's top modules alone, and stayed stale after a change there."""
+    from deepstack_patch.engine import recognition_cache
+
+    engine = Path(recognition_cache.__file__).parent
+    sources = recognition_cache.engine_sources()
+    assert engine / "derived" / "runtime.py" in sources
+    assert engine / "recognition_cache.py" in sources
+
+
 def test_verify_runs_the_prove_of_a_folder_patch_in_the_proof_process(
     tmp_path: Path,
 ) -> None:

@@ -125,8 +125,7 @@ def _code_fingerprint(series: Sequence[Patch]) -> bytes | None:
     from deepstack_patch import __version__
     from deepstack_patch.engine.series import patch_file
 
-    engine = Path(__file__).parent
-    sources = {*engine.glob("*.py")}
+    sources = engine_sources()
     origins = [patch.origin for patch in series]
     for patch in series:
         module = sys.modules.get(type(patch).__module__)
@@ -152,6 +151,13 @@ def _code_fingerprint(series: Sequence[Patch]) -> bytes | None:
     except OSError:
         return None
     return digest.digest()
+
+
+def engine_sources() -> set[Path]:
+    """The engine's own code, its subpackages included: a derived patch is
+    recognised by ``engine/derived``, whose change must make new keys as
+    much as one of the engine's top modules."""
+    return set(Path(__file__).parent.rglob("*.py"))
 
 
 def _package_top(folder: Path) -> Path:
