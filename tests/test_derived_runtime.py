@@ -512,6 +512,102 @@ def test_a_local_the_fix_annotates_with_a_class_outside_vllm(
         )
 
 
+def test_a_local_annotated_with_a_class_the_fix_itself_imports(tmp_path: Path) -> None:
+    """vllm#30518 on 0.19.0 adds ``PreTrainedModel`` to the file's import
+    under ``if TYPE_CHECKING:`` and annotates a local with it: the class
+    the fix imports counts as the file's (issue 40 item 4). Without the
+    fix's import the same local names nothing the file imports, and drifts."""
+    release = LOADER.replace(
+        "if TYPE_CHECKING:\n    from transformers import PreTrainedModel\n"
+        "else:\n    PreTrainedModel = object\n",
+        "if TYPE_CHECKING:\n    from transformers import AutoConfig\n",
+    )
+    code = (
+        "model: PreTrainedModel = AutoModel.from_config(config)\n"
+        "        return type(model.get_decoder())"
+    )
+    imported = release.replace(
+        "from transformers import AutoConfig",
+        "from transformers import AutoConfig, PreTrainedModel",
+    ).replace("return None", code)
+    not_imported = release.replace("return None", code)
+    files = {"vllm/loader.py": release, "vllm/base.py": BASE_PARSER}
+    root = whole_tree(tmp_path / "imported", files)
+    report = report_of(root, patch_of("local#m", "vllm/loader.py", release, imported))
+    assert report.state is PatchState.NEEDED, report.reason
+    root = whole_tree(tmp_path / "not-imported", files)
+    report = report_of(
+        root, patch_of("local#n", "vllm/loader.py", release, not_imported)
+    )
+    assert report.state is PatchState.DRIFTED, report.reason
+    assert "`PreTrainedModel`" in report.reason
+
+
+MIXIN = """class MultiModalMixin:
+    def compile_encoder(self):
+        return None
+"""
+VERSIONED = """class Base:
+    @staticmethod
+    def check_version(minimum: str) -> bool:
+        return True
+"""
+MIXED = """from vllm.base import Base
+from vllm.mixin import MultiModalMixin
+
+
+class Model(MultiModalMixin, Base):
+    pass
+"""
+#: A class mixing it in that lacks the name.
+ALONE = """from vllm.mixin import MultiModalMixin
+
+
+class Bare(MultiModalMixin):
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("models", "state"),
+    [
+        pytest.param(
+            {"vllm/model.py": MIXED}, PatchState.NEEDED, id="every-class-has-it"
+        ),
+        pytest.param(
+            {
+                "vllm/models/__init__.py": "from vllm.models.model import Model\n",
+                "vllm/models/model.py": MIXED,
+            },
+            PatchState.NEEDED,
+            id="in-a-package",
+        ),
+        pytest.param(
+            {"vllm/model.py": MIXED, "vllm/bare.py": ALONE},
+            PatchState.DRIFTED,
+            id="one-class-lacks-it",
+        ),
+        pytest.param({}, PatchState.DRIFTED, id="no-class-mixes-it-in"),
+    ],
+)
+def test_an_attribute_of_a_mixin_is_there_where_every_class_mixing_it_in_has_it(
+    tmp_path: Path, models: dict[str, str], state: PatchState
+) -> None:
+    """ty reads a mixin alone: ``self.check_version`` in a method of
+    ``MultiModalMixin`` is missing to it (vllm#30518 on 0.19.0). At run
+    time ``self`` is an object of a class that mixes it in: where every vLLM
+    class that does has the name (through ``Base``), it is there; one that
+    lacks it, or none at all, and the fix drifts (issue 40 item 4)."""
+    fixed = MIXIN.replace("return None", 'return self.check_version("5.0") or None')
+    root = whole_tree(
+        tmp_path, {"vllm/mixin.py": MIXIN, "vllm/base.py": VERSIONED, **models}
+    )
+    report = report_of(root, patch_of("local#x", "vllm/mixin.py", MIXIN, fixed))
+    assert report.state is state, report.reason
+    if state is PatchState.DRIFTED:
+        assert "check_version" in report.reason
+
+
 TOKENIZER = """from typing import Protocol
 
 

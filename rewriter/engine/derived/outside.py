@@ -30,6 +30,14 @@ never guessed:
   abstract class (``ABC``) that no class in vLLM derives from, so its
   implementations live elsewhere. A concrete vLLM class (``ModelConfig``)
   or an abstract one that vLLM implements is never open.
+- **a mixin's attribute**: ty reads a mixin class alone, so ``self.name`` in
+  a method of a vLLM class that does not define ``name`` is missing to it
+  (vllm#30518 reads ``self.check_version`` in ``MultiModalMixin``). At run
+  time ``self`` is an object of a class that mixes it in: where at least
+  one vLLM class derives from the mixin, and every one that does defines
+  ``name`` itself or through its vLLM bases (``Base`` defines
+  ``check_version``), the name is there (:func:`mixed_in`). A mixin no
+  class derives from, or one class that lacks the name, is still refused.
 """
 
 from __future__ import annotations
@@ -125,7 +133,11 @@ def inherited(node: ast.Attribute, class_name: str, path: str, sources: Sources)
 
 
 def annotated(
-    node: ast.Attribute, code: Iterable[ast.AST], path: str, sources: Sources
+    node: ast.Attribute,
+    code: Iterable[ast.AST],
+    path: str,
+    sources: Sources,
+    fix_imports: Iterable[ast.stmt] = (),
 ) -> str:
     """The class outside vLLM, dotted, that ``node`` (``name.attr``) is read
     on where the fix's own code annotates the local ``name`` with it, once
@@ -133,8 +145,10 @@ def annotated(
     ``model: PreTrainedModel``) and the file imports that class from a module
     not under ``vllm``: what a dependency's object holds is taken as there,
     as ``self.tokenizer.add_tokens`` is; the standard library's where its
-    source names it. Empty where it is not one (an unannotated local, a
-    union, a vLLM class, ``torch``)."""
+    source names it; ``fix_imports``: the import statements the fix writes
+    in that file (vllm#30518 adds ``PreTrainedModel`` to an import under
+    ``if TYPE_CHECKING:``). Empty where it is not one (an unannotated
+    local, a union, a vLLM class, ``torch``)."""
     if not isinstance(node.value, ast.Name):
         return ""
     local = node.value.id
@@ -155,6 +169,7 @@ def annotated(
     head, _, rest = annotations[-1].partition(".")
     # An annotation's class may be imported for the type checker alone.
     imports = _imports(module, path, for_annotations=True)
+    imports.update(_imports(ast.Module(list(fix_imports), []), path, True))
     if head not in imports:
         return ""
     full = f"{imports[head]}.{rest}" if rest else imports[head]
@@ -375,6 +390,87 @@ def _evidence_in(raw: bytes, word: bytes, evidence: re.Pattern[bytes]) -> bool:
     return False
 
 
+# -- mixins ---------------------------------------------------------------------------
+
+
+def mixed_in(class_name: str, path: str, name: str, sources: Sources) -> list[str]:
+    """The vLLM classes that derive from the class ``class_name`` of
+    ``path`` (a mixin that does not define ``name``), each of which defines
+    ``name`` itself or through its vLLM bases; empty where no class derives
+    from it, one lacks ``name``, or one cannot be read."""
+    if "." in class_name:
+        return []  # a nested class is no mixin another module names
+    own = _hierarchy(sources, path, [class_name], 0)
+    if own is None or name in own.defined:
+        return []
+    module = path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    _scanning_for(class_name.encode())
+    derived = _deriving(class_name)
+    mixing: list[str] = []
+    for relpath, raw in sources.files.items():
+        if class_name.encode() not in raw or not derived.search(raw):
+            continue
+        parsed = sources.module(relpath)
+        if parsed is None:
+            return []
+        imports = _imports(parsed, relpath)
+        for node in ast.walk(parsed):
+            if not isinstance(node, ast.ClassDef) or not any(
+                _names_class(base, class_name, module, relpath, path, imports, sources)
+                for base in node.bases
+            ):
+                continue
+            if node not in parsed.body:
+                return []  # a nested class: its hierarchy is not read here
+            hierarchy = _hierarchy(sources, relpath, [node.name], 0)
+            if hierarchy is None or name not in hierarchy.defined:
+                return []
+            mixing.append(node.name)
+    return mixing
+
+
+def _deriving(class_name: str) -> re.Pattern[bytes]:
+    """A class header that names ``class_name`` among its bases: a file
+    without one holds no class deriving from it."""
+    return re.compile(
+        rb"\bclass\s+\w+\s*\([^)]*\b" + re.escape(class_name.encode()) + rb"\b"
+    )
+
+
+def _names_class(
+    base: ast.expr,
+    class_name: str,
+    module: str,
+    relpath: str,
+    path: str,
+    imports: Mapping[str, str],
+    sources: Sources,
+) -> bool:
+    """Whether ``base`` (a base of a class in ``relpath``) is the class
+    ``class_name`` of ``path`` (the dotted ``module``): the same file's, or
+    imported from its module, or from a module that imports it from there
+    (a package's ``__init__`` that re-exports it)."""
+    dotted = _dotted(base.value if isinstance(base, ast.Subscript) else base)
+    head, _, rest = dotted.partition(".")
+    if dotted == class_name and relpath == path:
+        return True
+    if head not in imports:
+        return False
+    full = f"{imports[head]}.{rest}" if rest else imports[head]
+    owner, _, last = full.rpartition(".")
+    if last != class_name:
+        return False
+    if owner == module:
+        return True
+    via = sources.module_path(owner)
+    via_module = sources.module(via) if via is not None else None
+    return (
+        via is not None
+        and via_module is not None
+        and _imports(via_module, via).get(class_name) == f"{module}.{class_name}"
+    )
+
+
 # -- open interfaces -------------------------------------------------------------------
 
 
@@ -415,9 +511,7 @@ def _is_open(node: ast.ClassDef, sources: Sources) -> bool:
         return False
     # Abstract: open only where no class of vLLM derives from it.
     _scanning_for(node.name.encode())
-    derived = re.compile(
-        rb"\bclass\s+\w+\s*\([^)]*\b" + re.escape(node.name.encode()) + rb"\b"
-    )
+    derived = _deriving(node.name)
     return not any(
         node.name.encode() in raw and derived.search(raw)
         for raw in sources.files.values()

@@ -258,6 +258,18 @@ def undefined_attribute(
     of the series that defines it; ``excused``: attribute names ty read off
     an open interface (:func:`typed_problem`)."""
     own = _defined_by_patch(patch) | set(excused)
+    # The imports the fix writes at module level (``if TYPE_CHECKING:``
+    # included), in each file: a local it annotates may name their class.
+    written = {
+        unit.path: [
+            node
+            for other in patch.units
+            if other.path == unit.path and other.kind in ("import", "module-statement")
+            for edit in other.edits
+            for node in code_nodes(edit.inserted, edit.header_after)
+        ]
+        for unit in needed
+    }
     for unit in needed:
         new = [n for e in unit.edits for n in code_nodes(e.inserted, e.header_after)]
         old = [n for e in unit.edits for n in code_nodes(e.removed, e.header_before)]
@@ -289,7 +301,9 @@ def undefined_attribute(
                             node, unit.name.rpartition(".")[0], unit.path, sources
                         )
                     )
-                    or outside.annotated(node, new, unit.path, sources)
+                    or outside.annotated(
+                        node, new, unit.path, sources, written[unit.path]
+                    )
                 )
             ):
                 shown = ast.unparse(node)
@@ -472,10 +486,11 @@ def typed_problem(
     if isinstance(found, typecheck.CheckerFailed):
         context.unsettled = True
         return _could_not_check(path, found)
-    problem, names = _concluded(
+    problem, names, kept = _concluded(
         patch, units, path, raw, fixed, _sources(context, package), found
     )
-    typecheck.store(key, problem, names)
+    if kept:
+        typecheck.store(key, problem, names)
     excused |= set(names)
     return problem
 
@@ -492,11 +507,18 @@ def _concluded(
     fixed: bytes,
     sources: outside.Sources,
     found: tuple[list[typecheck.Diagnostic], list[typecheck.Diagnostic]],
-) -> tuple[str, list[str]]:
+) -> tuple[str, list[str], bool]:
     """What ty's diagnostics on ``path`` as it is and as fixed (``found``)
     mean: the first new "cannot run" one on the fix's lines, worded (empty
-    where none), and the attribute names ty said a type lacks where that
-    type is an open interface (there at run time), sorted."""
+    where none), the attribute names ty said a type lacks where that type
+    is an open interface or a mixin's (there at run time), sorted, and
+    whether the verdict may be kept across runs. It may not where an
+    attribute ty says is missing was excused, or looked for in the classes
+    that mix ``self``'s class in: the cache key is the checked file's
+    closure, and the classes that decide it (an interface's
+    implementations, a mixin's users) may lie outside it. A missing
+    attribute of a concrete class (``ToyConfig.strict``) is the closure's
+    alone, and kept."""
     before, after = found
     lines = _written_lines(raw, fixed)
     # ty sees this file as fixed, so what the patch defines here is there
@@ -504,6 +526,7 @@ def _concluded(
     own = _defined_by_patch(patch, outside=path)
     old = Counter(_identity(d) for d in before)
     excused: set[str] = set()
+    looked_across = False
     for diagnostic in after:
         identity = _identity(diagnostic)
         if old[identity] > 0:
@@ -511,12 +534,21 @@ def _concluded(
             continue
         if diagnostic.line not in lines or not _cannot_run(diagnostic):
             continue
-        if _of_open_interface(diagnostic, sources):
-            excused.add(_MISSING.search(diagnostic.message)["name"])  # type: ignore[index]
+        missing = _MISSING.search(diagnostic.message)
+        if _of_open_interface(diagnostic, sources) or _of_mixin(
+            diagnostic, sources, fixed, path
+        ):
+            excused.add(missing["name"])  # type: ignore[index]
+            looked_across = True
             continue
+        # ``self`` lacks it: the classes that mix its class in were looked
+        # for across the package, and refused.
+        looked_across = looked_across or (
+            missing is not None and missing["owner"].startswith("Self@")
+        )
         if not _about_its_own(diagnostic, own):
-            return worded(diagnostic, path, units), sorted(excused)
-    return "", sorted(excused)
+            return worded(diagnostic, path, units), sorted(excused), not looked_across
+    return "", sorted(excused), not looked_across
 
 
 @dataclass
@@ -556,8 +588,10 @@ class _TypedChecks:
                 self.context.unsettled = True
                 verdict = _could_not_check(check.path, found), []
             else:  # as a check run at once would, kept in the cache
-                verdict = conclude(found)
-                typecheck.store(key, *verdict)
+                problem, names, kept = conclude(found)
+                verdict = problem, names
+                if kept:
+                    typecheck.store(key, problem, names)
             self.verdicts[key] = verdict
             answered_wrongly = answered_wrongly or verdict != ("", [])
         self.pending.clear()
@@ -638,6 +672,52 @@ def _of_open_interface(
         and diagnostic.message.startswith("Object of type")
         and outside.open_interface(missing["owner"], sources)
     )
+
+
+def _of_mixin(
+    diagnostic: typecheck.Diagnostic, sources: outside.Sources, fixed: bytes, path: str
+) -> bool:
+    """Whether ty says ``self`` lacks an attribute (``Self@method``) in a
+    method of a mixin that every vLLM class mixing it in has
+    (:func:`.outside.mixed_in`); the class is the one whose ``method``
+    holds the diagnostic's line in the fixed file."""
+    missing = _MISSING.search(diagnostic.message)
+    if diagnostic.rule != "missing-attribute" or missing is None:
+        return False
+    match missing["owner"].partition("@"):
+        case ("Self", "@", method):
+            owner = _class_holding(fixed, method, diagnostic.line)
+        case _:
+            return False
+    return bool(owner) and bool(outside.mixed_in(owner, path, missing["name"], sources))
+
+
+def _class_holding(code: bytes, method: str, line: int) -> str:
+    """The qualified name of the class whose method ``method`` holds
+    ``line`` of ``code``; empty where none does."""
+    try:
+        module = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return ""
+
+    def search(body: list[ast.stmt], outer: str) -> str:
+        for node in body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            qualname = f"{outer}{node.name}"
+            for inner in node.body:
+                match inner:
+                    case (
+                        ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name)
+                    ) if name == method and (
+                        inner.lineno <= line <= (inner.end_lineno or 0)
+                    ):
+                        return qualname
+            if found := search(node.body, f"{qualname}."):
+                return found
+        return ""
+
+    return search(module.body, "")
 
 
 _MISSING = re.compile(
