@@ -41,18 +41,22 @@ restricted to its ``vllm/**.py`` files:
   another checkout).
 
 A commit that deepstack-patch refuses alone for a name the release lacks
-(the names stage, the runtime names, ty's verdict), where a mapped commit of
-the same pair earlier on main adds that name (it reads on more of its added
-lines than removed ones), is judged as a vendor carrying both applies it:
+(the names stage, the runtime names, ty's verdict), or for a definition of
+its code that is absent beside parts that are there, where a mapped commit
+of the same pair earlier on main adds that name (it reads on more of its
+added lines than removed ones), is judged as a vendor carrying both applies it:
 after that *partner* in one series (both derived, ``--patches`` the
 partner's folder first, ``--only`` both, both ``needed``). Only its own
 changes count: the base it is compared from is the release with the
 partner's dry-run alone applied, its hunks are found there, and the
 partner's own effect counts neither for nor against it (a partner's write
 beside its hunks counts against it, never for). The table says which were
-judged so (``same (after vllm#N)``); ``git apply`` and ``--3way`` stay
-judged alone: they write it alone. Where the series does not write both,
-the refusal alone stands.
+judged so (``same (after vllm#N)``). ``git apply`` and ``--3way`` are then
+judged after the same partner too, each applying the partner's diff first
+with the same tool (the base their own changes are judged from is that
+write; where the partner does not apply, the commit is refused), so that the
+three tools carry the same pair. Where the series does not write both, the
+refusal alone stands, and the textual tools are judged alone.
 
 Each result is compared with the maintainers': the earlier release's files
 with the later release's text in every region that the commit's carried
@@ -486,9 +490,10 @@ class Result:
     #: maintainers' (ok, wrong, not-run), and what they found.
     checks: dict[str, str] = field(default_factory=dict)
     wrong: list[str] = field(default_factory=list)
-    #: deepstack-patch only: the mapped commit of the same release pair this
-    #: one was judged after, in one series (``vllm#N (sha)``), where alone it
-    #: was refused for a name that commit adds; "" judged alone.
+    #: The mapped commit of the same release pair this one was judged
+    #: after, in one series (``vllm#N (sha)``), where deepstack-patch alone
+    #: refused it for a name that commit adds (each tool then applies the
+    #: partner first); "" judged alone.
     partner: str = ""
 
 
@@ -697,12 +702,21 @@ LACKED = (
 )
 
 
+#: How the engine words a unit of the fix's code that is absent beside
+#: others that are there (engine/whole.py): the definition it names may be
+#: one another fix of the pair adds (vllm#30566 changes
+#: ``Base._decorate_cls_for_torch_compile``, which vllm#30518 adds).
+ABSENT = re.compile(r"\b(?:method|function|class) ([\w.]+) in \S+ is absent while")
+
+
 def lacked_names(reason: str) -> list[str]:
     """The names a refusal for a lacked name quotes (a dotted name's last
-    part; a dunder is no name a commit adds); none for another refusal."""
-    if not any(words in reason for words in LACKED):
-        return []
-    names = [quoted.rsplit(".", 1)[-1] for quoted in re.findall(r"`([\w.]+)`", reason)]
+    part; a dunder is no name a commit adds), or the definitions it says are
+    absent; none for another refusal."""
+    quoted = ABSENT.findall(reason)
+    if any(words in reason for words in LACKED):
+        quoted += re.findall(r"`([\w.]+)`", reason)
+    names = [name.rsplit(".", 1)[-1] for name in quoted]
     return [n for n in dict.fromkeys(names) if not n.startswith("__")]
 
 
@@ -812,9 +826,20 @@ def judge_commit(job: tuple) -> dict:
     record = {**commit, "paths": paths, "results": []}
     scratch = Path(tempfile.mkdtemp(dir=run))
     try:
-        for name in TOOLS:
+        results: dict[str, dict] = {}
+        partner: dict | None = None
+        # deepstack-patch first: where it is judged after a partner, the
+        # textual tools are too, so that all three carry the same pair.
+        for name in reversed(TOOLS):
             folder = scratch / name.replace(" ", "_").replace("-", "")
+            base, spans = prev_tree, share.spans
             match name:
+                case "git apply" | "git apply --3way" if partner is not None:
+                    result, base = textual_after_partner(
+                        name, diff, partner, repo, prev_tree, paths, folder, commit
+                    )
+                    if base != prev_tree:
+                        spans = own_spans(repo, commit["sha"], base, next_tree, paths)
                 case "git apply":
                     result = git_apply(diff, prev_tree, paths, folder)
                 case "git apply --3way":
@@ -826,25 +851,28 @@ def judge_commit(job: tuple) -> dict:
                     result = deepstack_patch(
                         command, commit, repo, prev_tree, paths, folder, derived
                     )
-            base, spans = prev_tree, share.spans
-            partner = (
-                partner_of(result.reason, earlier, repo)
-                if name == "deepstack-patch" and result.verdict == "refused"
-                else None
-            )
-            if partner is not None:
-                shutil.rmtree(folder, ignore_errors=True)
-                paired = after_partner(
-                    command, commit, partner, repo, prev_tree, paths, folder,
-                    derived, result,
-                )  # fmt: skip
-                if paired is not None:
-                    # Only this commit's own changes count: its hunks are
-                    # found, and its result compared, on the partner's write.
-                    result, base = paired
-                    spans = own_spans(repo, commit["sha"], base, next_tree, paths)
-                else:
-                    folder.mkdir(parents=True, exist_ok=True)
+                    found = (
+                        partner_of(result.reason, earlier, repo)
+                        if result.verdict == "refused"
+                        else None
+                    )
+                    if found is not None:
+                        shutil.rmtree(folder, ignore_errors=True)
+                        paired = after_partner(
+                            command, commit, found, repo, prev_tree, paths,
+                            folder, derived, result,
+                        )  # fmt: skip
+                        if paired is not None:
+                            # Only this commit's own changes count: its hunks
+                            # are found, and its result compared, on the
+                            # partner's write.
+                            result, base = paired
+                            partner = found
+                            spans = own_spans(
+                                repo, commit["sha"], base, next_tree, paths
+                            )
+                        else:
+                            folder.mkdir(parents=True, exist_ok=True)
             if not result.verdict:
                 verdict, result.differs = compare(
                     paths, base, next_tree, folder, spans, deleted
@@ -852,12 +880,50 @@ def judge_commit(job: tuple) -> dict:
                 result.verdict = verdict
                 if verdict != "same":
                     _run_checks(result, prev_tree, scratch, folder, paths)
-            record["results"].append(asdict(result))
+            results[name] = asdict(result)
+        record["results"] = [results[name] for name in TOOLS]
     except Exception as exc:  # the bench's own failure: shown, never hidden
         record["failed"] = f"{type(exc).__name__}: {exc}"
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return record
+
+
+def textual_after_partner(
+    name: str,
+    diff: str,
+    partner: dict,
+    repo: Path,
+    tree: Path,
+    paths: list[str],
+    folder: Path,
+    commit: dict,
+) -> tuple[Result, Path]:
+    """``git apply`` (or ``--3way``) of the commit after the same tool's
+    apply of its partner, as a vendor carrying both would run it: the
+    result written to ``folder``, and the base its own changes are judged
+    from (the partner's write); where the partner does not apply, the
+    commit is refused, judged from the release."""
+    partner_diff = commit_diff(repo, partner["sha"], "--full-index", "--binary")
+    touched = sorted(
+        {*paths, *(c.path for c in parse_diff(partner_diff) if _is_python(c.path))}
+    )
+    base = folder.parent / f"partner-base-{folder.name}"
+    if name == "git apply":
+        first = git_apply(partner_diff, tree, touched, base)
+    else:
+        first = git_apply_3way(partner_diff, tree, touched, base, repo, partner["sha"])
+    if first.verdict == "refused":
+        shutil.rmtree(base, ignore_errors=True)
+        _copy(tree, paths, folder)
+        why = f"its partner does not apply ({first.reason})"
+        return Result(name, "refused", why), tree
+    if name == "git apply":
+        result = git_apply(diff, base, touched, folder)
+    else:
+        result = git_apply_3way(diff, base, touched, folder, repo, commit["sha"])
+    result.partner = f"{pr_of(partner['subject'])} ({partner['sha'][:12]})"
+    return result, base
 
 
 def own_spans(
@@ -996,7 +1062,8 @@ def table(pairs: list[dict], records: list[dict]) -> str:
             + f" | {reason.replace('|', '/')[:160]} |"
         )
     paired = [
-        f"{pr_of(r['subject'])} after {x['partner']} on {r['prev']} ({x['verdict']})"
+        f"{pr_of(r['subject'])} after {x['partner']} on {r['prev']} "
+        f"({x['tool']}: {x['verdict']})"
         for r in records
         for x in r["results"]
         if x.get("partner")
@@ -1004,8 +1071,8 @@ def table(pairs: list[dict], records: list[dict]) -> str:
     if paired:
         lines += [
             "",
-            "Judged after a partner in one series (deepstack-patch only; "
-            "`git apply` and `--3way` alone), its own changes compared on the "
+            "Judged after a partner in one series (each tool applies the "
+            "partner first with itself), its own changes compared on the "
             "partner's write: " + "; ".join(paired) + ".",
         ]
     unmapped = sum(len(p["unmapped"]) for p in pairs)

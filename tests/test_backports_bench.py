@@ -306,9 +306,13 @@ def test_a_fix_refused_for_a_name_its_partner_adds_is_judged_after_it(
     # Alone, it was refused for the name: the reason says so.
     assert "judged after its partner vllm#1" in ours["reason"]
     assert "clamp" in ours["reason"].split("alone: ", 1)[1]
-    # The textual tools stay judged alone: they write it (and get it).
-    assert results["git apply"]["verdict"] == "same"
-    assert results["git apply"]["partner"] == ""
+    # The textual tools are judged after the same partner, each applying it
+    # first with itself: the three carry the same pair.
+    for tool in ("git apply", "git apply --3way"):
+        assert (results[tool]["verdict"], results[tool]["partner"]) == (
+            "same",
+            ours["partner"],
+        )
     # The partner itself is judged alone.
     assert _judged(paired, 0)["deepstack-patch"]["partner"] == ""
 
@@ -319,7 +323,7 @@ def test_no_earlier_commit_adds_the_name_and_the_refusal_stands(paired: dict) ->
     assert (ours["verdict"], ours["partner"]) == ("refused", "")
 
 
-def test_a_partner_is_looked_for_only_for_a_lacked_name() -> None:
+def test_a_partner_is_looked_for_only_for_a_lacked_name_or_definition() -> None:
     reason = (
         "drifted: a.py::f: the fix's code cannot run in this release (ty: "
         "Argument `aux_stream_list` does not match any known parameter of "
@@ -330,6 +334,12 @@ def test_a_partner_is_looked_for_only_for_a_lacked_name() -> None:
         "drifted: the fix reads `MoERunner._quant_method`, which this release lacks"
     ) == ["_quant_method"]
     assert backports.lacked_names("drifted: `x = 1` not found in def f") == []
+    # A definition absent beside parts that are there (vllm#30566 changes
+    # `Base._decorate_cls_for_torch_compile`, which vllm#30518 adds).
+    assert backports.lacked_names(
+        "drifted: a.py::Base.g: method Base.g in a.py is absent while f is "
+        "needed: it applies whole or not at all"
+    ) == ["g"]
 
 
 def test_a_diff_adds_a_name_it_writes_more_often_than_it_removes() -> None:
