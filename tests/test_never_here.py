@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from deepstack_patch.engine.apply import apply_tree
 from deepstack_patch.engine.derived.patch import DerivedPatch
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
+from deepstack_patch.engine.tree import VllmTree
 
 from tests.support.toys import derived_patch
 from tests.test_derive import _tree
@@ -95,30 +97,61 @@ def test_a_part_absent_beside_one_never_there_is_not_applicable(
     assert "there elsewhere" not in report.reason
 
 
-def test_parts_applied_beside_code_never_there_are_not_applicable(
+def test_parts_beside_code_never_there_go_in_where_the_code_is(
     tmp_path: Path,
 ) -> None:
     """vllm#49302 on 0.20.2: two parts as the fix leaves them, and the code
-    the third changes came later: the whole patch is not applicable."""
+    the third changes came later: the fix is in for this release's code
+    (applied), and the third part says what the release never had. Beside a
+    needed part, the fix goes in there (vllm#41522 on 0.20.0, as the
+    maintainers carried it into 0.20.1), and reads applied once written."""
     patch = patch_of(
         (WARN, WARN_BEFORE, WARN_AFTER), (GRAPHS, GRAPHS_BEFORE, GRAPHS_AFTER)
     )
     release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
-    report = report_on(tmp_path / "a", patch, {WARN: release, GRAPHS: GRAPHS_AFTER})
-    assert report.state is PatchState.NOT_APPLICABLE
-    assert report.part_state(f"{GRAPHS}::use_graphs") == (
+    never = (
         PatchState.NOT_APPLICABLE,
-        "already as the fix leaves it; the rest of the fix is not in this release",
+        f"not in this release: `warning_once`, which the fix takes away, is "
+        f"nowhere in {WARN}",
     )
-    # Beside a needed part, the fix would go in half: drifted, saying why.
-    report = report_on(tmp_path / "b", patch, {WARN: release, GRAPHS: GRAPHS_BEFORE})
+    report = report_on(tmp_path / "a", patch, {WARN: release, GRAPHS: GRAPHS_AFTER})
+    assert report.state is PatchState.APPLIED
+    assert report.part_state(f"{GRAPHS}::use_graphs")[0] is PatchState.APPLIED
+    assert report.part_state(f"{WARN}::pin_memory") == never
+    tree = _tree(tmp_path / "b", {WARN: release, GRAPHS: GRAPHS_BEFORE})
+    report = plan_tree(tree, [patch], rewrite=False).report(patch.id)
+    assert report.state is PatchState.NEEDED
+    assert report.part_state(f"{GRAPHS}::use_graphs")[0] is PatchState.NEEDED
+    assert report.part_state(f"{WARN}::pin_memory") == never
+    written = apply_tree(tree, [patch], {patch.id}).written
+    assert sorted(written) == [GRAPHS]
+    assert (tree.root / GRAPHS).read_text() == GRAPHS_AFTER
+    assert (tree.root / WARN).read_text() == release
+    again = plan_tree(VllmTree.open(tree.root), [patch], rewrite=False)
+    assert again.report(patch.id).state is PatchState.APPLIED
+
+
+def test_a_part_there_and_different_beside_one_never_there_drifts(
+    tmp_path: Path,
+) -> None:
+    """Where the other part is there and differs, the fix would go in half:
+    the whole patch drifts, and the part never there says what it lacks."""
+    patch = patch_of(
+        (WARN, WARN_BEFORE, WARN_AFTER), (GRAPHS, GRAPHS_BEFORE, GRAPHS_AFTER)
+    )
+    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+    vendor = GRAPHS_BEFORE.replace("mode or breakable", "breakable or mode")
+    tree = _tree(tmp_path, {WARN: release, GRAPHS: vendor})
+    report = plan_tree(tree, [patch], rewrite=False).report(patch.id)
     assert report.state is PatchState.DRIFTED
     state, reason = report.part_state(f"{WARN}::pin_memory")
-    assert state is PatchState.DRIFTED
+    assert state is PatchState.NOT_APPLICABLE
     assert reason.startswith("not in this release: `warning_once`")
-    assert reason.endswith(
-        "while use_graphs is needed: it applies whole or not at all"
-    ), reason
+    assert report.part_state(f"{GRAPHS}::use_graphs")[0] is PatchState.DRIFTED
+    result = apply_tree(tree, [patch], {patch.id})
+    assert result.drifted
+    assert not result.written
+    assert (tree.root / GRAPHS).read_text() == vendor
 
 
 def test_an_absent_part_is_shown_at_its_own_file_with_the_others_states(
@@ -168,3 +201,48 @@ def test_a_renamed_local_is_no_sign_of_a_bug_never_there(tmp_path: Path) -> None
     renamed = before.replace("n =", "count =").replace("n + 1", "count + 2")
     report = report_on(tmp_path, patch, {GRAPHS: renamed})
     assert report.state is PatchState.DRIFTED, report.reason
+
+
+MOE = "vllm/moe.py"
+GUARD_BEFORE = """        if config.expert_parallel:
+            self.mega = config.backend == "mega"
+        else:
+            self.mega = False
+"""
+GUARD_AFTER = """        self.mega = config.backend == "mega"
+        if self.mega and not config.expert_parallel:
+            raise NotImplementedError("mega needs expert parallel")
+"""
+#: vllm#41522's kind: one flag guarded the same way in two classes.
+EXPERTS = "class Experts:\n    def __init__(self, config):\n        self.prefix = 1\n"
+MODEL = "class Model:\n    def __init__(self, config):\n        self.config = config\n"
+MOE_BEFORE = f"{EXPERTS}{GUARD_BEFORE}\n\n{MODEL}{GUARD_BEFORE}"
+MOE_AFTER = f"{EXPERTS}{GUARD_AFTER}\n\n{MODEL}{GUARD_AFTER}"
+#: The release: the model class has no such flag at all.
+MOE_RELEASE = f"{EXPERTS}{GUARD_BEFORE}\n\n{MODEL}"
+
+
+def test_a_flag_the_changed_code_sets_that_its_class_never_touches(
+    tmp_path: Path,
+) -> None:
+    """The code the fix changes sets ``self.mega``; where the method's class
+    never touches ``self.mega``, that code is not in it in any form: not in
+    this release, and the fix goes in where it is (0.20.0's
+    ``DeepseekV4Model`` has no ``use_mega_moe``, its ``DeepseekV4MoE``
+    does). Where the class touches the flag elsewhere, the code may be
+    there and differ: drifted."""
+    patch = patch_of((MOE, MOE_BEFORE, MOE_AFTER))
+    tree = _tree(tmp_path / "never", {MOE: MOE_RELEASE})
+    report = plan_tree(tree, [patch], rewrite=False).report(patch.id)
+    assert report.state is PatchState.NEEDED, report.reason
+    assert report.part_state(f"{MOE}::Model.__init__") == (
+        PatchState.NOT_APPLICABLE,
+        "not in this release: `self.mega`, which the code the fix changes sets, "
+        f"is nowhere in class Model of {MOE}",
+    )
+    assert apply_tree(tree, [patch], {patch.id}).written == [MOE]
+    assert (tree.root / MOE).read_text() == f"{EXPERTS}{GUARD_AFTER}\n\n{MODEL}"
+    touched = MOE_RELEASE + "\n    def forward(self):\n        return self.mega\n"
+    report = report_on(tmp_path / "touched", patch, {MOE: touched})
+    assert report.state is PatchState.DRIFTED
+    assert report.part_state(f"{MOE}::Model.__init__")[0] is PatchState.DRIFTED

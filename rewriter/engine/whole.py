@@ -13,18 +13,16 @@ from deepstack_patch.engine.protocol import (
     PatchState,
 )
 
-#: What a part already as the fix leaves it says, where the rest of the fix
-#: changes code this release never had.
-WITH_THE_REST_NEVER_HERE = (
-    "already as the fix leaves it; the rest of the fix is not in this release"
-)
-
-
 #: What a part already as the fix leaves it says, where documentation of the
 #: fix is left out: never ``applied`` while one of its edits is missing.
 WITH_DOCUMENTATION_LEFT_OUT = (
     "already as the fix leaves it, but the documentation the fix edits is left out"
 )
+
+
+#: The states of the parts that are there beside parts whose code this
+#: release never had, for the fix to go in where its code is.
+_IN_PART = frozenset({PatchState.NEEDED, PatchState.APPLIED})
 
 
 def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
@@ -36,10 +34,12 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
     gone. Each absent part is shown at its own file.
 
     A part whose code this release never had (not-applicable at a location:
-    ``not in this release``) is no half of a fix: beside parts already as
-    the fix leaves them, the whole patch is not applicable (a bug this
-    release never had); beside a needed part it drifts, since the fix would
-    go in half."""
+    ``not in this release``) is no half of a fix: beside parts needed or
+    already as the fix leaves them, with no part drifted or absent, the fix
+    is whole for this release's code. The patch is needed (it goes in where
+    its code is) or applied, and each such part says what this release
+    never had, as vLLM's maintainers carry such fixes into patch releases:
+    a patch ``apply`` wrote reads ``applied`` the next time."""
     for report in reports.values():
         patch = report.patch
         if not getattr(patch, "applies_whole", False) or not report.locations:
@@ -57,9 +57,11 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
         never = [p for p, s in states.items() if s is PatchState.NOT_APPLICABLE]
         absent = [part for part in code if part not in located]
         needed = PatchState.NEEDED in there.values()
-        if never and not absent and set(there.values()) == {PatchState.APPLIED}:
-            _never_had_the_bug(report)
-            _documentation_alone(report, documentation)
+        if never and not absent and set(there.values()) <= _IN_PART:
+            # The fix goes in where its code is, or is in there already;
+            # what it changes elsewhere this release never had (vllm#41522
+            # on 0.20.0, as the maintainers carried it into 0.20.1).
+            _documentation_left_out(report, documentation, located)
             continue
         _documentation_left_out(report, documentation, located)
         while_there = _while(patch, there)
@@ -156,14 +158,6 @@ def _while(patch: Patch, there: dict[str, PatchState]) -> str:
 def _name(part: str) -> str:
     """A derived part's name without its file (``path::name``)."""
     return part.partition("::")[2] or part
-
-
-def _never_had_the_bug(report: PatchReport) -> None:
-    """Parts as the fix leaves them, beside code this release never had:
-    the patch is not applicable, and each applied part says why."""
-    _not_applicable(
-        report, lambda loc: loc.state is PatchState.APPLIED, WITH_THE_REST_NEVER_HERE
-    )
 
 
 def _not_applicable(

@@ -51,29 +51,98 @@ class NeverHere:
         self.path = path
         self._names: frozenset[str] | None = None
 
-    def judge(self, unit: Unit, edit: Edit, reason: str) -> tuple[PatchState, str]:
+    def judge(
+        self, unit: Unit, edit: Edit, reason: str, *, alone: bool = False
+    ) -> tuple[PatchState, str]:
         """A drifted edit's state: drifted (``reason``), or not-applicable
         where a name it takes away is nowhere in the file. A local of the
-        unit never counts: a vendor may have renamed it."""
+        unit never counts: a vendor may have renamed it. Where the edit is
+        its unit's only edit of code (``alone``), also where the code it
+        changes sets an attribute of ``self`` that the class never touches
+        (:meth:`_unset`); beside other edits of the same method that are
+        there, the method holds the fix's code, and the edit drifts."""
         if edit.kind == "header":
             removed, kept = edit.header_before, edit.header_after
         else:
             removed, kept = edit.removed, edit.inserted
         taken = read_names(removed) - read_names(kept) - _BUILTINS
         taken -= bound_names(_parsed(unit.before) or _parsed(unit.after))
-        if not taken:
-            return PatchState.DRIFTED, reason
-        if self._names is None:
+        if taken and self._names is None:
             self._names = frozenset(names_in(self.tree))
-        absent = sorted(taken - self._names)
-        if not absent:
+        absent = sorted(taken - (self._names or frozenset()))
+        if absent:
+            shown = ", ".join(f"`{name}`" for name in absent)
+            verb = "is" if len(absent) == 1 else "are"
+            return PatchState.NOT_APPLICABLE, (
+                f"{NOT_IN_RELEASE}{shown}, which the fix takes away, {verb} "
+                f"nowhere in {self.path}"
+            )
+        if alone:
+            return self._unset(unit, removed, reason)
+        return PatchState.DRIFTED, reason
+
+    def _unset(self, unit: Unit, removed: str, reason: str) -> tuple[PatchState, str]:
+        """Drifted (``reason``), or not-applicable where the code the fix
+        changes sets ``self.name`` in a method and the method's class never
+        touches ``self.name``: that code is not in its class in any form
+        (vllm#41522 guards ``self.use_mega_moe`` in two classes' ``__init__``;
+        0.20.0's ``DeepseekV4Model`` has no such flag, only its
+        ``DeepseekV4MoE`` does)."""
+        owner = unit.name.rpartition(".")[0] if unit.kind == "method" else ""
+        found = _class(self.tree.body, owner.split(".")) if owner else None
+        set_here = set_on_self(_parsed(removed))
+        if found is None or not set_here or set_here & touched_on_self(found):
             return PatchState.DRIFTED, reason
-        shown = ", ".join(f"`{name}`" for name in absent)
-        verb = "is" if len(absent) == 1 else "are"
+        shown = ", ".join(f"`self.{name}`" for name in sorted(set_here))
         return PatchState.NOT_APPLICABLE, (
-            f"{NOT_IN_RELEASE}{shown}, which the fix takes away, {verb} nowhere "
-            f"in {self.path}"
+            f"{NOT_IN_RELEASE}{shown}, which the code the fix changes sets, is "
+            f"nowhere in class {owner} of {self.path}"
         )
+
+
+def set_on_self(statements: ast.AST | None) -> set[str]:
+    """The attributes of ``self`` that code assigns (``self.flag = ...``)."""
+    if statements is None:
+        return set()
+    return {
+        node.attr
+        for node in ast.walk(statements)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store | ast.Del)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
+
+
+def touched_on_self(node: ast.ClassDef) -> set[str]:
+    """The attributes of ``self`` a class's code reads or sets anywhere, and
+    the names its body binds (a class-level field or method)."""
+    found = {
+        inner.attr
+        for inner in ast.walk(node)
+        if isinstance(inner, ast.Attribute)
+        and isinstance(inner.value, ast.Name)
+        and inner.value.id == "self"
+    }
+    for statement in node.body:
+        match statement:
+            case (
+                ast.FunctionDef(name=name)
+                | ast.AsyncFunctionDef(name=name)
+                | ast.ClassDef(name=name)
+                | ast.AnnAssign(target=ast.Name(id=name))
+            ):
+                found.add(name)
+            case ast.Assign(targets=targets):
+                found |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return found
+
+
+def _class(body: list[ast.stmt], qualname: list[str]) -> ast.ClassDef | None:
+    for node in body:
+        if isinstance(node, ast.ClassDef) and node.name == qualname[0]:
+            return node if len(qualname) == 1 else _class(node.body, qualname[1:])
+    return None
 
 
 def _parsed(code: str) -> ast.Module | None:

@@ -289,6 +289,7 @@ class DerivedPatch(Patch):
         spans: list[tuple[int, int]] = []
         lines: list[int] = []
         never_here = NeverHere(tree, unit.path)
+        alone = sum(edit.kind not in DOCUMENTATION for edit in unit.edits) == 1
         details: dict[str, Any] = {}
         notes: list[str] = []
         for index, edit in enumerate(unit.edits):
@@ -325,7 +326,9 @@ class DerivedPatch(Patch):
                     # at the first line of the block around it.
                     lines += statement_line(compiled, located.block, shapes_of)
                 if isinstance(located, _Drifted):
-                    states.append(never_here.judge(unit, edit, located.reason))
+                    states.append(
+                        never_here.judge(unit, edit, located.reason, alone=alone)
+                    )
                     spans.append(_lines(node))
                     continue
                 if edit.kind == "entry":
@@ -339,7 +342,7 @@ class DerivedPatch(Patch):
                         compiled, located, shapes_of, unit.name
                     )
                 if state is PatchState.DRIFTED:
-                    state, reason = never_here.judge(unit, edit, reason)
+                    state, reason = never_here.judge(unit, edit, reason, alone=alone)
             states.append((state, reason))
             spans.append(span)
         first = min((s for s, _ in spans), default=1)
