@@ -246,3 +246,98 @@ def test_a_flag_the_changed_code_sets_that_its_class_never_touches(
     report = report_on(tmp_path / "touched", patch, {MOE: touched})
     assert report.state is PatchState.DRIFTED
     assert report.part_state(f"{MOE}::Model.__init__")[0] is PatchState.DRIFTED
+
+
+OPS = "vllm/ops.py"
+#: vllm#30336's kind: __init__ gains a flag that only the changed condition
+#: of another method reads.
+OPS_BEFORE = """from vllm.gemm import ScaleFormat, platform
+
+
+class Op:
+    def __init__(self):
+        self.use_e8m0 = platform.e8m0()
+
+    def run(self, x):
+        if ScaleFormat.from_oracle() == ScaleFormat.UE8M0:
+            return x * 2
+        return x
+"""
+OPS_AFTER = """from vllm.gemm import platform
+
+
+class Op:
+    def __init__(self):
+        self.use_e8m0 = platform.e8m0()
+        self.is_blackwell = platform.capability(100)
+
+    def run(self, x):
+        if self.use_e8m0 and self.is_blackwell:
+            return x * 2
+        return x
+"""
+#: The release writes the condition another way: no ScaleFormat anywhere.
+OPS_RELEASE = OPS_BEFORE.replace("ScaleFormat, platform", "platform").replace(
+    "ScaleFormat.from_oracle() == ScaleFormat.UE8M0", "self.use_e8m0"
+)
+GEMM = """class ScaleFormat:
+    UE8M0 = 1
+
+
+class Platform:
+    def e8m0(self) -> bool:
+        return True
+
+    def capability(self, major: int) -> bool:
+        return major > 0
+
+
+platform = Platform()
+"""
+
+
+def test_what_is_there_of_a_fix_only_serving_what_is_not_is_not_applicable(
+    tmp_path: Path,
+) -> None:
+    """vllm#30336 on 0.17.1: the method whose condition the fix rewrites
+    never had it, and all the fix adds where it is there is a flag that
+    only that condition reads: nothing of it is to do (not a needed patch
+    that writes an attribute nothing reads), and the import it removes,
+    already absent, goes with it. Where the part there also changes code of
+    its own, it is a fix of its own, and goes in."""
+    patch = patch_of((OPS, OPS_BEFORE, OPS_AFTER))
+    files = {OPS: OPS_RELEASE, "vllm/gemm.py": GEMM}
+    report = report_on(tmp_path / "serving", patch, files)
+    assert report.state is PatchState.NOT_APPLICABLE, report.reason
+    assert report.part_state(f"{OPS}::Op.__init__") == (
+        PatchState.NOT_APPLICABLE,
+        "not in this release: it only adds `is_blackwell`, which the fix reads "
+        "in Op.run alone, whose code this release never had",
+    )
+    assert report.part_state(f"{OPS}::imports") == (
+        PatchState.NOT_APPLICABLE,
+        "the imports of a fix whose code is not in this release",
+    )
+    own = OPS_AFTER.replace("platform.e8m0()", "platform.e8m0() or False")
+    report = report_on(tmp_path / "own", patch_of((OPS, OPS_BEFORE, own)), files)
+    assert report.state is PatchState.NEEDED, report.reason
+    assert report.part_state(f"{OPS}::Op.__init__")[0] is PatchState.NEEDED
+
+
+def test_imports_as_the_fix_leaves_them_beside_code_never_there_are_no_fix(
+    tmp_path: Path,
+) -> None:
+    """The fix's one method never had the code it rewrites, and the import
+    it adds is in the release already (for other code): nothing of the fix
+    is here, not ``applied`` (imports alone never make a patch applied)."""
+    fixed = OPS_BEFORE.replace(
+        "from vllm.gemm", "import math\n\nfrom vllm.gemm"
+    ).replace("ScaleFormat.from_oracle() == ScaleFormat.UE8M0", "math.isfinite(x)")
+    release = OPS_BEFORE.replace(
+        "from vllm.gemm", "import math\n\nfrom vllm.gemm"
+    ).replace("ScaleFormat.from_oracle() == ScaleFormat.UE8M0", "self.use_e8m0")
+    release += "\n\nHALF = math.sqrt(0.25)\nFORMAT = ScaleFormat\n"
+    files = {OPS: release, "vllm/gemm.py": GEMM}
+    report = report_on(tmp_path, patch_of((OPS, OPS_BEFORE, fixed)), files)
+    assert report.state is PatchState.NOT_APPLICABLE, report.reason
+    assert report.part_state(f"{OPS}::imports")[0] is PatchState.NOT_APPLICABLE

@@ -60,7 +60,23 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
         if never and not absent and set(there.values()) <= _IN_PART:
             # The fix goes in where its code is, or is in there already;
             # what it changes elsewhere this release never had (vllm#41522
-            # on 0.20.0, as the maintainers carried it into 0.20.1).
+            # on 0.20.0, as the maintainers carried it into 0.20.1) ...
+            imports = getattr(patch, "import_parts", frozenset())
+            wanted = [
+                p
+                for p, s in there.items()
+                if s is PatchState.NEEDED and p not in imports
+            ]
+            serving = getattr(patch, "serving_only", None)
+            names = serving(wanted, never) if wanted and serving else []
+            if names:
+                # ... unless what is there only serves what is not ...
+                _only_serving(report, wanted, never, names)
+            if names or not set(there) - imports:
+                # ... or is imports alone: nothing of the fix is to do.
+                _imports_alone(report, imports)
+                _documentation_alone(report, documentation)
+                continue
             _documentation_left_out(report, documentation, located)
             continue
         _documentation_left_out(report, documentation, located)
@@ -90,6 +106,32 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
                 else loc
                 for loc in report.locations
             ]
+
+
+def _only_serving(
+    report: PatchReport, wanted: list[str], never: list[str], names: list[str]
+) -> None:
+    """The needed parts only bind ``names`` for parts whose code this
+    release never had: not applicable, saying so."""
+    patch = report.patch
+    shown = ", ".join(f"`{name}`" for name in names)
+    served = ", ".join(sorted(_name(patch.part_label(part)) for part in never))
+    _not_applicable(
+        report,
+        lambda loc: loc.finding.part in wanted,
+        f"not in this release: it only adds {shown}, which the fix reads in "
+        f"{served} alone, whose code this release never had",
+    )
+
+
+def _imports_alone(report: PatchReport, imports: frozenset[str]) -> None:
+    """The import parts where nothing of the fix's code is to do: not
+    applicable (imports alone never make a patch needed or applied)."""
+    _not_applicable(
+        report,
+        lambda loc: loc.finding.part in imports and loc.state in _IN_PART,
+        "the imports of a fix whose code is not in this release",
+    )
 
 
 def _documentation_alone(report: PatchReport, documentation: frozenset[str]) -> None:

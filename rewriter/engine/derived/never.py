@@ -15,11 +15,16 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from deepstack_patch.engine.derived import shapes
-from deepstack_patch.engine.derived.data import NOT_IN_RELEASE, Edit, Unit
+from deepstack_patch.engine.derived.data import (
+    DOCUMENTATION,
+    NOT_IN_RELEASE,
+    Edit,
+    Unit,
+)
 from deepstack_patch.engine.derived.match import import_aliases, with_block
 from deepstack_patch.engine.protocol import PatchState
 
@@ -242,3 +247,73 @@ def imports_alone(
         f"not in {path}",
         details={},
     )
+
+
+def serving_only(
+    units: Sequence[Unit], needed: Collection[str], never: Collection[str]
+) -> list[str]:
+    """The names the ``needed`` units' fix binds, where binding them is all
+    it does there and the fix reads them only in the ``never`` units (code
+    this release never had): what is there of the fix then only serves
+    what is not (vllm#30336 on 0.17.1 adds ``self.is_blackwell`` to
+    ``__init__`` for a condition of ``_run_deepgemm`` that 0.17.1 writes
+    another way). Empty where a needed unit changes code, or binds a name
+    the fix reads elsewhere too: that part is a fix of its own."""
+    by_part = {unit.part: unit for unit in units}
+    bound: set[str] = set()
+    for part in needed:
+        for edit in by_part[part].edits:
+            if edit.kind in DOCUMENTATION:
+                continue
+            if edit.kind == "header" or edit.removed.strip():
+                return []  # it changes code that is there
+            for node in shapes.parse_statements(edit.inserted):
+                names = _bindings(node)
+                if not names:
+                    return []
+                bound |= names
+    reads_there = _reads_of(by_part[part] for part in needed)
+    reads_never = _reads_of(by_part[part] for part in never)
+    if not bound or bound & reads_there or not bound <= reads_never:
+        return []
+    return sorted(bound)
+
+
+def _bindings(node: ast.stmt) -> set[str]:
+    """The names a statement that only binds binds (``self.flag = ...``,
+    ``LIMIT: int = 4``, an import); empty for any other statement."""
+    match node:
+        case ast.Assign(targets=targets):
+            found = [_bound(target) for target in targets]
+        case ast.AnnAssign(target=target):
+            found = [_bound(target)]
+        case ast.Import(names=aliases) | ast.ImportFrom(names=aliases):
+            found = [(a.asname or a.name).split(".")[0] for a in aliases]
+        case _:
+            return set()
+    return set() if "" in found else set(found)
+
+
+def _bound(target: ast.expr) -> str:
+    match target:
+        case ast.Name(id=name) | ast.Attribute(value=ast.Name(id="self"), attr=name):
+            return name
+    return ""
+
+
+def _reads_of(units: Iterable[Unit]) -> set[str]:
+    """The names and attributes the units' fixed code reads (not those it
+    assigns)."""
+    found: set[str] = set()
+    for unit in units:
+        for edit in unit.edits:
+            if edit.kind in DOCUMENTATION:
+                continue
+            for code in (edit.inserted, edit.header_after):
+                for node in ast.walk(_parsed(code) or ast.Module([], [])):
+                    match node:
+                        case ast.Attribute(attr=name, ctx=ast.Load()):
+                            found.add(name)
+                        case ast.Name(id=name, ctx=ast.Load()):
+                            found.add(name)
+    return found

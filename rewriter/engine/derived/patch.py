@@ -23,7 +23,7 @@ import functools
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +60,7 @@ from deepstack_patch.engine.derived.match import (
     one_statement,
     statement_line,
 )
-from deepstack_patch.engine.derived.never import NeverHere
+from deepstack_patch.engine.derived.never import NeverHere, serving_only
 from deepstack_patch.engine.derived.reads import module_files
 from deepstack_patch.engine.derived.runtime import PACKAGE_FILES, settle_runtime
 from deepstack_patch.engine.errors import DeepstackError
@@ -141,6 +141,9 @@ class DerivedPatch(Patch):
         self.documentation_parts = frozenset(
             u.part for u in self.units if u.documentation_only
         )
+        #: The parts that are the file's imports: they go with the code
+        #: that needs them (engine/whole.py).
+        self.import_parts = frozenset(u.part for u in self.units if u.kind == "import")
         self._compiled: dict[Edit, CompiledEdit] = {}
         self._fingerprint = b""
 
@@ -151,6 +154,13 @@ class DerivedPatch(Patch):
         its runtime names are looked up (engine/derived/runtime.py)."""
         folders = files.folders_read(self.units)  # where new files go
         return (*module_files(self.units), *folders, *PACKAGE_FILES)
+
+    def serving_only(
+        self, needed: Collection[str], never: Collection[str]
+    ) -> list[str]:
+        """The names the ``needed`` parts only bind for the ``never`` parts
+        (:func:`.never.serving_only`, engine/whole.py)."""
+        return serving_only(self.units, needed, never)
 
     def part_file(self, part: str) -> str:
         """A unit's part is ``path::name``: the file is the unit's own."""
