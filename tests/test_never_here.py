@@ -307,8 +307,14 @@ def test_what_is_there_of_a_fix_only_serving_what_is_not_is_not_applicable(
     its own, it is a fix of its own, and goes in."""
     patch = patch_of((OPS, OPS_BEFORE, OPS_AFTER))
     files = {OPS: OPS_RELEASE, "vllm/gemm.py": GEMM}
-    report = report_on(tmp_path / "serving", patch, files)
+    tree = _tree(tmp_path / "serving", files)
+    report = plan_tree(tree, [patch], rewrite=False).report(patch.id)
     assert report.state is PatchState.NOT_APPLICABLE, report.reason
+    # Nothing is written: its rewrite, computed before the parts were judged
+    # together, is dropped (the corpus found the flag written while status
+    # said not-applicable).
+    assert not apply_tree(tree, [patch], {patch.id}).written
+    assert (tree.root / OPS).read_text() == OPS_RELEASE
     assert report.part_state(f"{OPS}::Op.__init__") == (
         PatchState.NOT_APPLICABLE,
         "not in this release: it only adds `is_blackwell`, which the fix reads "

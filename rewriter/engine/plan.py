@@ -170,6 +170,15 @@ def plan_tree(
         for last in [False] * _DEFERRING_PASSES + [True]:
             context.defer_checks = not last
             plan = _plan(tree, series, selected, rewrite, progress, cache)
+            if restated := _restated(plan):
+                # A patch whose parts were restated after its rewrite was
+                # computed (not applicable: engine/whole.py) writes nothing,
+                # and no later patch reads what it would have written.
+                context.start_again()
+                plan = _plan(
+                    tree, series, selected, rewrite, progress, cache,
+                    rewriting=selected - restated,
+                )  # fmt: skip
             # Every piece of work is run, so none is left behind.
             again = [work.run() for work in context.deferred.values()]
             if not any(again):
@@ -215,6 +224,21 @@ def _without_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
+def _restated(plan: Plan) -> set[str]:
+    """The patches that rewrote a file of the plan although their report,
+    once every part was judged together, is no longer needed: applied or not
+    applicable (engine/whole.py: what is there of a fix only serves what
+    is not). A drifted one is refused whole by apply (and left out whole by
+    ``--skip-drifted``)."""
+    done = (PatchState.APPLIED, PatchState.NOT_APPLICABLE)
+    return {
+        patch_id
+        for edit in plan.edits
+        for patch_id in edit.patch_ids
+        if plan.report(patch_id).state in done
+    }
+
+
 def _plan(
     tree: VllmTree,
     series: Sequence[Patch],
@@ -222,7 +246,11 @@ def _plan(
     rewrite: bool,
     progress: Callable[[str], None] | None,
     cache: RecognitionCache | None,
+    rewriting: set[str] | None = None,
 ) -> Plan:
+    """One pass over the series: the selected patches' reports, and the
+    rewrites of those in ``rewriting`` (the selected ones by default)."""
+    rewriting = selected if rewriting is None else rewriting
     reports = {p.id: PatchReport(patch=p, selected=p.id in selected) for p in series}
     # Patches often share their globs (every model file): walk each pattern once.
     globbed: dict[str, list[str]] = {}
@@ -234,12 +262,12 @@ def _plan(
     }
     for patch in series:  # where a part's file is absent, its report says so
         reports[patch.id].tree_files = frozenset(files_of[patch.id])
-    planning = _Planning(tree, files_of, reports, selected, cache, progress)
+    planning = _Planning(tree, files_of, reports, rewriting, cache, progress)
     segments = series_segments(series)
     for index, segment in enumerate(segments):
         # Status computes a derived patch's rewrite only where one reads it.
         planning.plan_segment(segment, rewrite, index < len(segments) - 1)
-    for missing in plan_missing_files(series, files_of, selected, rewrite):
+    for missing in plan_missing_files(series, files_of, rewriting, rewrite):
         for patch_id, locations in missing.locations.items():
             reports[patch_id].locations += locations
         if missing.stages:  # created, as its last stage left it
