@@ -58,26 +58,7 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
         absent = [part for part in code if part not in located]
         needed = PatchState.NEEDED in there.values()
         if never and not absent and set(there.values()) <= _IN_PART:
-            # The fix goes in where its code is, or is in there already;
-            # what it changes elsewhere this release never had (vllm#41522
-            # on 0.20.0, as the maintainers carried it into 0.20.1) ...
-            imports = getattr(patch, "import_parts", frozenset())
-            wanted = [
-                p
-                for p, s in there.items()
-                if s is PatchState.NEEDED and p not in imports
-            ]
-            serving = getattr(patch, "serving_only", None)
-            names = serving(wanted, never) if wanted and serving else []
-            if names:
-                # ... unless what is there only serves what is not ...
-                _only_serving(report, wanted, never, names)
-            if names or not set(there) - imports:
-                # ... or is imports alone: nothing of the fix is to do.
-                _imports_alone(report, imports)
-                _documentation_alone(report, documentation)
-                continue
-            _documentation_left_out(report, documentation, located)
+            _beside_code_never_here(report, there, never, documentation, located)
             continue
         _documentation_left_out(report, documentation, located)
         while_there = _while(patch, there)
@@ -106,6 +87,34 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
                 else loc
                 for loc in report.locations
             ]
+
+
+def _beside_code_never_here(
+    report: PatchReport,
+    there: dict[str, PatchState],
+    never: list[str],
+    documentation: frozenset[str],
+    located: set[str],
+) -> None:
+    """Parts needed or already in, beside parts whose code this release
+    never had: the fix goes in where its code is, or is in there already
+    (vllm#41522 on 0.20.0, as the maintainers carried it into 0.20.1);
+    unless what is there only binds names for what is not, or is imports
+    alone, where nothing of the fix is to do."""
+    patch = report.patch
+    imports = getattr(patch, "import_parts", frozenset())
+    wanted = [
+        p for p, s in there.items() if s is PatchState.NEEDED and p not in imports
+    ]
+    serving = getattr(patch, "serving_only", None)
+    names = serving(wanted, never) if wanted and serving else []
+    if names:
+        _only_serving(report, wanted, never, names)
+    if names or not set(there) - imports:
+        _imports_alone(report, imports)
+        _documentation_alone(report, documentation)
+    else:
+        _documentation_left_out(report, documentation, located)
 
 
 def _only_serving(

@@ -94,7 +94,7 @@ class NeverHere:
         0.20.0's ``DeepseekV4Model`` has no such flag, only its
         ``DeepseekV4MoE`` does)."""
         owner = unit.name.rpartition(".")[0] if unit.kind == "method" else ""
-        found = _class(self.tree.body, owner.split(".")) if owner else None
+        found = shapes.class_named(self.tree.body, owner.split(".")) if owner else None
         set_here = set_on_self(_parsed(removed))
         if found is None or not set_here or set_here & touched_on_self(found):
             return PatchState.DRIFTED, reason
@@ -141,13 +141,6 @@ def touched_on_self(node: ast.ClassDef) -> set[str]:
             case ast.Assign(targets=targets):
                 found |= {t.id for t in targets if isinstance(t, ast.Name)}
     return found
-
-
-def _class(body: list[ast.stmt], qualname: list[str]) -> ast.ClassDef | None:
-    for node in body:
-        if isinstance(node, ast.ClassDef) and node.name == qualname[0]:
-            return node if len(qualname) == 1 else _class(node.body, qualname[1:])
-    return None
 
 
 def _parsed(code: str) -> ast.Module | None:

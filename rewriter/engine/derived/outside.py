@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepstack_patch.engine.context import tree_context
+from deepstack_patch.engine.derived import shapes
 from deepstack_patch.engine.derived.names import absolute_module
 
 #: The modules whose classes add no attribute a fix may read (``Generic``,
@@ -195,7 +196,7 @@ def _hierarchy(
     module = sources.module(path)
     if module is None or depth > _DEPTH:
         return None
-    found = _class(module.body, qualname)
+    found = shapes.class_named(module.body, qualname)
     if found is None:
         return None
     outside: list[str] = []
@@ -209,7 +210,7 @@ def _hierarchy(
         head, _, rest = dotted.partition(".")
         if dotted == "object":
             continue
-        if not rest and _class(module.body, [head]) is not None:
+        if not rest and shapes.class_named(module.body, [head]) is not None:
             where, name = path, [head]  # a class of the same file
         elif head in imports:
             full = f"{imports[head]}.{rest}" if rest else imports[head]
@@ -231,13 +232,6 @@ def _hierarchy(
         outside += inner.outside
         defined |= inner.defined
     return _Hierarchy(tuple(dict.fromkeys(outside)), frozenset(defined))
-
-
-def _class(body: Iterable[ast.stmt], qualname: list[str]) -> ast.ClassDef | None:
-    for node in body:
-        if isinstance(node, ast.ClassDef) and node.name == qualname[0]:
-            return node if len(qualname) == 1 else _class(node.body, qualname[1:])
-    return None
 
 
 def _defines(node: ast.ClassDef) -> set[str]:

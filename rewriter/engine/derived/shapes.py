@@ -15,7 +15,7 @@ import ast
 import copy
 import io
 import tokenize
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from deepstack_patch.engine.derived import regions
 
@@ -261,3 +261,14 @@ _CLOSING = (")", "]", "}")
 
 def _cut(line: str, width: int) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def class_named(
+    body: Iterable[ast.stmt], qualname: Sequence[str]
+) -> ast.ClassDef | None:
+    """The class ``qualname`` (``["Outer", "Inner"]``) among ``body``'s
+    statements, nested classes followed; None where there is none."""
+    for node in body:
+        if isinstance(node, ast.ClassDef) and node.name == qualname[0]:
+            return node if len(qualname) == 1 else class_named(node.body, qualname[1:])
+    return None
