@@ -347,3 +347,25 @@ def test_imports_as_the_fix_leaves_them_beside_code_never_there_are_no_fix(
     report = report_on(tmp_path, patch_of((OPS, OPS_BEFORE, fixed)), files)
     assert report.state is PatchState.NOT_APPLICABLE, report.reason
     assert report.part_state(f"{OPS}::imports")[0] is PatchState.NOT_APPLICABLE
+
+
+def test_a_series_says_which_parts_of_a_fix_it_leaves_out_and_why(
+    tmp_path: Path,
+) -> None:
+    """A fix that goes in where its code is: its DEP-3 description in the
+    series names each part left out, with the reason status gives."""
+    import datetime as dt
+
+    from deepstack_patch.distribution.quilt import format_patch, plan_steps
+
+    patch = patch_of((MOE, MOE_BEFORE, MOE_AFTER))
+    tree = _tree(tmp_path, {MOE: MOE_RELEASE})
+    _plan, (step,) = plan_steps(tree, [patch], {patch.id})
+    reason = (
+        "not in this release: `self.mega`, which the code the fix changes sets, "
+        f"is nowhere in class Model of {MOE}"
+    )
+    assert step.left_out == [f"Model.__init__: {reason}"]
+    mail = format_patch(step, 1, 1, "0.0.1", dt.datetime(2026, 11, 29, tzinfo=dt.UTC))
+    header = mail.decode().split("\n---\n", 1)[0]
+    assert "Left out: Model.__init__: not in this release: `self.mega`" in header

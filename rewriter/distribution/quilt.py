@@ -15,13 +15,13 @@ import hashlib
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepstack_patch import __version__
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import FileEdit, Plan, plan_tree
-from deepstack_patch.engine.protocol import Patch
+from deepstack_patch.engine.protocol import Patch, PatchReport, PatchState
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.output.diffs import unified_diff
@@ -38,6 +38,9 @@ class PatchStep:
 
     patch: Patch
     edits: list[FileEdit]
+    #: The parts of it this release never had, left out where the others go
+    #: in (engine/whole.py): ``label: reason``.
+    left_out: list[str] = field(default_factory=list)
 
 
 def plan_steps(
@@ -86,7 +89,24 @@ def steps_of(full: Plan, series: Sequence[Patch]) -> list[PatchStep]:
                 "series writes",
                 "report it with `deepstack-patch status --format json`",
             )
-    return [PatchStep(p, edits_of[p.id]) for p in series if p.id in edits_of]
+    reports = {report.patch.id: report for report in full.reports}
+    return [
+        PatchStep(p, edits_of[p.id], _left_out(reports[p.id]))
+        for p in series
+        if p.id in edits_of
+    ]
+
+
+def _left_out(report: PatchReport) -> list[str]:
+    """The parts of a written patch that are not applicable: what a step's
+    description says it leaves out, and why (``not in this release: ...``)."""
+    found = []
+    for part in report.patch.parts:
+        state, reason = report.part_state(part)
+        if state is PatchState.NOT_APPLICABLE:
+            label = report.patch.part_label(part).partition("::")[2] or part
+            found.append(f"{label}: {reason}")
+    return found
 
 
 def upstream_reference(patch: Patch) -> str:
@@ -176,6 +196,7 @@ def format_patch(
         + f"Backported to {vllm_named(tree_version)} by deepstack-patch {__version__}, "
         f"which rewrites the code structurally (patch {patch.id}). "
         f"{patch.also_changes}"
+        + "".join(f"\n\nLeft out: {part}" for part in step.left_out)
     )
     url, fixed_in, sha = patch.upstream_url, patch.fixed_in, upstream_commit(patch)
     # DEP-3's Origin names a URL, or else the commit ("commit:SHA").
