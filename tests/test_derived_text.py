@@ -131,6 +131,71 @@ def test_an_elif_added_to_a_chain_changes_only_its_lines(
     assert '    # quantized (AutoRound)\n    elif hasattr(layer, "qlinear"):\n' in fixed
 
 
+STREAM = """def convert(state, content):
+    total = len(content)
+    state.seen += total
+    state.count += 1
+    if content == "":
+        return None
+    else:
+        if state.kind != "text":
+            state.kind = "text"
+        return content
+"""
+#: vllm#45287's shape: the ``else:`` becomes ``elif ...:`` and ``else:``.
+STREAM_FIXED = STREAM.replace(
+    '    else:\n        if state.kind != "text":\n            state.kind = "text"\n'
+    "        return content\n",
+    '    elif state.kind == "tool":\n        state.pending.append(content)\n'
+    '    else:\n        if state.kind != "text":\n            state.kind = "text"\n'
+    "        return content\n",
+)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        STREAM,
+        # A line of the function the fix does not touch differs: the
+        # function is not written whole from upstream's text.
+        STREAM.replace("total = len(content)", "total = len(content) or 1"),
+    ],
+    ids=["base", "vendor-line"],
+)
+def test_an_else_the_fix_turns_into_an_elif_is_written_as_one(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``else:`` whose block the fix replaces with one ``if`` that
+    upstream writes as an ``elif``: written as that ``elif``, as ``git
+    apply`` writes it (it was an ``if`` inside the ``else:``, the same code,
+    another text: vllm#45287 on 0.17.1-0.23.0)."""
+    fixed = written(STREAM, STREAM_FIXED, target, monkeypatch)
+    assert fixed == git_applied(STREAM, STREAM_FIXED, target)
+    assert '    elif state.kind == "tool":\n' in fixed
+
+
+def test_an_if_upstream_writes_inside_an_else_stays_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where upstream writes the new ``if`` inside the ``else:`` (no
+    ``elif`` in its fixed code), the rewrite writes it there too."""
+    nested = STREAM_FIXED.replace(
+        '    elif state.kind == "tool":\n        state.pending.append(content)\n'
+        "    else:\n",
+        '    else:\n        if state.kind == "tool":\n'
+        "            state.pending.append(content)\n        else:\n",
+    ).replace(
+        '        if state.kind != "text":\n            state.kind = "text"\n'
+        "        return content\n",
+        '            if state.kind != "text":\n                state.kind = "text"\n'
+        "            return content\n",
+    )
+    assert ast.dump(ast.parse(nested)) == ast.dump(ast.parse(STREAM_FIXED))
+    target = STREAM.replace("total = len(content)", "total = len(content) or 1")
+    fixed = written(STREAM, nested, target, monkeypatch)
+    assert fixed == git_applied(STREAM, nested, target)
+
+
 def test_an_elif_header_changed_alone_stays_an_elif(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +85,7 @@ def edited_code(code: str, newline: str, units: Sequence[UnitToMake]) -> str:
         if not renaming and text.whole_definition(unit, [c for c, _ in edits]):
             continue
         for compiled, details in edits:
-            text.apply(compiled, details, renaming)
+            text.apply(compiled, details, renaming, unit.after)
     return text.code
 
 
@@ -114,7 +115,10 @@ class _Text:
         compiled: CompiledEdit,
         details: Mapping[str, Any],
         renaming: Mapping[str, str],
+        fixed: str = "",
     ) -> None:
+        """Make one edit; ``fixed``: the unit's code as upstream fixed it
+        (how upstream wrote what the edit inserts: an ``elif``)."""
         if compiled.edit.kind == "imports":
             if not self.imports_as_text(compiled, details):
                 module = cst.parse_module(self.code)
@@ -130,7 +134,7 @@ class _Text:
         elif compiled.edit.kind == "comments":
             self.comments(lines, walk.block(tree.body), walk)
         else:
-            self.statements(lines, walk.block(tree.body), walk)
+            self.statements(lines, walk.block(tree.body), walk, fixed)
 
     def whole_definition(self, unit: Unit, edits: Sequence[CompiledEdit]) -> bool:
         """The unit's definition made its ``after`` whole, where it is its
@@ -239,7 +243,9 @@ class _Text:
                 "the fix's change alone"
             )
 
-    def statements(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:
+    def statements(
+        self, lines: list[str], block: list[ast.stmt], walk: _Walk, fixed: str = ""
+    ) -> None:
         compiled = walk.compiled
         shapes_of = walk.shapes
         offset = len(block) - len(shapes.without_docstring(block))
@@ -280,6 +286,9 @@ class _Text:
             out = regions.replaced_statements(
                 lines, region, removed, after, self.newline
             )
+        whole = start == 0 and end == len(block) and compiled.edit.block
+        if whole and compiled.edit.block[-1].field == "orelse":
+            region, out = _as_elif(lines, region, out, after, fixed)
         self.replace(lines, region, out)
 
     def comments(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:
@@ -428,6 +437,49 @@ class _Walk:
         placeholder = whole[len(code.rstrip()) :]
         renamed = rename.renamed_code(whole, self.renaming)
         return renamed[: len(renamed) - len(placeholder)] + "\n"
+
+
+def _as_elif(
+    lines: list[str],
+    region: regions.Region,
+    out: list[str],
+    after: str,
+    fixed: str,
+) -> tuple[regions.Region, list[str]]:
+    """An ``else:`` block the fix turns into one ``if`` written, as upstream
+    wrote it, as an ``elif`` (vllm#45287 turns ``else:`` into ``elif
+    state.block_type == "tool_use":`` and ``else:``): the ``else:`` line and
+    the block's lines, dedented one level, the first ``if`` an ``elif``.
+    Where upstream wrote ``else:`` and ``if`` (its fixed code has no such
+    ``elif``), where the lines do not dedent cleanly, or where the code it
+    gives is not the same, the block is written as it was."""
+    body = shapes.parse_statements(after)
+    if len(body) != 1 or not isinstance(body[0], ast.If):
+        return region, out
+    head = after.splitlines()[body[0].lineno - 1]
+    header = region.first - 1
+    if (
+        region.raw
+        or regions.string_lines(body)
+        or header < 0
+        or lines[header].strip() != "else:"
+        or f"el{head.strip()}" not in {line.strip() for line in fixed.splitlines()}
+    ):
+        return region, out
+    outer = regions.indentation(lines[header])
+    inner = region.indent
+    dedented = []
+    for line in out:
+        if line.strip() and not line.startswith(inner):
+            return region, out
+        dedented.append(outer + line[len(inner) :] if line.strip() else line)
+    first = next(i for i, line in enumerate(dedented) if line.strip())
+    dedented[first] = outer + "el" + dedented[first][len(outer) :]
+    old = "".join([*lines[: region.first], *out, *lines[region.stop :]])
+    new = "".join([*lines[:header], *dedented, *lines[region.stop :]])
+    if ast.dump(ast.parse(old)) != ast.dump(ast.parse(new)):
+        return region, out
+    return dataclasses.replace(region, first=header), dedented
 
 
 def _leading(body: list[ast.stmt]) -> list[ast.stmt]:
