@@ -64,7 +64,7 @@ def test_what_the_fix_takes_away_nowhere_is_not_in_this_release(
     assert report.state is PatchState.NOT_APPLICABLE
     assert report.reason == (
         "not in this release: `warning_once`, which the fix takes away, is "
-        f"nowhere in {WARN}"
+        f"nowhere in {WARN}; what the fix adds (`warning`) is there already"
     )
     (location,) = report.locations
     assert (location.path, location.finding.line) == (WARN, 6)
@@ -97,6 +97,13 @@ def test_a_part_absent_beside_one_never_there_is_not_applicable(
     assert "there elsewhere" not in report.reason
 
 
+#: The release never warned there at all: neither what the fix takes away
+#: (``warning_once``) nor what it adds (``warning``) is in the function.
+SILENT = WARN_BEFORE.replace(
+    '        logger.warning_once("no pinned memory on WSL")\n', ""
+)
+
+
 def test_parts_beside_code_never_there_go_in_where_the_code_is(
     tmp_path: Path,
 ) -> None:
@@ -108,17 +115,16 @@ def test_parts_beside_code_never_there_go_in_where_the_code_is(
     patch = patch_of(
         (WARN, WARN_BEFORE, WARN_AFTER), (GRAPHS, GRAPHS_BEFORE, GRAPHS_AFTER)
     )
-    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
     never = (
         PatchState.NOT_APPLICABLE,
         f"not in this release: `warning_once`, which the fix takes away, is "
         f"nowhere in {WARN}",
     )
-    report = report_on(tmp_path / "a", patch, {WARN: release, GRAPHS: GRAPHS_AFTER})
+    report = report_on(tmp_path / "a", patch, {WARN: SILENT, GRAPHS: GRAPHS_AFTER})
     assert report.state is PatchState.APPLIED
     assert report.part_state(f"{GRAPHS}::use_graphs")[0] is PatchState.APPLIED
     assert report.part_state(f"{WARN}::pin_memory") == never
-    tree = _tree(tmp_path / "b", {WARN: release, GRAPHS: GRAPHS_BEFORE})
+    tree = _tree(tmp_path / "b", {WARN: SILENT, GRAPHS: GRAPHS_BEFORE})
     report = plan_tree(tree, [patch], rewrite=False).report(patch.id)
     assert report.state is PatchState.NEEDED
     assert report.part_state(f"{GRAPHS}::use_graphs")[0] is PatchState.NEEDED
@@ -126,9 +132,32 @@ def test_parts_beside_code_never_there_go_in_where_the_code_is(
     written = apply_tree(tree, [patch], {patch.id}).written
     assert sorted(written) == [GRAPHS]
     assert (tree.root / GRAPHS).read_text() == GRAPHS_AFTER
-    assert (tree.root / WARN).read_text() == release
+    assert (tree.root / WARN).read_text() == SILENT
     again = plan_tree(VllmTree.open(tree.root), [patch], rewrite=False)
     assert again.report(patch.id).state is PatchState.APPLIED
+
+
+def test_a_part_never_there_that_reads_what_the_fix_adds_holds_the_rest_back(
+    tmp_path: Path,
+) -> None:
+    """The release's function warns plainly already: what the fix takes
+    away is not there, but what it adds is (fixed another way, perhaps:
+    vllm#47062 on 0.25.0, whose ``flush`` catches ``HarmonyError`` itself).
+    The rest of the fix is not written alone: the patch drifts, saying so."""
+    patch = patch_of(
+        (WARN, WARN_BEFORE, WARN_AFTER), (GRAPHS, GRAPHS_BEFORE, GRAPHS_AFTER)
+    )
+    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+    tree = _tree(tmp_path, {WARN: release, GRAPHS: GRAPHS_BEFORE})
+    report = plan_tree(tree, [patch], rewrite=False).report(patch.id)
+    assert report.state is PatchState.DRIFTED
+    state, reason = report.part_state(f"{WARN}::pin_memory")
+    assert state is PatchState.DRIFTED
+    assert "what the fix adds (`warning`) is there already" in reason
+    assert reason.endswith("it applies whole or not at all"), reason
+    result = apply_tree(tree, [patch], {patch.id})
+    assert result.drifted
+    assert not result.written
 
 
 def test_a_part_there_and_different_beside_one_never_there_drifts(

@@ -44,6 +44,13 @@ _URGENCY = [
 ]
 
 
+#: A ``Finding.details`` key: a part this release never had the code of,
+#: although its function already reads every name the fix adds (fixed
+#: another way, perhaps): the names. Such a part never lets a patch that
+#: applies whole go in where the rest of its code is (engine/whole.py).
+THERE_ALREADY = "there already"
+
+
 def combine_states(states: Sequence[PatchState]) -> PatchState:
     """Combine the states of several locations: the most urgent one wins."""
     for state in _URGENCY:

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 
 from deepstack_patch.engine.protocol import (
+    THERE_ALREADY,
     Finding,
     Location,
     Patch,
@@ -57,7 +58,12 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
         never = [p for p, s in states.items() if s is PatchState.NOT_APPLICABLE]
         absent = [part for part in code if part not in located]
         needed = PatchState.NEEDED in there.values()
-        if never and not absent and set(there.values()) <= _IN_PART:
+        if (
+            never
+            and not absent
+            and set(there.values()) <= _IN_PART
+            and not (needed and _fixed_otherwise(report, never))
+        ):
             _beside_code_never_here(report, there, never, documentation, located)
             continue
         _documentation_left_out(report, documentation, located)
@@ -87,6 +93,17 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
                 else loc
                 for loc in report.locations
             ]
+
+
+def _fixed_otherwise(report: PatchReport, never: list[str]) -> bool:
+    """Whether a part never here reads already what the fix adds
+    (:data:`THERE_ALREADY`): the fix may be in another way there, and the
+    rest of it is not written alone."""
+    return any(
+        loc.finding.details.get(THERE_ALREADY)
+        for loc in report.locations
+        if loc.finding.part in never
+    )
 
 
 def _beside_code_never_here(

@@ -55,6 +55,12 @@ class NeverHere:
         self.tree = tree
         self.path = path
         self._names: frozenset[str] | None = None
+        #: Unit part -> the names the fix adds that its function in this
+        #: file reads already, where an edit of it is "not in this release":
+        #: fixed another way, perhaps (vllm#47062 on 0.25.0, whose
+        #: ``flush`` catches ``HarmonyError`` itself). Such a part never
+        #: lets the fix go in where the rest of its code is (engine/whole.py).
+        self.there_already: dict[str, list[str]] = {}
 
     def judge(
         self, unit: Unit, edit: Edit, reason: str, *, alone: bool = False
@@ -81,10 +87,23 @@ class NeverHere:
             return PatchState.NOT_APPLICABLE, (
                 f"{NOT_IN_RELEASE}{shown}, which the fix takes away, {verb} "
                 f"nowhere in {self.path}"
-            )
+            ) + self._adds_there(unit, removed, kept)
         if alone:
             return self._unset(unit, removed, reason)
         return PatchState.DRIFTED, reason
+
+    def _adds_there(self, unit: Unit, removed: str, kept: str) -> str:
+        """Words for a part never here whose function already reads every
+        name the fix's code adds (its locals and builtins aside), noted in
+        :attr:`there_already`; empty where it does not (or is no function)."""
+        added = read_names(kept) - read_names(removed) - _BUILTINS
+        added -= bound_names(_parsed(unit.before) or _parsed(unit.after))
+        node = _definition(self.tree, unit)
+        if not added or node is None or not added <= set(names_in(node)):
+            return ""
+        self.there_already[unit.part] = sorted(added)
+        shown = ", ".join(f"`{name}`" for name in sorted(added))
+        return f"; what the fix adds ({shown}) is there already"
 
     def _unset(self, unit: Unit, removed: str, reason: str) -> tuple[PatchState, str]:
         """Drifted (``reason``), or not-applicable where the code the fix
@@ -103,6 +122,27 @@ class NeverHere:
             f"{NOT_IN_RELEASE}{shown}, which the code the fix changes sets, is "
             f"nowhere in class {owner} of {self.path}"
         )
+
+
+def _definition(tree: ast.Module, unit: Unit) -> ast.AST | None:
+    """The function or method a unit is, in ``tree``; None for another
+    kind of unit, or where it is not there."""
+    if unit.kind not in ("function", "method"):
+        return None
+    *owner, name = unit.name.split(".")
+    holder = shapes.class_named(tree.body, owner) if owner else tree
+    if holder is None:
+        return None
+    body = holder.body
+    return next(
+        (
+            node
+            for node in body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name == name
+        ),
+        None,
+    )
 
 
 def set_on_self(statements: ast.AST | None) -> set[str]:

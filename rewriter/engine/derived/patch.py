@@ -65,6 +65,7 @@ from deepstack_patch.engine.derived.reads import module_files
 from deepstack_patch.engine.derived.runtime import PACKAGE_FILES, settle_runtime
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import (
+    THERE_ALREADY,
     Finding,
     Patch,
     PatchState,
@@ -380,8 +381,13 @@ class DerivedPatch(Patch):
             # already as the fix leaves it): a bug this release never had.
             never = [r for s, r in states if s is PatchState.NOT_APPLICABLE]
             reason = "; ".join(dict.fromkeys(never))
+            there = never_here.there_already.get(unit.part)
             return _UnitState(
-                PatchState.NOT_APPLICABLE, (first, last), reason, line=line
+                PatchState.NOT_APPLICABLE,
+                (first, last),
+                reason,
+                {THERE_ALREADY: there} if there else {},
+                line,
             )
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
         reason = "; ".join(drifted) or (
