@@ -377,18 +377,8 @@ class DerivedPatch(Patch):
             PatchState.NOT_APPLICABLE,
             PatchState.APPLIED,
         }:
-            # What the fix changes was never here (the rest, if any, is
-            # already as the fix leaves it): a bug this release never had.
-            never = [r for s, r in states if s is PatchState.NOT_APPLICABLE]
-            reason = "; ".join(dict.fromkeys(never))
-            there = never_here.there_already.get(unit.part)
-            return _UnitState(
-                PatchState.NOT_APPLICABLE,
-                (first, last),
-                reason,
-                {THERE_ALREADY: there} if there else {},
-                line,
-            )
+            return _never_state(states, never_here.there_already.get(unit.part),
+                                (first, last), line)  # fmt: skip
         drifted = [r for s, r in states if s is PatchState.DRIFTED]
         reason = "; ".join(drifted) or (
             "part of the fix is there and part is not: "
@@ -562,6 +552,22 @@ class _UnitState:
     reason: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     line: int = 0  # the def's first line, not the blanks above it the span has
+
+
+def _never_state(
+    states: list[tuple[PatchState, str]],
+    there_already: list[str] | None,
+    span: tuple[int, int],
+    line: int,
+) -> _UnitState:
+    """What the fix changes was never here (the rest, if any, is already as
+    the fix leaves it): a bug this release never had, saying which names of
+    the fix's the function reads already (:data:`THERE_ALREADY`)."""
+    never = [reason for state, reason in states if state is PatchState.NOT_APPLICABLE]
+    details = {THERE_ALREADY: there_already} if there_already else {}
+    return _UnitState(
+        PatchState.NOT_APPLICABLE, span, "; ".join(dict.fromkeys(never)), details, line
+    )
 
 
 @dataclass
