@@ -45,8 +45,19 @@ GRAPHS_BEFORE = "def use_graphs(mode, breakable):\n    return mode or breakable\
 GRAPHS_AFTER = "def use_graphs(mode, breakable):\n    return mode\n"
 
 
+#: The release already warns, with another message (vllm#48444 on 0.20.2).
+WARNS_PLAINLY = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+
+
 def patch_of(*changes: tuple[str, str, str]) -> DerivedPatch:
     return derived_patch("vllm#1", *changes)
+
+
+def warn_and_graphs() -> DerivedPatch:
+    """A fix of two parts: the warning, and a second file's function."""
+    return patch_of(
+        (WARN, WARN_BEFORE, WARN_AFTER), (GRAPHS, GRAPHS_BEFORE, GRAPHS_AFTER)
+    )
 
 
 def report_on(tmp_path: Path, patch: DerivedPatch, files: dict[str, str]):  # noqa: ANN201
@@ -59,7 +70,7 @@ def test_what_the_fix_takes_away_nowhere_is_not_in_this_release(
     patch = patch_of((WARN, WARN_BEFORE, WARN_AFTER))
     # The release already warns with another message, and never called
     # warning_once: the bug was never here.
-    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+    release = WARNS_PLAINLY
     report = report_on(tmp_path / "never", patch, {WARN: release})
     assert report.state is PatchState.NOT_APPLICABLE
     assert report.reason == (
@@ -86,7 +97,7 @@ def test_a_part_absent_beside_one_never_there_is_not_applicable(
     """vllm#48444 on 0.20.2: the release already warns plainly, and its
     cuda.py has no override: nothing of the fix is there, no part drifts."""
     patch = patch_of((WARN, WARN_BEFORE, WARN_AFTER), (CUDA, CUDA_BEFORE, CUDA_AFTER))
-    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+    release = WARNS_PLAINLY
     report = report_on(tmp_path, patch, {WARN: release, CUDA: "X = 1\n"})
     assert report.state is PatchState.NOT_APPLICABLE
     states = {part: report.part_state(part) for part in patch.parts}
@@ -112,9 +123,7 @@ def test_parts_beside_code_never_there_go_in_where_the_code_is(
     (applied), and the third part says what the release never had. Beside a
     needed part, the fix goes in there (vllm#41522 on 0.20.0, as the
     maintainers carried it into 0.20.1), and reads applied once written."""
-    patch = patch_of(
-        (WARN, WARN_BEFORE, WARN_AFTER), (GRAPHS, GRAPHS_BEFORE, GRAPHS_AFTER)
-    )
+    patch = warn_and_graphs()
     never = (
         PatchState.NOT_APPLICABLE,
         f"not in this release: `warning_once`, which the fix takes away, is "
@@ -144,10 +153,8 @@ def test_a_part_never_there_that_reads_what_the_fix_adds_holds_the_rest_back(
     away is not there, but what it adds is (fixed another way, perhaps:
     vllm#47062 on 0.25.0, whose ``flush`` catches ``HarmonyError`` itself).
     The rest of the fix is not written alone: the patch drifts, saying so."""
-    patch = patch_of(
-        (WARN, WARN_BEFORE, WARN_AFTER), (GRAPHS, GRAPHS_BEFORE, GRAPHS_AFTER)
-    )
-    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+    patch = warn_and_graphs()
+    release = WARNS_PLAINLY
     tree = _tree(tmp_path, {WARN: release, GRAPHS: GRAPHS_BEFORE})
     report = plan_tree(tree, [patch], rewrite=False).report(patch.id)
     assert report.state is PatchState.DRIFTED
@@ -165,10 +172,8 @@ def test_a_part_there_and_different_beside_one_never_there_drifts(
 ) -> None:
     """Where the other part is there and differs, the fix would go in half:
     the whole patch drifts, and the part never there says what it lacks."""
-    patch = patch_of(
-        (WARN, WARN_BEFORE, WARN_AFTER), (GRAPHS, GRAPHS_BEFORE, GRAPHS_AFTER)
-    )
-    release = WARN_AFTER.replace("no pinned memory on WSL", "pinned memory is off")
+    patch = warn_and_graphs()
+    release = WARNS_PLAINLY
     vendor = GRAPHS_BEFORE.replace("mode or breakable", "breakable or mode")
     tree = _tree(tmp_path, {WARN: release, GRAPHS: vendor})
     report = plan_tree(tree, [patch], rewrite=False).report(patch.id)

@@ -76,8 +76,8 @@ class NeverHere:
             removed, kept = edit.header_before, edit.header_after
         else:
             removed, kept = edit.removed, edit.inserted
-        taken = read_names(removed) - read_names(kept) - _BUILTINS
-        taken -= bound_names(_parsed(unit.before) or _parsed(unit.after))
+        local = bound_names(_parsed(unit.before) or _parsed(unit.after))
+        taken = read_names(removed) - read_names(kept) - _BUILTINS - local
         if taken and self._names is None:
             self._names = frozenset(names_in(self.tree))
         absent = sorted(taken - (self._names or frozenset()))
@@ -87,17 +87,17 @@ class NeverHere:
             return PatchState.NOT_APPLICABLE, (
                 f"{NOT_IN_RELEASE}{shown}, which the fix takes away, {verb} "
                 f"nowhere in {self.path}"
-            ) + self._adds_there(unit, removed, kept)
+            ) + self._adds_there(unit, removed, kept, local)
         if alone:
             return self._unset(unit, removed, reason)
         return PatchState.DRIFTED, reason
 
-    def _adds_there(self, unit: Unit, removed: str, kept: str) -> str:
+    def _adds_there(self, unit: Unit, removed: str, kept: str, local: set[str]) -> str:
         """Words for a part never here whose function already reads every
-        name the fix's code adds (its locals and builtins aside), noted in
-        :attr:`there_already`; empty where it does not (or is no function)."""
-        added = read_names(kept) - read_names(removed) - _BUILTINS
-        added -= bound_names(_parsed(unit.before) or _parsed(unit.after))
+        name the fix's code adds (its ``local`` names and builtins aside),
+        noted in :attr:`there_already`; empty where it does not (or is no
+        function)."""
+        added = read_names(kept) - read_names(removed) - _BUILTINS - local
         node = _definition(self.tree, unit)
         if not added or node is None or not added <= set(names_in(node)):
             return ""
@@ -149,38 +149,13 @@ def set_on_self(statements: ast.AST | None) -> set[str]:
     """The attributes of ``self`` that code assigns (``self.flag = ...``)."""
     if statements is None:
         return set()
-    return {
-        node.attr
-        for node in ast.walk(statements)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.ctx, ast.Store | ast.Del)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "self"
-    }
+    return shapes.self_attributes(statements, ast.Store, ast.Del)
 
 
 def touched_on_self(node: ast.ClassDef) -> set[str]:
     """The attributes of ``self`` a class's code reads or sets anywhere, and
     the names its body binds (a class-level field or method)."""
-    found = {
-        inner.attr
-        for inner in ast.walk(node)
-        if isinstance(inner, ast.Attribute)
-        and isinstance(inner.value, ast.Name)
-        and inner.value.id == "self"
-    }
-    for statement in node.body:
-        match statement:
-            case (
-                ast.FunctionDef(name=name)
-                | ast.AsyncFunctionDef(name=name)
-                | ast.ClassDef(name=name)
-                | ast.AnnAssign(target=ast.Name(id=name))
-            ):
-                found.add(name)
-            case ast.Assign(targets=targets):
-                found |= {t.id for t in targets if isinstance(t, ast.Name)}
-    return found
+    return shapes.class_defines(node) | shapes.self_attributes(node, ast.Load, ast.Del)
 
 
 def _parsed(code: str) -> ast.Module | None:

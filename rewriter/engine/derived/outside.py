@@ -200,7 +200,7 @@ def _hierarchy(
     if found is None:
         return None
     outside: list[str] = []
-    defined = set(_defines(found))
+    defined = shapes.class_defines(found)
     imports = _imports(module, path)
     for base in found.bases:
         # ``Base[T]`` is ``Base``; a call or another expression is not read.
@@ -232,27 +232,6 @@ def _hierarchy(
         outside += inner.outside
         defined |= inner.defined
     return _Hierarchy(tuple(dict.fromkeys(outside)), frozenset(defined))
-
-
-def _defines(node: ast.ClassDef) -> set[str]:
-    """The names a class defines: in its body, and ``self.name`` anywhere in
-    its methods."""
-    found: set[str] = set()
-    for statement in node.body:
-        match statement:
-            case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
-                found.add(name)
-            case ast.ClassDef(name=name):
-                found.add(name)
-            case ast.AnnAssign(target=ast.Name(id=name)):
-                found.add(name)
-            case ast.Assign(targets=targets):
-                found |= {t.id for t in targets if isinstance(t, ast.Name)}
-    for inner in ast.walk(node):
-        match inner:
-            case ast.Attribute(value=ast.Name(id="self"), attr=name, ctx=ast.Store()):
-                found.add(name)
-    return found
 
 
 def _imports(

@@ -258,18 +258,6 @@ def undefined_attribute(
     of the series that defines it; ``excused``: attribute names ty read off
     an open interface (:func:`typed_problem`)."""
     own = _defined_by_patch(patch) | set(excused)
-    # The imports the fix writes at module level (``if TYPE_CHECKING:``
-    # included), in each file: a local it annotates may name their class.
-    written = {
-        unit.path: [
-            node
-            for other in patch.units
-            if other.path == unit.path and other.kind in ("import", "module-statement")
-            for edit in other.edits
-            for node in code_nodes(edit.inserted, edit.header_after)
-        ]
-        for unit in needed
-    }
     for unit in needed:
         new = [n for e in unit.edits for n in code_nodes(e.inserted, e.header_after)]
         old = [n for e in unit.edits for n in code_nodes(e.removed, e.header_before)]
@@ -302,7 +290,7 @@ def undefined_attribute(
                         )
                     )
                     or outside.annotated(
-                        node, new, unit.path, sources, written[unit.path]
+                        node, new, unit.path, sources, _module_level(patch, unit.path)
                     )
                 )
             ):
@@ -313,6 +301,19 @@ def undefined_attribute(
                     f"defines or reads (no `{name}` in its vllm package)"
                 ) + _defined_elsewhere(context, patch, name)
     return ""
+
+
+def _module_level(patch: DerivedPatch, path: str) -> list[ast.stmt]:
+    """The statements the fix writes at module level in ``path`` (``if
+    TYPE_CHECKING:`` included): a local it annotates may name a class they
+    import. Parsed only where an annotated local is asked about."""
+    return [
+        node
+        for unit in patch.units
+        if unit.path == path and unit.kind in ("import", "module-statement")
+        for edit in unit.edits
+        for node in code_nodes(edit.inserted, edit.header_after)
+    ]
 
 
 def _defined_elsewhere(

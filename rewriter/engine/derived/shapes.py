@@ -272,3 +272,34 @@ def class_named(
         if isinstance(node, ast.ClassDef) and node.name == qualname[0]:
             return node if len(qualname) == 1 else class_named(node.body, qualname[1:])
     return None
+
+
+def class_defines(node: ast.ClassDef) -> set[str]:
+    """The names a class defines: in its body (a method, a nested class, a
+    field), and ``self.name`` set anywhere in its methods."""
+    found = self_attributes(node, ast.Store)
+    for statement in node.body:
+        match statement:
+            case (
+                ast.FunctionDef(name=name)
+                | ast.AsyncFunctionDef(name=name)
+                | ast.ClassDef(name=name)
+                | ast.AnnAssign(target=ast.Name(id=name))
+            ):
+                found.add(name)
+            case ast.Assign(targets=targets):
+                found |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return found
+
+
+def self_attributes(node: ast.AST, *contexts: type[ast.expr_context]) -> set[str]:
+    """The attributes of ``self`` that ``node``'s code uses in one of
+    ``contexts`` (``ast.Store``: those it sets)."""
+    return {
+        inner.attr
+        for inner in ast.walk(node)
+        if isinstance(inner, ast.Attribute)
+        and isinstance(inner.value, ast.Name)
+        and inner.value.id == "self"
+        and isinstance(inner.ctx, contexts)
+    }
