@@ -81,7 +81,10 @@ SERIES = [
 
 
 def ty_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The files each run of ty checks, as the runs start."""
+    """The files each run of ``ty check`` checks, as the runs start (every
+    check runs ``ty check``, none through ``ty server``: those are compared
+    in tests/test_typecheck_served.py)."""
+    monkeypatch.setattr(typecheck, "SERVED", False)
     runs: list[list[str]] = []
     real = subprocess.Popen
 
@@ -174,7 +177,7 @@ def test_a_check_that_reads_another_s_file_is_run_apart_from_it(
         # alpha.py on zshm.py as it is, which lacks Ring.free.
         check("vllm/alpha.py", USE_FIXED, {}),
     ]
-    views = typecheck._views(root, checks)
+    views = typecheck._views(typecheck._sides(checks), typecheck._Disk(root))
     for view in views:
         for side in view.sides:  # what each side reads is as it holds it
             for relpath, raw in side.files.items():

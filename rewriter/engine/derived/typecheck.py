@@ -11,7 +11,12 @@ it can never go stale.
 A plan's checks run as one batch (:func:`diagnostics_of`): each check's two
 states join the first run of ty whose files agree with theirs wherever
 either's diagnostics depend on them, so a run checks many files at once and
-gives each what a run of its own would.
+gives each what a run of its own would. Where a file a check reads differs
+between two states only inside function bodies no other module can see
+(:mod:`.interface`), the states agree on it. The runs are states told to a
+few ``ty server`` processes in turn (:mod:`.tyserver`), which keep what
+they inferred from one state to the next; a state that holds a file the
+tree lacks (a module a fix adds) runs ``ty check`` in a folder of links.
 """
 
 from __future__ import annotations
@@ -23,10 +28,14 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from deepstack_patch.engine.derived import tyserver
+from deepstack_patch.engine.derived.interface import same_interface
 
 #: The Python version the target is checked for (vLLM's oldest supported).
 PYTHON_VERSION = "3.10"
@@ -103,7 +112,7 @@ def diagnostics_of(root: Path, checks: Sequence[Check]) -> list[Checked]:
     if not checks:
         return []
     binary = _ty_binary()
-    views = _views(root, checks)
+    disk = _Disk(root)
     found: dict[tuple[int, str], list[Diagnostic] | CheckerFailed] = {}
     with tempfile.TemporaryDirectory(prefix="deepstack-runtime-") as scratch:
         work = Path(scratch)
@@ -111,47 +120,17 @@ def diagnostics_of(root: Path, checks: Sequence[Check]) -> list[Checked]:
         (work / "env" / "lib" / f"python{PYTHON_VERSION}" / "site-packages").mkdir(
             parents=True
         )
-        (work / "ty.toml").write_text("")  # not the tree's [tool.ty]
-
-        def start(view: _View, folder: _Folder) -> subprocess.Popen[bytes]:
-            folder.lay(view.files)
-            paths = sorted({side.path for side in view.sides})
-            command = [
-                binary, "check", "--config-file", str(work / "ty.toml"),
-                "--python", str(work / "env"), "--python-version", PYTHON_VERSION,
-                "--output-format", "concise", "--no-progress", "--color", "never",
-                *paths,
-            ]  # fmt: skip
-            return subprocess.Popen(
-                command,
-                cwd=folder.out,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                stdin=subprocess.DEVNULL,
-            )
-
-        # A few folders, each laid over again for the next run it takes: a
-        # folder of links per run cost a fifth of a first status of 40
-        # derived fixes (27,000 links made and removed on 0.20.2).
-        free = [_Folder(root, work / f"view{n}") for n in range(_RUNS_AT_ONCE)]
-        running: list[tuple[_View, subprocess.Popen[bytes], _Folder]] = []
-        waiting = list(views)
-        while waiting or running:
-            while waiting and free:
-                view, folder = waiting.pop(0), free.pop()
-                running.append((view, start(view, folder), folder))
-            view, run, folder = running.pop(0)
-            try:
-                by_path = _read(run)
-            except CheckerFailed as failed:
-                by_path = failed
-            free.append(folder)
-            for side in view.sides:
-                found[side.check, side.state] = (
-                    by_path
-                    if isinstance(by_path, CheckerFailed)
-                    else by_path.get(side.path, [])
-                )
+        settings = (
+            f"[environment]\npython = {json.dumps(str(work / 'env'))}\n"
+            f'python-version = "{PYTHON_VERSION}"\n'
+        )
+        (work / "ty.toml").write_text(settings)  # not the tree's [tool.ty]
+        sides = _sides(checks)
+        if SERVED:
+            servable = [side for side in sides if _servable(side, disk)]
+            found.update(_served(binary, root, work, settings, servable, disk))
+        left = [side for side in sides if (side.check, side.state) not in found]
+        found.update(_run(binary, work, _views(left, disk), root))
     results: list[Checked] = []
     for number in range(len(checks)):
         before, after = found[number, "before"], found[number, "after"]
@@ -160,6 +139,144 @@ def diagnostics_of(root: Path, checks: Sequence[Check]) -> list[Checked]:
         else:
             results.append((before, after))
     return results
+
+
+#: Whether the checks go through ``ty server`` (:mod:`.tyserver`) where
+#: they can; off, every check runs ``ty check`` (a test compares the two).
+SERVED = True
+
+
+class _Disk:
+    """The tree's bytes of a file (None where it has none), each read once."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._read: dict[str, bytes | None] = {}
+
+    def __call__(self, relpath: str) -> bytes | None:
+        if relpath not in self._read:
+            try:
+                self._read[relpath] = (self.root / relpath).read_bytes()
+            except OSError:
+                self._read[relpath] = None
+        return self._read[relpath]
+
+
+def _sides(checks: Sequence[Check]) -> list[_Side]:
+    return [
+        _Side(number, state, check.path, files, check.reads)
+        for number, check in enumerate(checks)
+        for state, files in (("before", check.before), ("after", check.after))
+    ]
+
+
+def _servable(side: _Side, disk: _Disk) -> bool:
+    """Whether a server can be told the side's state: every file it lays is
+    one the tree has (a server cannot be told of a module the tree lacks)."""
+    return all(disk(relpath) is not None for relpath in side.files)
+
+
+def _served(
+    binary: str,
+    root: Path,
+    work: Path,
+    settings: str,
+    sides: Sequence[_Side],
+    disk: _Disk,
+) -> dict[tuple[int, str], list[Diagnostic]]:
+    """The sides' diagnostics from ``ty server``s, each told the files of
+    the runs the sides would take (:func:`_views`) in turn and asked about
+    their files at once; none where a server failed (they run ``ty check``).
+    The runs are cut into as many stretches as there are servers, one
+    server each, so consecutive runs (of patches in series order, laying
+    almost the same files) stay with one server."""
+    views = _views(sides, disk)
+    if not views:
+        return {}
+    count = min(_RUNS_AT_ONCE, len(views))
+    stretches = [
+        views[len(views) * n // count : len(views) * (n + 1) // count]
+        for n in range(count)
+    ]
+    found: dict[tuple[int, str], list[Diagnostic]] = {}
+    failed: list[tyserver.ServerFailed] = []
+
+    def serve(number: int, stretch: list[_View]) -> None:
+        try:
+            with tyserver.served(
+                binary, root, work / f"served{number}", settings, TIMEOUT_S
+            ) as server:
+                for view in stretch:
+                    server.lay(view.files, disk)  # type: ignore[arg-type]
+                    paths = {side.path for side in view.sides}
+                    by_path = server.diagnostics(
+                        {path: view.files.get(path) or disk(path) for path in paths},  # type: ignore[misc]
+                        TIMEOUT_S,
+                    )
+                    for side in view.sides:
+                        found[side.check, side.state] = [
+                            Diagnostic(*diagnostic) for diagnostic in by_path[side.path]
+                        ]
+        except tyserver.ServerFailed as exc:
+            failed.append(exc)
+
+    threads = [  # daemons: an interrupt is never held up by a server
+        threading.Thread(target=serve, args=(number, stretch), daemon=True)
+        for number, stretch in enumerate(stretches)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {} if failed else found
+
+
+def _run(
+    binary: str, work: Path, views: list[_View], root: Path
+) -> dict[tuple[int, str], list[Diagnostic] | CheckerFailed]:
+    """The views' diagnostics, each view one run of ``ty check``, run side
+    by side."""
+    found: dict[tuple[int, str], list[Diagnostic] | CheckerFailed] = {}
+
+    def start(view: _View, folder: _Folder) -> subprocess.Popen[bytes]:
+        folder.lay(view.files)
+        paths = sorted({side.path for side in view.sides})
+        command = [
+            binary, "check", "--config-file", str(work / "ty.toml"),
+            "--output-format", "concise", "--no-progress", "--color", "never",
+            *paths,
+        ]  # fmt: skip
+        return subprocess.Popen(
+            command,
+            cwd=folder.out,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+
+    # A few folders, each laid over again for the next run it takes: a
+    # folder of links per run cost a fifth of a first status of 40
+    # derived fixes (27,000 links made and removed on 0.20.2).
+    free = [_Folder(root, work / f"view{n}") for n in range(_RUNS_AT_ONCE)]
+    running: list[tuple[_View, subprocess.Popen[bytes], _Folder]] = []
+    waiting = list(views)
+    while waiting or running:
+        while waiting and free:
+            view, folder = waiting.pop(0), free.pop()
+            running.append((view, start(view, folder), folder))
+        view, run, folder = running.pop(0)
+        try:
+            by_path = _read(run)
+        except CheckerFailed as failed:
+            by_path = failed
+        free.append(folder)
+        for side in view.sides:
+            found[side.check, side.state] = (
+                by_path
+                if isinstance(by_path, CheckerFailed)
+                else by_path.get(side.path, [])
+            )
+    return found
 
 
 @dataclass(frozen=True)
@@ -182,31 +299,19 @@ class _View:
     sides: list[_Side]
 
 
-def _views(root: Path, checks: Sequence[Check]) -> list[_View]:
-    """The runs of ty the checks need: each side (a check's file as it is,
+def _views(sides: Sequence[_Side], disk: _Disk) -> list[_View]:
+    """The runs of ty the sides need: each side (a check's file as it is,
     or as fixed) joins the first run whose files it agrees with wherever it
     or a side already there reads (:func:`_joined`); a new run where none."""
-    on_disk: dict[str, bytes | None] = {}
-
-    def disk(relpath: str) -> bytes | None:
-        if relpath not in on_disk:
-            try:
-                on_disk[relpath] = (root / relpath).read_bytes()
-            except OSError:
-                on_disk[relpath] = None
-        return on_disk[relpath]
-
     views: list[_View] = []
-    for number, check in enumerate(checks):
-        for state, files in (("before", check.before), ("after", check.after)):
-            side = _Side(number, state, check.path, files, check.reads)
-            for view in views:
-                joined = _joined(view, side, disk)
-                if joined is not None:
-                    view.files, view.sides = joined, [*view.sides, side]
-                    break
-            else:
-                views.append(_View(dict(files), [side]))
+    for side in sides:
+        for view in views:
+            joined = _joined(view, side, disk)
+            if joined is not None:
+                view.files, view.sides = joined, [*view.sides, side]
+                break
+        else:
+            views.append(_View(dict(side.files), [side]))
     return views
 
 
@@ -225,9 +330,14 @@ def _joined(
         appears = mine is None or theirs is None
         if relpath != side.path and not side.reads(relpath, appears):
             continue  # the run's bytes stand
+        # Another file's check sees only a module's interface: where the
+        # two agree on it, a side that reads the file takes either.
+        alike = not appears and same_interface(mine, theirs)  # type: ignore[arg-type]
+        if relpath != side.path and alike:
+            continue
         # A run cannot lay an absence over the tree.
         if mine is None or any(
-            relpath == other.path or other.reads(relpath, appears)
+            relpath == other.path or (other.reads(relpath, appears) and not alike)
             for other in view.sides
         ):
             return None

@@ -1,0 +1,212 @@
+"""Issue 41 item 4: the typed checks of a plan go through ``ty server``
+(engine/derived/typecheck.py, engine/derived/tyserver.py), which keeps
+what it inferred from one state of the series to the next, and states
+that differ in a module only inside function bodies no other module sees
+share one (engine/derived/interface.py). Either way every check gets the
+diagnostics a run of ``ty check`` of its own gives it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from deepstack_patch.engine.derived import closure, typecheck, tyserver
+from deepstack_patch.engine.derived.interface import same_interface
+
+from tests.test_series_order import whole_tree
+
+SHARED = """class Pool:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def take(self, count: int) -> int:
+        return min(count, self.size)
+
+
+def helper(x):
+    return x
+"""
+#: Only inside an annotated function's body: no other module sees it.
+SHARED_BODY = SHARED.replace("return min(count, self.size)", "return max(0, count)")
+#: A new method: every module that reads Pool sees it.
+SHARED_NEW = SHARED + "\n\ndef spare() -> int:\n    return 1\n"
+USER = """from vllm.shared import Pool
+
+
+def grab(pool: Pool) -> int:
+    return pool.take(1)
+"""
+#: Reads what only SHARED_NEW gives: ty finds it missing elsewhere.
+USER_FIXED = USER.replace(
+    "from vllm.shared import Pool", "from vllm.shared import Pool, spare"
+)
+#: A file whose own hints (unreachable code, an unused name) an editor is
+#: shown and ``ty check`` never prints.
+HINTED = "def f(x: int) -> int:\n    unused = 1\n    return x\n    x += 1\n"
+HINTED_FIXED = HINTED.replace("return x\n", "return x + 1\n")
+ADDED = "from vllm.fresh import VALUE\n\n\ndef g() -> int:\n    return VALUE.nope\n"
+
+
+def toy(root: Path):
+    return whole_tree(
+        root,
+        {
+            "vllm/shared.py": SHARED,
+            "vllm/user.py": USER,
+            "vllm/hinted.py": HINTED,
+            "vllm/adder.py": "def g() -> int:\n    return 0\n",
+        },
+    ).root
+
+
+def checks_on(root: Path) -> list[typecheck.Check]:
+    files = {
+        path: (root / path).read_bytes()
+        for path in (
+            "vllm/shared.py",
+            "vllm/user.py",
+            "vllm/hinted.py",
+            "vllm/adder.py",
+        )
+    }
+    index = closure.ModuleIndex(files)
+
+    def check(
+        path: str,
+        fixed: str,
+        others: dict[str, bytes],
+        added: dict[str, bytes] | None = None,
+    ) -> typecheck.Check:
+        found = index.closure(path, [files[path], fixed.encode()])
+        return typecheck.Check(
+            path,
+            {**others, path: files[path]},
+            {**others, **(added or {}), path: fixed.encode()},
+            lambda relpath, appears: closure.reads_file(found, relpath, appears),
+        )
+
+    return [
+        check("vllm/shared.py", SHARED_BODY, {}),
+        # user.py as the series leaves it after each fix of shared.py.
+        check("vllm/user.py", USER_FIXED, {"vllm/shared.py": SHARED_BODY.encode()}),
+        check("vllm/user.py", USER_FIXED, {"vllm/shared.py": SHARED_NEW.encode()}),
+        check("vllm/hinted.py", HINTED_FIXED, {}),
+        # A fix that adds a module a server cannot be told of.
+        check(
+            "vllm/adder.py",
+            ADDED,
+            {},
+            {"vllm/fresh.py": b"VALUE = 1\n"},
+        ),
+    ]
+
+
+def test_served_checks_give_what_runs_of_ty_check_give(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = toy(tmp_path / "tree")
+    checks = checks_on(root)
+    served = typecheck.diagnostics_of(root, checks)
+    monkeypatch.setattr(typecheck, "SERVED", False)
+    run = typecheck.diagnostics_of(root, checks)
+    alone = [typecheck.diagnostics_of(root, [one])[0] for one in checks]
+    assert served == run == alone
+    by_path = dict(zip((c.path for c in checks), served, strict=False))
+    # The first user.py check: shared.py lacks spare there.
+    assert any("spare" in d.message for d in served[1][1])  # type: ignore[index]
+    assert not any("spare" in d.message for d in served[2][1])  # type: ignore[index]
+    # No editor hints: the unused name and the unreachable line are not there.
+    assert by_path["vllm/hinted.py"] == ([], [])
+    # The added module is read (ty checks the attribute on its int).
+    assert any("nope" in d.message for d in served[4][1])  # type: ignore[index]
+
+
+def test_a_server_that_fails_leaves_the_checks_to_ty_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = toy(tmp_path / "tree")
+    checks = checks_on(root)
+    expected = typecheck.diagnostics_of(root, checks)
+
+    def broken(*_args: object, **_kwargs: object):
+        raise tyserver.ServerFailed("ty server did not start: no such file")
+
+    monkeypatch.setattr(tyserver, "served", broken)
+    assert typecheck.diagnostics_of(root, checks) == expected
+
+
+def test_states_that_differ_only_in_a_body_nobody_sees_share_a_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = toy(tmp_path / "tree")
+    checks = checks_on(root)[:3]
+
+    def states() -> list[list[tuple[int, str]]]:
+        views = typecheck._views(typecheck._sides(checks), typecheck._Disk(root))
+        return [sorted((s.check, s.state) for s in view.sides) for view in views]
+
+    # user.py on the fixed shared.py (only take's body differs) shares the
+    # state of shared.py as it is, and the fixed user.py that of the fixed
+    # shared.py; user.py on shared.py with a new function sees it: states of
+    # their own.
+    assert states() == [
+        [(0, "before"), (1, "before")],
+        [(0, "after"), (1, "after")],
+        [(2, "before")],
+        [(2, "after")],
+    ]
+    # Where every difference counts, user.py on the fixed shared.py cannot
+    # share shared.py's state as it is: five states.
+    monkeypatch.setattr(typecheck, "same_interface", lambda one, other: one == other)
+    assert states() == [
+        [(0, "before")],
+        [(0, "after"), (1, "before")],
+        [(1, "after")],
+        [(2, "before")],
+        [(2, "after")],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "alike"),
+    [
+        (SHARED, SHARED_BODY, True),
+        (SHARED, SHARED_NEW, False),
+        # An unannotated function's return could be inferred from its body.
+        (SHARED, SHARED.replace("    return x\n", "    return [x]\n"), False),
+        # A method that assigns to self declares the class's attributes.
+        (
+            SHARED,
+            SHARED.replace("self.size = size", "self.size = str(size)"),
+            False,
+        ),
+        (
+            SHARED,
+            SHARED.replace(
+                "return min(count, self.size)", "self.spent = count\n        return 0"
+            ),
+            False,
+        ),
+        # A global a function binds is the module's.
+        (
+            "LIMIT = 1\n\n\ndef f() -> None:\n    global LIMIT\n    LIMIT = 2\n",
+            "LIMIT = 1\n\n\ndef f() -> None:\n    global LIMIT\n    LIMIT = 'two'\n",
+            False,
+        ),
+        # A signature is seen.
+        (SHARED, SHARED.replace("count: int", "count: float"), False),
+        ("def f(:\n", "def f(:\n ", False),
+    ],
+    ids=[
+        "body",
+        "new-function",
+        "unannotated",
+        "init-self",
+        "method-self",
+        "global",
+        "signature",
+        "unparsable",
+    ],
+)
+def test_what_another_module_sees_of_a_file(one: str, other: str, alike: bool) -> None:
+    assert same_interface(one.encode(), other.encode()) is alike
