@@ -478,6 +478,29 @@ def _rewrite(
     """
     if deleted:  # a file the patch deletes whole: nothing is left
         return SourceFile(source.relpath, b"")
+    # A derived patch's typed check rewrote the file already to read it
+    # fixed (:func:`rewritten_bytes`): the plan takes that rewrite. (A
+    # finding's ``line`` is where a report points, never what is written.)
+    # Keyed by the file's bytes, a rewrite holds for the whole plan.
+    context = tree_context()
+    done: dict[object, object] = {} if context is None else context.on_disk
+    key = (
+        "rewrite",
+        id(patch),
+        source.relpath,
+        source.raw,
+        repr(
+            [(f.state, f.symbol, f.span, f.part, f.rewrites, f.details) for f in needed]
+        ),
+    )
+    if (found := done.get(key)) is not None and found[0] is patch:  # type: ignore[index]
+        return found[1]  # type: ignore[index]
+    result = _rewritten(patch, source, needed)
+    done[key] = patch, result  # with the patch: an ``id`` reused never hits
+    return result
+
+
+def _rewritten(patch: Patch, source: SourceFile, needed: list[Finding]) -> SourceFile:
     if os.environ.get(FULL_REWRITE_ENV) != "1":
         try:
             fast = _rewrite_skeleton(patch, source, needed)

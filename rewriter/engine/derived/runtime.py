@@ -578,6 +578,7 @@ class _TypedChecks:
     def run(self) -> bool:
         """Run what waits; True where a verdict is not the "nothing found"
         the pass was answered meanwhile."""
+        closure.save()  # the import lists this pass scanned, once
         keys = list(self.pending)
         checked = typecheck.diagnostics_of(
             self.root, [self.pending[key][0] for key in keys]
@@ -625,7 +626,6 @@ def _reads(
         for code in (unit.after, *(edit.inserted for edit in unit.edits))
     ]
     found = index.closure(path, [raw, *fix])
-    closure.save()
     context.probed.update(closure.files_read(found))  # what ty reads
     return found
 
@@ -802,12 +802,28 @@ def _fixed_bytes(
 
 
 def _written_lines(before: bytes, after: bytes) -> set[int]:
-    """The 1-based lines of ``after`` that a line diff from ``before`` wrote."""
+    """The 1-based lines of ``after`` that a line diff from ``before`` wrote
+    (the lines both start and end with are never written: a fix changes a
+    few places of a file of thousands of lines, and the diff's cost grows
+    with the square of the lines it compares)."""
+    old, new = before.splitlines(), after.splitlines()
+    same_start = 0
+    while same_start < min(len(old), len(new)) and old[same_start] == new[same_start]:
+        same_start += 1
+    same_end = 0
+    while (
+        same_end < min(len(old), len(new)) - same_start
+        and old[-1 - same_end] == new[-1 - same_end]
+    ):
+        same_end += 1
     matcher = difflib.SequenceMatcher(
-        None, before.splitlines(), after.splitlines(), autojunk=False
+        None,
+        old[same_start : len(old) - same_end],
+        new[same_start : len(new) - same_end],
+        autojunk=False,
     )
     return {
-        line + 1
+        same_start + line + 1
         for tag, _i1, _i2, j1, j2 in matcher.get_opcodes()
         if tag != "equal"
         for line in range(j1, j2)
