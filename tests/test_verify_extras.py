@@ -113,6 +113,99 @@ def test_what_cannot_be_given_says_why(tmp_path: Path) -> None:
     assert "verify installs nothing into it" in given.refused["multiprocess"]
 
 
+def test_a_pin_that_conflicts_with_the_environment_goes_in_unpinned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip's conflict with a package of the managed environment (not a
+    compiled wheel, not a version the index lacks) is tried again without
+    the pin, and the overlay's constraints leave that pin out."""
+    import deepstack_patch.proof.extras as extras_module
+    from deepstack_patch.engine.errors import DeepstackError
+
+    tree = tmp_path / "tree"
+    path = tree / "requirements" / "test.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text("pytest-asyncio==0.24.0\nnumpy==2.0.0\nmultiprocess==0.70.16\n")
+    conflict = (
+        "pip failed: ERROR: Cannot install pytest-asyncio==0.24.0 because these "
+        "package versions have conflicting dependencies."
+    )
+    asked: list[tuple[list[str], dict[str, str]]] = []
+
+    def dry_run(_base, requirements, pins) -> None:
+        asked.append((list(requirements), dict(pins)))
+        if requirements == ["pytest-asyncio==0.24.0"]:
+            raise DeepstackError(conflict)
+        if requirements == ["numpy==2.0.0"]:
+            raise DeepstackError("not pure Python: numpy-2.0.0-cp311-cp311-linux.whl")
+        if requirements[0].startswith("numpy"):  # never asked again
+            raise AssertionError(requirements)
+
+    built: list[tuple[list[str], dict[str, str]]] = []
+
+    def overlay(_base, requirements, pins, _say=None):
+        built.append((list(requirements), dict(pins)))
+        if len(built) == 1:  # all at once: pip refuses
+            raise DeepstackError("pip failed: ERROR: ResolutionImpossible")
+        return ProofEnv(Path(sys.executable), root=tmp_path / "overlay", key="o")
+
+    monkeypatch.setattr(extras_module, "_dry_run", dry_run)
+    monkeypatch.setattr(extras_module, "overlay", overlay)
+    managed = ProofEnv(Path(sys.executable), root=tmp_path / "env", key="k")
+    extras = provide(managed, tree, ["pytest_asyncio", "numpy", "multiprocess"])
+    assert extras.installed == {
+        "pytest_asyncio": "pytest-asyncio",
+        "multiprocess": "multiprocess==0.70.16",
+    }
+    assert extras.unpinned["pytest_asyncio"].startswith(
+        "the release pins pytest-asyncio==0.24.0, which conflicts with the "
+        "managed environment's packages (pip failed: ERROR: Cannot install"
+    )
+    assert extras.refused["numpy"].startswith("numpy==2.0.0 not installed: not pure")
+    assert (
+        ["pytest-asyncio"],
+        {"numpy": "numpy==2.0.0", "multiprocess": "multiprocess==0.70.16"},
+    ) in asked
+    # The overlay: its pin left out of the constraints, the others kept.
+    requirements, pins = built[-1]
+    assert requirements == ["multiprocess==0.70.16", "pytest-asyncio"]
+    assert (
+        "pytest-asyncio" not in pins and pins["multiprocess"] == "multiprocess==0.70.16"
+    )
+    assert extras.json()["unpinned"] == extras.unpinned
+
+
+@pytest.mark.verify
+def test_a_pin_that_needs_another_pytest_goes_in_at_the_newest_that_fits(
+    tmp_path: Path, proof_env: ProofEnv
+) -> None:
+    """Over the managed environment (pytest 9): the release's
+    pytest-asyncio 0.24.0 needs pytest < 9, so the newest pytest-asyncio
+    that goes beside pytest 9 goes in, and pytest stays as it was."""
+    if _index_version("pytest-asyncio") is None:
+        pytest.skip("the package index has no pytest-asyncio")
+    pytest_version = "import pytest; print(pytest.__version__)"
+    if not _run(proof_env.python, pytest_version).startswith("9."):
+        pytest.skip("the managed environment's pytest is not 9")
+    tree = tmp_path / "tree"
+    path = tree / "requirements" / "test.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text("pytest-asyncio==0.24.0\n")
+    extras = provide(proof_env, tree, ["pytest_asyncio"])
+    assert extras.refused == {}
+    assert extras.installed == {"pytest_asyncio": "pytest-asyncio"}
+    assert "0.24.0" in extras.unpinned["pytest_asyncio"]
+    assert extras.env is not None
+    imported = (
+        "import pytest_asyncio, importlib.metadata as m; "
+        "print(m.version('pytest-asyncio'))"
+    )
+    assert _run(extras.env.python, imported).strip() != "0.24.0"
+    assert _run(extras.env.python, pytest_version) == _run(
+        proof_env.python, pytest_version
+    )
+
+
 @pytest.mark.verify
 def test_an_overlay_adds_a_pinned_pure_package_and_keeps_torch(
     tmp_path: Path, proof_env: ProofEnv

@@ -22,7 +22,10 @@ it pulls, as pure-Python wheels at those pins:
   ``none-any``) refuses the install, with its name.
 
 A package the release does not pin, a compiled one, or one the index lacks
-at the pin stays ``could not run``, and the reason says which. CUDA-only and
+at the pin stays ``could not run``, and the reason says which. A pin that
+conflicts with a package of the managed environment (the release's
+pytest-asyncio 0.24.0 needs pytest < 9; the environment has pytest 9) goes
+in at the newest version that goes beside them, and ``unpinned`` says so. CUDA-only and
 network-only tests are never helped here. Nothing here names a fix.
 """
 
@@ -91,12 +94,16 @@ class Extras:
     installed: dict[str, str] = field(default_factory=dict)
     #: Why a module was not installed, by module.
     refused: dict[str, str] = field(default_factory=dict)
+    #: Why a module went in at the newest version that goes beside the
+    #: managed environment's packages, not at the release's pin, by module.
+    unpinned: dict[str, str] = field(default_factory=dict)
     env: ProofEnv | None = None
 
     def json(self) -> dict[str, object]:
         return {
             "installed": self.installed,
             "refused": self.refused,
+            "unpinned": self.unpinned,
             "python": str(self.env.python) if self.env else None,
         }
 
@@ -129,22 +136,58 @@ def provide(
     try:
         extras.env = overlay(base, sorted(extras.installed.values()), pins, say)
         return extras
-    except DeepstackError as exc:
-        if len(extras.installed) == 1:
-            _refuse(extras, exc)
-            return extras
-    # One that cannot be installed must not keep the others out: each alone.
+    except DeepstackError:
+        pass
+    # One that cannot be installed must not keep the others out: each alone;
+    # one whose pin cannot go beside the managed environment's packages, at
+    # the newest version that can.
     for module, requirement in list(extras.installed.items()):
         try:
             _dry_run(base, [requirement], pins)
         except DeepstackError as exc:
-            _refuse(extras, exc, module)
+            if not _beside_the_environment(base, extras, module, pins, exc):
+                _refuse(extras, exc, module)
     if extras.installed:
+        kept = {
+            name: pin
+            for name, pin in pins.items()
+            if name not in {normalized(m) for m in extras.unpinned}
+        }
         try:
-            extras.env = overlay(base, sorted(extras.installed.values()), pins, say)
+            extras.env = overlay(base, sorted(extras.installed.values()), kept, say)
         except DeepstackError as exc:
             _refuse(extras, exc)
     return extras
+
+
+def _beside_the_environment(
+    base: ProofEnv,
+    extras: Extras,
+    module: str,
+    pins: dict[str, str],
+    refused: DeepstackError,
+) -> bool:
+    """Whether ``module``, whose pin pip refused because it conflicts with a
+    package of the managed environment (pytest-asyncio 0.24.0, which needs
+    pytest < 9, beside the environment's pytest 9), goes in unpinned: the
+    newest pure-Python version that goes beside them (the constraints hold
+    every package of the environment at its version). Recorded in
+    ``extras.unpinned``; a compiled wheel or a package the index lacks is
+    never tried again."""
+    if "conflict" not in refused.message.lower():
+        return False
+    name = normalized(module)
+    without = {other: pin for other, pin in pins.items() if other != name}
+    try:
+        _dry_run(base, [name], without)
+    except DeepstackError:
+        return False
+    extras.unpinned[module] = (
+        f"the release pins {extras.installed[module]}, which conflicts with the "
+        f"managed environment's packages ({refused.message})"
+    )
+    extras.installed[module] = name
+    return True
 
 
 def _refuse(extras: Extras, exc: DeepstackError, module: str = "") -> None:

@@ -397,6 +397,8 @@ def _with_extras(
     extras = provide(env, tree.root, modules, progress)
     for module, why in extras.refused.items():
         progress(f"{module}: not added: {why}")
+    for module, why in extras.unpinned.items():
+        progress(f"{module}: added at its newest version beside the environment: {why}")
     if extras.env is None:
         _say_refused(verdicts, extras)
         return extras
