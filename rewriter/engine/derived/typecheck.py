@@ -209,10 +209,11 @@ def _served(
                 for view in stretch:
                     server.lay(view.files, disk)  # type: ignore[arg-type]
                     paths = {side.path for side in view.sides}
-                    by_path = server.diagnostics(
-                        {path: view.files.get(path) or disk(path) for path in paths},  # type: ignore[misc]
-                        TIMEOUT_S,
-                    )
+                    held = {
+                        path: view.files[path] if path in view.files else disk(path)
+                        for path in paths
+                    }
+                    by_path = server.diagnostics(held, TIMEOUT_S)  # type: ignore[arg-type]
                     for side in view.sides:
                         found[side.check, side.state] = [
                             Diagnostic(*diagnostic) for diagnostic in by_path[side.path]
