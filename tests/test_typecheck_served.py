@@ -210,3 +210,27 @@ def test_states_that_differ_only_in_a_body_nobody_sees_share_a_state(
 )
 def test_what_another_module_sees_of_a_file(one: str, other: str, alike: bool) -> None:
     assert same_interface(one.encode(), other.encode()) is alike
+
+
+def test_a_file_that_is_not_utf8_is_left_to_ty_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The protocol's text is UTF-8: a state with a file that is not (a
+    Latin-1 comment) is never told to a server, and its check runs."""
+    root = toy(tmp_path / "tree")
+    raw = b"# caf\xe9\nX: int = 1\n"
+    (root / "vllm" / "latin.py").write_bytes(raw)
+    check = typecheck.Check(
+        "vllm/latin.py",
+        {"vllm/latin.py": raw},
+        {"vllm/latin.py": raw.replace(b"= 1", b"= 2")},
+        lambda _relpath, _appears: False,
+    )
+    sides = typecheck._sides([check])
+    assert not any(typecheck._servable(s, typecheck._Disk(root)) for s in sides)
+    (served,) = typecheck.diagnostics_of(root, [check])
+    monkeypatch.setattr(typecheck, "SERVED", False)
+    (run,) = typecheck.diagnostics_of(root, [check])
+    # ty check cannot read it either: the check says ty could not run.
+    assert isinstance(served, typecheck.CheckerFailed)
+    assert str(served) == str(run)

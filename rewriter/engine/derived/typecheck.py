@@ -172,8 +172,21 @@ def _sides(checks: Sequence[Check]) -> list[_Side]:
 
 def _servable(side: _Side, disk: _Disk) -> bool:
     """Whether a server can be told the side's state: every file it lays is
-    one the tree has (a server cannot be told of a module the tree lacks)."""
-    return all(disk(relpath) is not None for relpath in side.files)
+    one the tree has (a server cannot be told of a module the tree lacks),
+    and it and the tree's file are UTF-8 (the protocol's text is)."""
+    return all(
+        _utf8(raw) and _utf8(disk(relpath)) for relpath, raw in side.files.items()
+    )
+
+
+def _utf8(raw: bytes | None) -> bool:
+    if raw is None:
+        return False
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _served(

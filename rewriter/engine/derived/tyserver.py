@@ -123,7 +123,7 @@ class Server:
         return (self.workspace / relpath).as_uri()
 
     def _tell(self, relpath: str, text: bytes) -> None:
-        decoded = text.decode("utf-8", "surrogateescape")
+        decoded = text.decode("utf-8")  # UTF-8 only (typecheck._servable)
         if relpath not in self._opened:
             self._opened[relpath] = 1
             document = {"uri": self._uri(relpath), "languageId": "python"}
