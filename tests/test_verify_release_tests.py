@@ -165,6 +165,24 @@ def test_selection_by_import_then_by_name(tmp_path: Path) -> None:
     assert selection.unreached == [] and selection.reason == ""
 
 
+def test_a_hand_written_patch_s_units_are_where_it_was_found(tmp_path: Path) -> None:
+    """A patch with no derived units (a built-in one) changes the functions
+    and methods its findings name; a changed file where none was named, or
+    only an import, changes as a whole."""
+    from deepstack_patch.proof.impact import units_of
+
+    units = units_of(
+        object(),
+        ["vllm/shapes.py", "vllm/other.py"],
+        [("vllm/shapes.py", "Box.area"), ("vllm/other.py", "import StageMissingLayer")],
+    )
+    assert units == [AREA, ChangedUnit("vllm/other.py", "module-statement", "")]
+    assert (
+        select(make_tree(tmp_path), units[:1]).tests
+        == select(make_tree(tmp_path / "again"), [AREA]).tests
+    )
+
+
 def test_a_changed_helper_is_reached_through_the_names_that_call_it(
     tmp_path: Path,
 ) -> None:
@@ -427,6 +445,12 @@ def test_a_fix_that_keeps_the_values_passes_them_before_and_after(
     console = Console(record=True, width=300)
     print_verify_report(console, report)
     assert "acme#7 release tests: 4 pass-to-pass (" in console.export_text()
+
+
+def test_a_budget_of_none_runs_no_release_test(tmp_path: Path) -> None:
+    report, verdict = verified(tmp_path, BROKEN, budget=0)
+    assert verdict.release_tests is None and verdict.unit_tests is None
+    assert report.exit_code == 1  # nothing shows the broken fix: not verified
 
 
 def test_without_a_pristine_tree_nothing_is_compared(tmp_path: Path) -> None:

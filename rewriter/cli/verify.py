@@ -76,12 +76,12 @@ from deepstack_patch.engine.tree import VllmTree
 )
 @click.option(
     "--test-budget",
-    type=click.FloatRange(min=1),
+    type=click.FloatRange(min=0),
     metavar="SECONDS",
-    help="With --against-pristine: the seconds each derived patch's release "
-    "tests (the tests of tests/ that reach the units it changes) may take on "
-    "each tree (default: 120); the tests not run by then are reported as "
-    "could not run.",
+    help="With --against-pristine: the seconds each patch's release tests "
+    "(the tests of tests/ that reach the units it changes) may take on each "
+    "tree (default: 120); the tests not run by then are reported as could "
+    "not run. 0 runs none of them.",
 )
 @click.option(
     "--gpu-evidence",
@@ -175,7 +175,7 @@ def verify(
             python=python,
             gpu=gpu,
             jobs=jobs,
-            **({"test_budget": test_budget} if test_budget else {}),
+            **({"test_budget": test_budget} if test_budget is not None else {}),
             progress=lambda line: _progress(status, say, working, line),
             building=building,
         )

@@ -77,13 +77,30 @@ class Selection:
     reason: str = ""
 
 
-def units_of(patch: object, changed_files: Sequence[str]) -> list[ChangedUnit]:
-    """A derived patch's units; a patch without (hand-written) changes its
-    files as wholes: one module-statement unit per changed file."""
+def units_of(
+    patch: object,
+    changed_files: Sequence[str],
+    symbols: Sequence[tuple[str, str]] = (),
+) -> list[ChangedUnit]:
+    """A derived patch's units; a hand-written one's are the functions and
+    methods it was found at (``symbols``: file, ``C.m``), and a changed file
+    where it was found at none of those changes as a whole (one
+    module-statement unit)."""
     units = getattr(patch, "units", None)
     if units:
         return [ChangedUnit(u.path, u.kind, u.name) for u in units]
-    return [ChangedUnit(path, "module-statement", "") for path in changed_files]
+    found = [
+        ChangedUnit(path, "method" if "." in name else "function", name)
+        for path, name in symbols
+        if path in changed_files
+        and all(part.isidentifier() for part in name.split("."))
+    ]
+    named = {unit.path for unit in found}
+    return found + [
+        ChangedUnit(path, "module-statement", "")
+        for path in changed_files
+        if path not in named
+    ]
 
 
 def select(tree: Path, units: Sequence[ChangedUnit]) -> Selection:

@@ -1,8 +1,9 @@
 """The release's own tests of what a patch changes, before and after the fix.
 
-For each patch without a proof of its own (a derived patch), verify with a
-pristine tree selects the tests of the release's ``tests/`` that exercise
-the units the patch changes (``impact.py``: by import, then by name) and
+For each patch, verify with a pristine tree selects the tests of the
+release's ``tests/`` that exercise the units the patch changes
+(``impact.py``: by import, then by name; a built-in patch's units are the
+functions and methods it was found at, beside its own proof) and
 runs them with pytest in the proof environment on the pristine tree and on
 the tree, at once, each within the patch's time budget. Each selected test
 (each parametrization, as pytest reports it) then reads:

@@ -173,6 +173,8 @@ class PatchVerdict:
     apply_command: str = "deepstack-patch apply"
     #: The files the patch changes (needed or applied there), on either tree.
     changed_files: list[str] = field(default_factory=list)
+    #: The functions and methods it changes there, by file (its findings).
+    changed_symbols: list[tuple[str, str]] = field(default_factory=list)
     #: The import stage of a patch without a proof of its own (imports.py).
     imports: ImportStage | None = None
     #: A derived patch's runtime names, judged before the fix (runtime_stage.py).
@@ -368,6 +370,8 @@ class PatchVerdict:
                 f"tests of the changed units: {self.unit_tests.words}; "
                 "no test of its own ran",
             )
+        # The tests of the changed units beside a proof go with the verdict
+        # (``unit_tests``) and below the table, never into its word.
         match self.fail_to_pass:
             case "proven":
                 return said(PROVEN)

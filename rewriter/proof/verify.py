@@ -211,7 +211,13 @@ def _verdicts(
     """Each selected patch's state here (and on the pristine tree), before proofs."""
     plan = plan_tree(tree, series, selected, rewrite=False)
     verdicts = [
-        PatchVerdict(r.patch, r.state, r.reason, changed_files=_changed_files(r))
+        PatchVerdict(
+            r.patch,
+            r.state,
+            r.reason,
+            changed_files=_changed_files(r),
+            changed_symbols=_changed_symbols(r),
+        )
         for r in plan.reports
         if r.selected
     ]
@@ -222,6 +228,9 @@ def _verdicts(
             verdict.pristine_state = report.state
             verdict.changed_files = sorted(
                 {*verdict.changed_files, *_changed_files(report)}
+            )
+            verdict.changed_symbols = sorted(
+                {*verdict.changed_symbols, *_changed_symbols(report)}
             )
     for verdict in verdicts:
         patch = verdict.patch
@@ -262,6 +271,18 @@ def _changed_files(report: Any) -> list[str]:
     return sorted({loc.path for loc in report.locations if _provable(loc.state)})
 
 
+def _changed_symbols(report: Any) -> list[tuple[str, str]]:
+    """Where the patch is needed or applied, by file and the function or
+    method found there (``Sampler.gather_logprobs``)."""
+    return sorted(
+        {
+            (loc.path, loc.finding.symbol)
+            for loc in report.locations
+            if _provable(loc.state)
+        }
+    )
+
+
 def verify_tree(
     tree: VllmTree,
     series: Sequence[Patch],
@@ -277,7 +298,7 @@ def verify_tree(
 ) -> VerifyReport:
     """Run every selected check on ``tree`` (and its pristine release);
     ``test_budget``: the seconds each patch's release tests may take on
-    each tree (``release_tests.py``)."""
+    each tree (``release_tests.py``; 0: none run)."""
     started = time.monotonic()
     # Every check is forked from one process that imports torch and what the
     # checks import from the environment (forkserver.py), started first so
@@ -533,23 +554,23 @@ def _release_test_runs(
     spawn: Any,
     progress: Progress,
 ) -> dict[str, Pending]:
-    """The release's tests of what each patch without a proof of its own
-    changes, started on both trees (``release_tests.py``): only where there
-    is a pristine tree where the patch is needed (where it is applied there
-    too, both trees hold the same code)."""
+    """The release's tests of what each patch changes (a built-in one's
+    beside its proof), started on both trees (``release_tests.py``): only
+    where there is a pristine tree where the patch is needed (where it is
+    applied there too, both trees hold the same code), and a budget."""
     from deepstack_patch.proof.impact import units_of
     from deepstack_patch.proof.release_tests import submit
 
-    if pristine is None:
+    if pristine is None or budget <= 0:
         return {}
     runs = {}
     for verdict in verdicts:
         patch = verdict.patch
-        if has_proof(patch) or not _provable(verdict.state):
+        if not _provable(verdict.state):
             continue
         if verdict.pristine_state is not PatchState.NEEDED:
             continue
-        units = units_of(patch, verdict.changed_files)
+        units = units_of(patch, verdict.changed_files, verdict.changed_symbols)
         runs[patch.id] = submit(
             pool, env, tree.root, pristine.root, units, budget, spawn
         )
