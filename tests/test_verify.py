@@ -558,6 +558,10 @@ def test_the_fork_servers_preload_changes_no_result(
             proof_env,
             TARGETS,
             pristine=pristine,
+            # Not the release's tests of the built-in fixes (minutes twice
+            # over): their stage runs through the same fork server in
+            # test_the_built_in_fixes_keep_their_proofs_beside_the_release_tests.
+            test_budget=0,
         )
         reports.append(_without_timing(documents.verify_json(report)))
         preloaded = json.loads(learned.read_text())

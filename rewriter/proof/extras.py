@@ -25,8 +25,9 @@ A package the release does not pin, a compiled one, or one the index lacks
 at the pin stays ``could not run``, and the reason says which. A pin that
 conflicts with a package of the managed environment (the release's
 pytest-asyncio 0.24.0 needs pytest < 9; the environment has pytest 9) goes
-in at the newest version that goes beside them, and ``unpinned`` says so. CUDA-only and
-network-only tests are never helped here. Nothing here names a fix.
+in at the newest version that goes beside them, and ``unpinned`` says so.
+CUDA-only and network-only tests are never helped here. Nothing here names
+a fix.
 """
 
 from __future__ import annotations
