@@ -195,6 +195,8 @@ def test_states_that_differ_only_in_a_body_nobody_sees_share_a_state(
         ),
         # A signature is seen.
         (SHARED, SHARED.replace("count: int", "count: float"), False),
+        # A body on the ``def`` line is the line itself: it stays.
+        ("def f() -> int: return 1\n", "def f() -> int: return 2\n", False),
         ("def f(:\n", "def f(:\n ", False),
     ],
     ids=[
@@ -205,6 +207,7 @@ def test_states_that_differ_only_in_a_body_nobody_sees_share_a_state(
         "method-self",
         "global",
         "signature",
+        "one-line",
         "unparsable",
     ],
 )

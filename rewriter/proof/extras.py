@@ -149,11 +149,8 @@ def provide(
             if not _beside_the_environment(base, extras, module, pins, exc):
                 _refuse(extras, exc, module)
     if extras.installed:
-        kept = {
-            name: pin
-            for name, pin in pins.items()
-            if name not in {normalized(m) for m in extras.unpinned}
-        }
+        unpinned = {normalized(module) for module in extras.unpinned}
+        kept = {name: pin for name, pin in pins.items() if name not in unpinned}
         try:
             extras.env = overlay(base, sorted(extras.installed.values()), kept, say)
         except DeepstackError as exc:

@@ -51,11 +51,7 @@ def _unseen_bodies(body: list[ast.stmt]) -> Iterator[tuple[int, int]]:
         match node:
             case ast.ClassDef():
                 yield from _unseen_bodies(node.body)
-            case ast.FunctionDef() | ast.AsyncFunctionDef() if node.body[
-                0
-            ].lineno > node.lineno and _body_unseen(
-                node
-            ):  # (a body on the ``def`` line stays)
+            case ast.FunctionDef() | ast.AsyncFunctionDef() if _body_unseen(node):
                 yield node.body[0].lineno, node.end_lineno or node.body[-1].lineno
 
 
@@ -69,8 +65,10 @@ def same_interface(one: bytes, other: bytes) -> bool:
 
 def _body_unseen(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Whether nothing in ``function``'s body reaches its module's
-    interface (see the module's docstring)."""
+    interface (see the module's docstring); a body on the ``def`` line stays."""
     if function.returns is None and function.name != "__init__":
+        return False
+    if function.body[0].lineno == function.lineno:
         return False
     for node in ast.walk(ast.Module(body=function.body, type_ignores=[])):
         match node:
