@@ -9,6 +9,7 @@ regenerates every untouched byte exactly.
 from __future__ import annotations
 
 import ast
+import collections
 import io
 import re
 import tokenize
@@ -63,8 +64,9 @@ class SourceFile:
     @property
     def ast(self) -> ast.Module:
         if self._ast is None:
+            _ = self.text  # bytes that do not decode are told as such
             try:
-                self._ast = ast.parse(self.text, filename=self.relpath)
+                self._ast = parsed(self.raw)
             except SyntaxError as exc:
                 raise DeepstackError(
                     f"syntax error: {exc.msg}",
@@ -105,6 +107,9 @@ class SourceFile:
         edited = SourceFile(self.relpath, raw)
         if self.encoding != "utf-8" or raw.startswith(b"\xef\xbb\xbf"):
             return edited
+        if (whole := _PARSES.get(raw)) is not None:
+            edited._ast = whole
+            return edited
         body = self.ast.body
         kept = 0
         while kept < len(body) and (body[kept].end_lineno or 0) <= first_changed:
@@ -122,11 +127,36 @@ class SourceFile:
         except (SyntaxError, UnicodeDecodeError):
             return edited  # the whole parse reports it, with its position
         edited._ast = ast.Module(body=[*body[:kept], *rest.body], type_ignores=[])
+        _keep(raw, edited._ast)
         return edited
 
     @classmethod
     def from_cst(cls, relpath: str, module: libcst.Module) -> SourceFile:
         return cls(relpath=relpath, raw=module.bytes, _cst=module)
+
+
+def parsed(raw: bytes) -> ast.Module:
+    """The ast of the module ``raw`` (SyntaxError or ValueError where it
+    does not parse), parsed once for every reader while any holds it: a
+    first status of 40 derived fixes parsed each file up to four times (to
+    recognise it, to cut the skeleton of its rewrite, for its imports and
+    for its interface), a tenth of its time. No reader changes a tree:
+    every transform works on a copy (rename.py, footprint.py)."""
+    found = _PARSES.get(raw)
+    if found is None:
+        found = ast.parse(raw)
+        _keep(raw, found)
+    return found
+
+
+def _keep(raw: bytes, module: ast.Module) -> None:
+    _PARSES[raw] = module
+    _RECENT.append(module)  # held a while after its last reader lets go
+
+
+#: Each tree by its bytes, while a reader (or ``_RECENT``) holds it.
+_PARSES: weakref.WeakValueDictionary[bytes, ast.Module] = weakref.WeakValueDictionary()
+_RECENT: collections.deque[ast.Module] = collections.deque(maxlen=64)
 
 
 #: The bytes each module the engine parsed came from (see :func:`parsed_from`).

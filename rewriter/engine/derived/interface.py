@@ -27,6 +27,8 @@ import functools
 import hashlib
 from collections.abc import Iterator
 
+from deepstack_patch.engine.source import parsed
+
 
 @functools.lru_cache(maxsize=4096)
 def interface(raw: bytes) -> str | None:
@@ -35,7 +37,7 @@ def interface(raw: bytes) -> str | None:
     of each body left out (see the module's docstring; two versions whose
     other lines differ, in code or in comments, never agree)."""
     try:
-        tree = ast.parse(raw)
+        tree = parsed(raw)
     except (SyntaxError, ValueError):
         return None
     lines = raw.splitlines(keepends=True)

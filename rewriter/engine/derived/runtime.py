@@ -70,6 +70,7 @@ from deepstack_patch.engine.derived.names import (
     imports_in,
 )
 from deepstack_patch.engine.protocol import Finding, PatchState
+from deepstack_patch.engine.source import parsed
 
 #: ty's rules that mean the code cannot run: an attribute, a module member,
 #: a name or a ``vllm`` import that is not there, an argument the callee
@@ -353,7 +354,7 @@ def _module_names(context: TreeContext, path: str) -> set[str]:
     packages are not checked), or a class's, which the typed check sees."""
     raw = context.sources.get(path)
     try:
-        body = ast.parse(raw if raw is not None else context.read(path))
+        body = parsed(raw if raw is not None else context.read(path))
     except (OSError, SyntaxError, ValueError):
         return set()
     return _imported_names(body.body)
