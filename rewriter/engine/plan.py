@@ -508,6 +508,14 @@ def _rewritten(patch: Patch, source: SourceFile, needed: list[Finding]) -> Sourc
                 return _checked(patch, source, needed, fast.result, fast.changed)
         except Exception:  # noqa: BLE001 - the whole module decides below
             pass
+        # A derived patch edits text: the whole file's, where no skeleton
+        # leaves anything out (a small file), without a LibCST module.
+        as_text = getattr(patch, "rewrite_text", None)
+        written = as_text(source.raw, needed) if as_text else None
+        if written is not None:
+            result = SourceFile(source.relpath, written)
+            changed = _changed_lines(source, result)
+            return _checked(patch, source, needed, result, changed)
     module = patch.rewrite(source.cst, needed)
     result = SourceFile.from_cst(source.relpath, module)
     return _checked(patch, source, needed, result, _changed_lines(source, result))
