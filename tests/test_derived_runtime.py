@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from deepstack_patch.authoring.derive import derive_patch_from_text
 from deepstack_patch.engine.apply import apply_tree
-from deepstack_patch.engine.derived import DerivedPatch, typecheck, write_derived
+from deepstack_patch.engine.derived import DerivedPatch, write_derived
 from deepstack_patch.engine.derived.units import units_of_change
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.plan import plan_tree
@@ -29,6 +29,7 @@ from deepstack_patch.patches import SERIES
 
 from tests.support import TARGETS
 from tests.support.toys import derived_patch
+from tests.support.ty_runs import checks_handed_to_ty
 from tests.test_json_schemas import errors as schema_errors
 from tests.test_verify_imports import git_diff
 
@@ -126,14 +127,7 @@ def test_a_typed_attribute_the_release_lacks_drifts_in_ty_s_words_once(
     """ty runs once per release, file and patch: the second plan reads its
     verdict from the cache; a changed file of the package is a new key."""
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
-    runs: list[Path] = []
-    real = typecheck.diagnostics_of
-
-    def counted(root: Path, checks: list[typecheck.Check]):
-        runs.extend(root for _ in checks)
-        return real(root, checks)
-
-    monkeypatch.setattr(typecheck, "diagnostics_of", counted)
+    runs = checks_handed_to_ty(monkeypatch)
     files = {
         "vllm/config.py": CONFIG,
         "vllm/sched.py": ELSEWHERE,

@@ -183,15 +183,17 @@ def test_a_plan_ty_could_not_check_is_not_kept(
     tmp_path: Path, plans_made: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tree = tree_of(tmp_path / "tree")
-    real = typecheck.diagnostics_of
+    real, start = typecheck.diagnostics_of, typecheck.ChecksAhead.start
 
     def cannot_run(root, checks):  # type: ignore[no-untyped-def]
         return [typecheck.CheckerFailed("ty crashed") for _ in checks]
 
     monkeypatch.setattr(typecheck, "diagnostics_of", cannot_run)
+    monkeypatch.setattr(typecheck.ChecksAhead, "start", lambda root: None)  # no server
     first = status(tree)
     assert "could not check" in states(first)["local#limits"]
     monkeypatch.setattr(typecheck, "diagnostics_of", real)
+    monkeypatch.setattr(typecheck.ChecksAhead, "start", start)
     made = len(plans_made)
     again = status(tree)
     assert len(plans_made) > made  # asked again, not kept

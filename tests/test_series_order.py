@@ -26,6 +26,7 @@ from deepstack_patch.engine.tree import VllmTree
 
 from tests.support import link_copy
 from tests.support.toys import derived_patch, toy_tree
+from tests.support.ty_runs import checks_handed_to_ty
 
 
 def derived(
@@ -198,14 +199,7 @@ def test_the_type_checker_sees_the_attribute_an_earlier_patch_adds(
     """ty runs on the tree as the earlier patches leave it, and its cached
     verdict on the tree without them is never taken for the tree with them."""
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
-    runs: list[object] = []
-    real = typecheck.diagnostics_of
-
-    def counted(root: Path, checks: list[typecheck.Check]):
-        runs.extend(check.path for check in checks)
-        return real(root, checks)
-
-    monkeypatch.setattr(typecheck, "diagnostics_of", counted)
+    runs = checks_handed_to_ty(monkeypatch)
     tree = whole_tree(
         tmp_path / "tree",
         {"vllm/zshm.py": RING, "vllm/alpha.py": USE, "vllm/pool.py": ELSEWHERE},

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deepstack_patch.engine.derived import closure, typecheck
+from deepstack_patch.engine.derived import closure
 from deepstack_patch.engine.protocol import PatchState
 
+from tests.support.ty_runs import checks_handed_to_ty
 from tests.test_derived_runtime import patch_of, report_of, whole_tree
 
 #: vllm/toy.py reads ToyConfig (vllm/config.py), which gets its fields from
@@ -35,14 +36,7 @@ def test_an_edit_outside_the_closure_keeps_the_verdict_and_one_inside_does_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
-    runs: list[str] = []
-    real = typecheck.diagnostics_of
-
-    def counted(root: Path, checks: list[typecheck.Check]):
-        runs.extend(check.path for check in checks)
-        return real(root, checks)
-
-    monkeypatch.setattr(typecheck, "diagnostics_of", counted)
+    runs = checks_handed_to_ty(monkeypatch)
     root = whole_tree(
         tmp_path / "tree",
         {

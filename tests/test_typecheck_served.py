@@ -121,6 +121,49 @@ def test_served_checks_give_what_runs_of_ty_check_give(
     assert any("nope" in d.message for d in served[4][1])  # type: ignore[index]
 
 
+def test_checks_asked_ahead_get_what_runs_of_ty_check_give(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The servers a plan hands each check to as soon as it is known answer
+    every check a server can take as a run of its own; the one that adds a
+    module is not taken (it goes to the batch at the pass's end)."""
+    root = toy(tmp_path / "tree")
+    checks = checks_on(root)
+    monkeypatch.setattr(typecheck, "SERVED", False)
+    alone = [typecheck.diagnostics_of(root, [one])[0] for one in checks]
+    ahead = typecheck.ChecksAhead.start(root)
+    assert ahead is not None
+    try:
+        numbers = [ahead.ask(check) for check in checks]
+        assert numbers[-1] is None  # vllm/fresh.py: the tree lacks it
+        taken = [number for number in numbers if number is not None]
+        answered = ahead.answers(taken)
+    finally:
+        ahead.close()
+    assert [answered[n] for n in taken] == alone[:-1]
+    assert any("spare" in d.message for d in answered[1][1])
+
+
+def test_a_server_ahead_that_fails_answers_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that cannot start leaves its checks unanswered (the plan
+    hands them to the batch), and the answers do not wait on it."""
+    root = toy(tmp_path / "tree")
+
+    def broken(*_args: object, **_kwargs: object):
+        raise tyserver.ServerFailed("ty server did not start: no such file")
+
+    monkeypatch.setattr(tyserver, "served", broken)
+    ahead = typecheck.ChecksAhead.start(root)
+    assert ahead is not None
+    try:
+        number = ahead.ask(checks_on(root)[0])
+        assert ahead.answers([number]) == {}  # type: ignore[list-item]
+    finally:
+        ahead.close()
+
+
 def test_a_server_that_fails_leaves_the_checks_to_ty_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -84,6 +84,8 @@ class TreeContext:
     #: A check could not give its answer this time (ty could not run), and
     #: may give another next time: the plan is not kept whole.
     unsettled: bool = False
+    #: What the checks started and the plan's end stops (ty's servers).
+    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def read(self, relpath: str) -> bytes:
         """The file as the earlier patches leave it (OSError where absent)."""
@@ -171,7 +173,8 @@ def recognising_in(
     )
     token = _RECOGNISING.set(context)
     try:
-        yield context
+        with context.closing:
+            yield context
     finally:
         _RECOGNISING.reset(token)
 

@@ -482,7 +482,7 @@ def typed_problem(
     if context.defer_checks:
         sources = _sources_now(context, package)
         conclude = functools.partial(_concluded, patch, units, path, raw, fixed)
-        checks.pending[key] = check, lambda found: conclude(sources, found)
+        checks.defer(key, check, lambda found: conclude(sources, found))
         return ""
     (found,) = typecheck.diagnostics_of(context.root, [check])
     if isinstance(found, typecheck.CheckerFailed):
@@ -575,17 +575,57 @@ class _TypedChecks:
         ],
     ] = field(default_factory=dict)
     verdicts: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+    #: The servers the checks put off are told to at once, and checked by
+    #: while the plan goes on (started at the first; the plan's end stops
+    #: them), and the number each check was asked as.
+    ahead: typecheck.ChecksAhead | None = field(default=None, repr=False)
+    asked: dict[str, int] = field(default_factory=dict, repr=False)
+    started: bool = False
+
+    def defer(
+        self,
+        key: str,
+        check: typecheck.Check,
+        conclude: Callable[
+            [tuple[list[typecheck.Diagnostic], list[typecheck.Diagnostic]]],
+            tuple[str, list[str]],
+        ],
+    ) -> None:
+        """Put ``check`` off to the pass's end (``conclude`` makes its verdict
+        of what ty finds), and have it checked meanwhile where a server can."""
+        self.pending[key] = check, conclude
+        if typecheck.SERVED and not self.started:
+            self.started = True
+            self.ahead = typecheck.ChecksAhead.start(self.root)
+            if self.ahead is not None:
+                self.context.closing.push(self.ahead)  # its __exit__
+        if self.ahead is not None and (number := self.ahead.ask(check)) is not None:
+            self.asked[key] = number
 
     def run(self) -> bool:
         """Run what waits; True where a verdict is not the "nothing found"
         the pass was answered meanwhile."""
         closure.save()  # the import lists this pass scanned, once
+        answered = self.ahead.answers(list(self.asked.values())) if self.ahead else {}
         keys = list(self.pending)
-        checked = typecheck.diagnostics_of(
-            self.root, [self.pending[key][0] for key in keys]
+        left = [key for key in keys if self.asked.get(key) not in answered]
+        checked: dict[str, typecheck.Checked] = {
+            key: answered[number]
+            for key, number in self.asked.items()
+            if number in answered
+        }
+        checked.update(
+            zip(
+                left,
+                typecheck.diagnostics_of(
+                    self.root, [self.pending[key][0] for key in left]
+                ),
+                strict=True,
+            )
         )
         answered_wrongly = False
-        for key, found in zip(keys, checked, strict=True):
+        for key in keys:
+            found = checked[key]
             check, conclude = self.pending[key]
             if isinstance(found, typecheck.CheckerFailed):
                 self.context.unsettled = True
@@ -598,6 +638,7 @@ class _TypedChecks:
             self.verdicts[key] = verdict
             answered_wrongly = answered_wrongly or verdict != ("", [])
         self.pending.clear()
+        self.asked.clear()
         return answered_wrongly
 
 

@@ -17,6 +17,11 @@ between two states only inside function bodies no other module can see
 few ``ty server`` processes in turn (:mod:`.tyserver`), which keep what
 they inferred from one state to the next; a state that holds a file the
 tree lacks (a module a fix adds) runs ``ty check`` in a folder of links.
+
+A plan does not wait for its pass's end, though: each check it puts off
+goes at once to servers that check it while the plan goes on
+(:class:`ChecksAhead`), each state alone; the batch takes only what they
+could not (a module a fix adds, a server that failed).
 """
 
 from __future__ import annotations
@@ -116,15 +121,7 @@ def diagnostics_of(root: Path, checks: Sequence[Check]) -> list[Checked]:
     found: dict[tuple[int, str], list[Diagnostic] | CheckerFailed] = {}
     with tempfile.TemporaryDirectory(prefix="deepstack-runtime-") as scratch:
         work = Path(scratch)
-        # No third-party package: their types are unknown, never errors.
-        (work / "env" / "lib" / f"python{PYTHON_VERSION}" / "site-packages").mkdir(
-            parents=True
-        )
-        settings = (
-            f"[environment]\npython = {json.dumps(str(work / 'env'))}\n"
-            f'python-version = "{PYTHON_VERSION}"\n'
-        )
-        (work / "ty.toml").write_text(settings)  # not the tree's [tool.ty]
+        settings = _settings(work)
         sides = _sides(checks)
         if SERVED:
             servable = [side for side in sides if _servable(side, disk)]
@@ -139,6 +136,86 @@ def diagnostics_of(root: Path, checks: Sequence[Check]) -> list[Checked]:
         else:
             results.append((before, after))
     return results
+
+
+class ChecksAhead:
+    """Checks told to ``ty server``s as soon as they are known, checked on
+    another core while the plan goes on (:class:`.tyserver.Ahead`): each
+    state alone, as a run of its own would check it. A check that holds a
+    file the tree lacks, or one that is not UTF-8, is not taken (it goes
+    to :func:`diagnostics_of`), nor is one whose server failed."""
+
+    def __init__(self, root: Path, binary: str) -> None:
+        work = Path(tempfile.mkdtemp(prefix="deepstack-runtime-"))
+        self._disk = _Disk(root)
+        self._servers = tyserver.Ahead(
+            binary, root, work, _settings(work), _SERVERS_AHEAD, self._disk
+        )  # type: ignore[arg-type]
+        self._count = 0
+
+    @classmethod
+    def start(cls, root: Path) -> ChecksAhead | None:
+        """Servers on ``root``, starting; None where ty is not there (the
+        checks say so when they run)."""
+        try:
+            return cls(root, _ty_binary())
+        except CheckerFailed:
+            return None
+
+    def ask(self, check: Check) -> int | None:
+        """Have ``check`` checked; its number for :meth:`answers`, or None
+        where it is not taken."""
+        sides = _sides([check])
+        if not all(_servable(side, self._disk) for side in sides):
+            return None
+        number, self._count = self._count, self._count + 1
+        for side in sides:  # one server, the state as it is, then as fixed
+            self._servers.ask((number, side.state), side.files, side.path, number)
+        return number
+
+    def answers(
+        self, numbers: Sequence[int]
+    ) -> dict[int, tuple[list[Diagnostic], list[Diagnostic]]]:
+        """The diagnostics of each check asked as ``numbers`` (before, after),
+        once checked; none where its server failed."""
+        found = self._servers.answers(
+            (number, state) for number in numbers for state in ("before", "after")
+        )
+        return {
+            number: (
+                [Diagnostic(*each) for each in found[number, "before"]],
+                [Diagnostic(*each) for each in found[number, "after"]],
+            )
+            for number in numbers
+            if (number, "before") in found and (number, "after") in found
+        }
+
+    def close(self, at_once: bool = False) -> None:
+        """Stop the servers (``at_once``: killed, the plan is abandoned)."""
+        self._servers.close(at_once)
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.close(at_once=kind is not None)
+
+
+def _settings(work: Path) -> str:
+    """ty's settings for a check, written to ``work``'s ``ty.toml`` (not the
+    tree's ``[tool.ty]``): Python 3.10 and an environment without any
+    third-party package (their types are unknown, never errors)."""
+    (work / "env" / "lib" / f"python{PYTHON_VERSION}" / "site-packages").mkdir(
+        parents=True
+    )
+    settings = (
+        f"[environment]\npython = {json.dumps(str(work / 'env'))}\n"
+        f'python-version = "{PYTHON_VERSION}"\n'
+    )
+    (work / "ty.toml").write_text(settings)
+    return settings
+
+
+#: How many servers check ahead: each infers the modules the checks share
+#: once more, and a state after the first costs a server little.
+_SERVERS_AHEAD = 2
 
 
 #: Whether the checks go through ``ty server`` (:mod:`.tyserver`) where

@@ -17,6 +17,9 @@ and asked for the checked file's diagnostics (``textDocument/diagnostic``).
 It cannot be told that a file exists that the tree lacks (a module a fix
 adds): such a check runs ``ty check`` as before.
 
+A plan hands each check to servers as soon as it is known (:class:`Ahead`):
+they check it on another core while the plan's Python goes on.
+
 The workspace is a folder holding ``ty.toml`` (the same settings the runs
 of ``ty check`` are given) and a link ``vllm`` to the tree's package, so the
 tree's own ``[tool.ty]`` is not read and nothing is written into the tree.
@@ -24,13 +27,16 @@ tree's own ``[tool.ty]`` is not read and nothing is written into the tree.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
+import shutil
 import subprocess
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +119,10 @@ class Server:
                 raise ServerFailed(f"ty server: {message['error'].get('message', '?')}")
             answers[message["id"]] = message.get("result")
         return [answers[ident] for ident in idents]
+
+    def kill(self) -> None:
+        """Stop the process at once (its answers end: a request raises)."""
+        self._process.kill()
 
     def notify(self, method: str, params: dict[str, Any]) -> None:
         self._send({"method": method, "params": params})
@@ -243,3 +253,109 @@ def served(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+class Ahead:
+    """Servers that check states while the plan that asks for them goes on.
+
+    A first ``status`` of 40 derived fixes is 9 s of Python on one core, and
+    each typed check is known as soon as its patch is recognised. So each
+    state (the files it lays over the tree, the file it checks) goes to a
+    server at once (:meth:`ask`) and is checked on another core; the plan's
+    end collects the answers (:meth:`answers`). A state is laid exactly as
+    it is, the tree's bytes everywhere else: what a run of its own gives.
+    """
+
+    def __init__(
+        self,
+        binary: str,
+        root: Path,
+        work: Path,
+        settings: str,
+        count: int,
+        read: Callable[[str], bytes],
+    ) -> None:
+        self._read, self._work = read, work
+        self._queues: list[queue.SimpleQueue[_Job | None]] = []
+        self._managers: list[Any] = [None] * count
+        self._live: list[Server | None] = [None] * count
+        self._ended = [False] * count
+        self._answers: dict[Hashable, list[tuple[int, str, str]]] = {}
+        self._server_of: dict[Hashable, int] = {}
+        self._done = threading.Condition()
+        self._threads = []
+        for number in range(count):
+            self._queues.append(queue.SimpleQueue())
+            start = functools.partial(
+                served, binary, root, work / f"ahead{number}", settings, 120
+            )
+            thread = threading.Thread(  # a daemon: an interrupt never waits
+                target=self._serve, args=(number, start), daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def ask(
+        self, job: Hashable, files: Mapping[str, bytes], path: str, server: int
+    ) -> None:
+        """Have server number ``server`` (modulo their count) check ``path``
+        with ``files`` laid over the tree; its answer is kept as ``job``'s."""
+        number = server % len(self._queues)
+        self._server_of[job] = number
+        self._queues[number].put(_Job(job, files, path))
+
+    def answers(
+        self, jobs: Iterable[Hashable]
+    ) -> dict[Hashable, list[tuple[int, str, str]]]:
+        """The diagnostics of each of ``jobs`` (line, rule, message), once
+        checked; a job whose server failed has none."""
+        wanted = [job for job in jobs if job in self._server_of]
+        with self._done:
+            self._done.wait_for(
+                lambda: all(
+                    job in self._answers or self._ended[self._server_of[job]]
+                    for job in wanted
+                )
+            )
+            return {job: self._answers[job] for job in wanted if job in self._answers}
+
+    def _serve(self, number: int, start: Callable[[], Any]) -> None:
+        try:
+            manager = start()
+            server = manager.__enter__()
+            self._managers[number], self._live[number] = manager, server
+            while (job := self._queues[number].get()) is not None:
+                server.lay(job.files, self._read)
+                text = job.files.get(job.path) or self._read(job.path)
+                found = server.diagnostics({job.path: text}, 120)[job.path]
+                with self._done:
+                    self._answers[job.name] = found
+                    self._done.notify_all()
+        except ServerFailed:
+            pass  # its jobs have no answer: the plan checks them another way
+        finally:
+            with self._done:
+                self._ended[number] = True
+                self._done.notify_all()
+
+    def close(self, at_once: bool = False) -> None:
+        """Stop the servers and remove their folders: each shut down once it
+        has finished what it was asked, or killed where it is still busy or
+        ``at_once`` (an interrupt), so nothing is left running."""
+        for waiting in self._queues:
+            waiting.put(None)
+        for number, thread in enumerate(self._threads):
+            thread.join(timeout=0 if at_once else 0.5)
+            if thread.is_alive() and (server := self._live[number]) is not None:
+                server.kill()  # its answer never comes: the thread ends
+                thread.join(timeout=5)
+            elif (manager := self._managers[number]) is not None:
+                manager.__exit__(None, None, None)
+        shutil.rmtree(self._work, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _Job:
+    name: Hashable
+    files: Mapping[str, bytes]
+    path: str
