@@ -39,7 +39,7 @@ from deepstack_patch.engine.reading import (
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.requirements import Selection, block_unmet_requirements
 from deepstack_patch.engine.series import series_segments
-from deepstack_patch.engine.source import SourceFile, code_lines
+from deepstack_patch.engine.source import SourceFile, code_lines, keeping_parses
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.engine.whole import refuse_partial_patches
 from deepstack_patch.engine.whole_files import plan_missing_files
@@ -158,6 +158,7 @@ def plan_tree(
     # patches leave them, and rewrites a file to check it (runtime.py).
     with (
         _without_cycle_collection(),
+        keeping_parses(),
         recognising_in(tree.root, series, selected, rewritten_bytes) as context,
     ):
         # A check may put its work off to the pass's end, to do it once for

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import io
 import re
 import tokenize
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -151,12 +153,27 @@ def parsed(raw: bytes) -> ast.Module:
 
 def _keep(raw: bytes, module: ast.Module) -> None:
     _PARSES[raw] = module
-    _RECENT.append(module)  # held a while after its last reader lets go
+    if _RECENT is not None:
+        _RECENT.append(module)  # held a while after its last reader lets go
+
+
+@contextlib.contextmanager
+def keeping_parses() -> Iterator[None]:
+    """Hold the last trees parsed a while after their readers let go, for
+    as long as this lasts (a plan): a tree kept after it, its hundreds of
+    thousands of nodes walked by every collection of the cycle collector,
+    made a built-in ``apply`` a quarter slower."""
+    global _RECENT
+    _RECENT = collections.deque(maxlen=64)
+    try:
+        yield
+    finally:
+        _RECENT = None
 
 
 #: Each tree by its bytes, while a reader (or ``_RECENT``) holds it.
 _PARSES: weakref.WeakValueDictionary[bytes, ast.Module] = weakref.WeakValueDictionary()
-_RECENT: collections.deque[ast.Module] = collections.deque(maxlen=64)
+_RECENT: collections.deque[ast.Module] | None = None
 
 
 #: The bytes each module the engine parsed came from (see :func:`parsed_from`).
