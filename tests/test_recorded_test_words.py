@@ -216,6 +216,14 @@ def test_environment_causes_are_told_from_the_codes_failures() -> None:
     missing = "E   ModuleNotFoundError: No module named 'anthropic'"
     assert environment_cause(missing) == "the package 'anthropic' is not installed"
     assert environment_cause("RuntimeError: No CUDA GPUs are available") == "no GPU"
+    # Seen on 0.20.2 (vllm#35540's and vllm#42233's recorded tests).
+    vocab = (
+        "openai_harmony.HarmonyError: error downloading or loading vocab "
+        "file: failed to download or load vocab file"
+    )
+    assert environment_cause(vocab) == "no network"
+    bench = "ImportError: Please install vllm[bench] for bench support"
+    assert environment_cause(bench) == "vLLM's optional extra 'bench' is not installed"
     # The tree's own code failing is the code's failure, not the environment's.
     assert environment_cause("E   ModuleNotFoundError: No module named 'vllm.x'") == ""
     assert environment_cause("ImportError: cannot import name 'y' from 'vllm.z'") == ""

@@ -34,7 +34,15 @@ NETWORK_MARKERS = (
     # that is not in the local cache, as vLLM's ModelConfig and the hub say.
     "Invalid repository ID or local directory specified",
     "outgoing traffic has been disabled",
+    # openai_harmony fetches its encoding's vocabulary file where no copy is
+    # cached (HarmonyError).
+    "failed to download or load vocab file",
 )
+
+#: What vLLM raises where a feature needs one of its optional extras
+#: (``vllm[bench]``, ``vllm[audio]``), whose packages the proof environment
+#: does not hold.
+_EXTRA_MISSING = re.compile(r"Please install vllm\[([\w-]+)\]")
 
 #: What pytest says of an ``async def`` test without an async plugin: the
 #: plugin vLLM's tests use (pinned in its test requirements) is missing.
@@ -71,6 +79,8 @@ def environment_cause(message: str) -> str:
     match _MISSING_MODULE.search(message):
         case re.Match() as found if found[1].split(".")[0] not in TREE_PACKAGES:
             return f"the package {found[1].split('.')[0]!r} is not installed"
+    if found := _EXTRA_MISSING.search(message):
+        return f"vLLM's optional extra {found[1]!r} is not installed"
     if ASYNC_PLUGIN_MISSING in message:
         return f"the package {ASYNC_PLUGIN!r} is not installed"
     if any(marker in message for marker in NETWORK_MARKERS):
