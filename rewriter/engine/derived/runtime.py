@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from deepstack_patch.engine.context import TreeContext, tree_context
-from deepstack_patch.engine.derived import closure, outside, typecheck
+from deepstack_patch.engine.derived import closure, outside, typecheck, verdicts
 from deepstack_patch.engine.derived.data import Unit
 from deepstack_patch.engine.derived.match import code_nodes, import_aliases
 from deepstack_patch.engine.derived.names import (
@@ -454,7 +454,7 @@ def typed_problem(
         except OSError:
             return ""
     reads = _reads(context, package, patch, path, raw)
-    key = typecheck.cache_key(
+    key = verdicts.cache_key(
         getattr(patch, "data_fingerprint", b""),
         path,
         raw,
@@ -462,8 +462,8 @@ def typed_problem(
     )
     checks = _typed_checks(context)
     known = checks.verdicts.get(key)
-    if known is None and (cached := typecheck.cached(key)) is not None:
-        known = cached, typecheck.cached_excused(key)
+    if known is None and (cached := verdicts.cached(key)) is not None:
+        known = cached, verdicts.cached_excused(key)
     if known is not None:
         excused |= set(known[1])
         return known[0]
@@ -492,7 +492,7 @@ def typed_problem(
         patch, units, path, raw, fixed, _sources(context, package), found
     )
     if kept:
-        typecheck.store(key, problem, names)
+        verdicts.store(key, problem, names)
     excused |= set(names)
     return problem
 
@@ -634,7 +634,7 @@ class _TypedChecks:
                 problem, names, kept = conclude(found)
                 verdict = problem, names
                 if kept:
-                    typecheck.store(key, problem, names)
+                    verdicts.store(key, problem, names)
             self.verdicts[key] = verdict
             answered_wrongly = answered_wrongly or verdict != ("", [])
         self.pending.clear()

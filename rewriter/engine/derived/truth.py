@@ -69,7 +69,7 @@ def _agreement_marker(data: bytes) -> Path | None:
     if os.environ.get("DEEPSTACK_PATCH_NO_CACHE") == "1":
         return None
     from deepstack_patch.engine.cache import cache_dir
-    from deepstack_patch.engine.derived.typecheck import engine_digest
+    from deepstack_patch.engine.derived.verdicts import engine_digest
 
     try:
         folder = cache_dir() / "agreed"

@@ -1,12 +1,10 @@
 """The type checker a derived patch's runtime names are checked with: ty
 (pinned in pyproject.toml; vLLM configures it, ``[tool.ty]``), run on a
-file as it is and as the fix leaves it, in the tree, and its verdicts cached.
+file as it is and as the fix leaves it, in the tree.
 
 :mod:`.runtime` decides what a new diagnostic means; this module only runs
-ty and keeps what :mod:`.runtime` concluded, under a digest of everything
-the verdict depends on (the file, the ``vllm`` modules ty can reach from it,
-:mod:`.closure`; the patch's data, the engine's code and ty's version), so
-it can never go stale.
+ty. What :mod:`.runtime` concluded is kept by :mod:`.verdicts`, under a
+digest of everything the verdict depends on, so it can never go stale.
 
 A plan's checks run as one batch (:func:`diagnostics_of`): each check's two
 states join the first run of ty whose files agree with theirs wherever
@@ -26,8 +24,6 @@ could not (a module a fix adds, a server that failed).
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
 import re
@@ -37,7 +33,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from deepstack_patch.engine.derived import tyserver
 from deepstack_patch.engine.derived.interface import same_interface
@@ -550,96 +545,3 @@ def _ty_binary() -> str:
         return os.fsdecode(find_ty_bin())
     except FileNotFoundError as exc:
         raise CheckerFailed(f"ty's binary is missing: {exc}") from None
-
-
-# -- the cache ---------------------------------------------------------------------
-
-
-#: Bump when what is stored changes meaning.
-_CACHE_SCHEMA = "2"  # 2: the names excused beside the problem
-
-
-def cache_key(patch_data: bytes, path: str, raw: bytes, reads_digest: str) -> str:
-    """The key of a verdict: everything it depends on (see the module);
-    ``patch_data`` is the patch's data file's fingerprint, ``reads_digest``
-    that of the modules ty can read (:meth:`.closure.ModuleIndex.digest`)."""
-    digest = hashlib.sha256()
-    for piece in (
-        _CACHE_SCHEMA,
-        _ty_version(),
-        engine_digest(),
-        reads_digest,
-        path,
-        patch_data.hex(),
-    ):
-        digest.update(piece.encode() + b"\0")
-    digest.update(raw)
-    return digest.hexdigest()
-
-
-@functools.cache
-def _ty_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ty")
-    except PackageNotFoundError:
-        return "absent"
-
-
-@functools.cache
-def engine_digest() -> str:
-    """The engine's code: a rewrite or a check that changed makes new keys."""
-    digest = hashlib.sha256()
-    engine = Path(__file__).resolve().parents[1]
-    for file in sorted(engine.rglob("*.py")):
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
-
-
-def _cache_file(key: str) -> Path | None:
-    from deepstack_patch.engine.cache import cache_dir
-    from deepstack_patch.engine.errors import DeepstackError
-
-    try:
-        return cache_dir() / "runtime-names" / key[:2] / f"{key}.json"
-    except DeepstackError:
-        return None  # no cache folder: check every time
-
-
-def _stored(key: str) -> dict[str, Any]:
-    file = _cache_file(key)
-    try:
-        stored: Any = json.loads(file.read_text()) if file else None
-    except (OSError, ValueError):
-        return {}
-    return stored if isinstance(stored, dict) else {}
-
-
-def cached(key: str) -> str | None:
-    problem = _stored(key).get("problem")
-    return problem if isinstance(problem, str) else None
-
-
-def cached_excused(key: str) -> list[str]:
-    """The attribute names a verdict found there at run time (see
-    :func:`store`)."""
-    excused = _stored(key).get("excused")
-    if not isinstance(excused, list):
-        return []
-    return [name for name in excused if isinstance(name, str)]
-
-
-def store(key: str, problem: str, excused: list[str] | None = None) -> None:
-    """Keep a verdict: the problem (empty: none), and the attribute names
-    ty said a type lacks that are there at run time all the same."""
-    file = _cache_file(key)
-    if file is None:
-        return
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        partial = file.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"problem": problem, "excused": excused or []}))
-        partial.replace(file)
-    except OSError:
-        pass  # a cache that cannot be written only costs time
