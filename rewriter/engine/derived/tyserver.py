@@ -326,13 +326,16 @@ class Ahead:
             self._managers[number], self._live[number] = manager, server
             while (job := self._queues[number].get()) is not None:
                 server.lay(job.files, self._read)
-                text = job.files.get(job.path) or self._read(job.path)
+                laid = job.files.get(job.path)
+                text = laid if laid is not None else self._read(job.path)
                 found = server.diagnostics({job.path: text}, 120)[job.path]
                 with self._done:
                     self._answers[job.name] = found
                     self._done.notify_all()
-        except ServerFailed:
-            pass  # its jobs have no answer: the plan checks them another way
+        except (ServerFailed, OSError, ValueError, KeyError):
+            # A server that stops, or answers what this cannot read: its
+            # jobs have no answer, and the plan checks them another way.
+            pass
         finally:
             with self._done:
                 self._ended[number] = True
