@@ -164,11 +164,12 @@ def keeping_parses() -> Iterator[None]:
     thousands of nodes walked by every collection of the cycle collector,
     made a built-in ``apply`` a quarter slower."""
     global _RECENT
-    _RECENT = collections.deque(maxlen=64)
+    outer = _RECENT  # a plan made inside another keeps the outer one's
+    _RECENT = outer if outer is not None else collections.deque(maxlen=64)
     try:
         yield
     finally:
-        _RECENT = None
+        _RECENT = outer
 
 
 #: Each tree by its bytes, while a reader (or ``_RECENT``) holds it.
