@@ -207,3 +207,25 @@ def test_status_shows_what_a_patch_travels_with(release_tree: object) -> None:
     }
     assert after["vllm#43617"] == "requires vllm#40932; companions: vllm#49397"
     assert after["vllm#49397"] == "companion of vllm#43617"
+
+
+def test_a_step_quick_as_a_rule_says_nothing_and_a_long_one_says_how_far(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``status`` reports its plan with ``after``: piped, no line for a
+    quick run, then one every few seconds and the last where it ends."""
+    from deepstack_patch.output import progress as progress_module
+
+    clock = iter(range(0, 1000))  # one second per reading of the clock
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(progress_module, "is_terminal", lambda stream: False)
+    interval = progress_module.PLAIN_INTERVAL
+    with progress_module.progress("quick", "items", after=100) as update:
+        update(1, None, "a.py")
+    assert capsys.readouterr().err == ""
+    with progress_module.progress("long", "items", after=interval) as update:
+        for done in range(1, 9):
+            update(done, None, f"f{done}.py")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("long ... ") and len(lines) >= 2
+    assert lines[-1] == "long ... 8 (f8.py)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import click
@@ -46,11 +47,25 @@ def status(
     """
     from deepstack_patch.engine.plan import plan_tree, select_patches
     from deepstack_patch.engine.recognition_cache import RecognitionCache
+    from deepstack_patch.output.progress import PLAIN_INTERVAL, progress
 
     series = load_series()
     selected = select_patches(series, only, skip)
     cache = RecognitionCache.for_series(series)
-    plan = plan_tree(tree, series, selected, rewrite=False, cache=cache)
+    # A first run with dozens of derived patches takes seconds: say how far
+    # it has come (piped: a line every few seconds, none for a quick run).
+    with progress(
+        "recognising the patches: files read", unit="items", after=PLAIN_INTERVAL
+    ) as update:
+        files = itertools.count(1)
+        plan = plan_tree(
+            tree,
+            series,
+            selected,
+            rewrite=False,
+            cache=cache,
+            progress=lambda relpath: update(next(files), None, relpath),
+        )
     if output_format == "json":
         from deepstack_patch.output.documents import (
             dump_json,

@@ -55,12 +55,15 @@ def note(text: str) -> None:
 
 
 @contextlib.contextmanager
-def progress(label: str, unit: Literal["bytes", "items"] = "bytes") -> Iterator[Update]:
+def progress(
+    label: str, unit: Literal["bytes", "items"] = "bytes", after: float = 0.0
+) -> Iterator[Update]:
     """Report a long step's progress; yields ``update(done, total, description)``.
 
     On a terminal this is a transient rich bar on stderr. Otherwise it prints
     ``label ... 45%`` (or ``label ... 2/4``) at most every few seconds and a
-    last line when the step ends.
+    last line when the step ends; with ``after``, nothing before that many
+    seconds have passed (a step that is quick as a rule stays silent).
     """
     if quiet:
         yield lambda *args, **kwargs: None
@@ -69,7 +72,10 @@ def progress(label: str, unit: Literal["bytes", "items"] = "bytes") -> Iterator[
         with _rich_progress(label, unit) as update:
             yield update
         return
-    state = {"last": 0.0, "line": ""}
+    # The first line once ``after`` seconds have passed (at once without it).
+    state = {"last": time.monotonic() - PLAIN_INTERVAL + after, "line": ""}
+    if not after:
+        state["last"] = 0.0
 
     def update(done: int, total: int | None = None, description: str = "") -> None:
         line = f"{label} ... {_amount(done, total, unit)}"
@@ -82,8 +88,9 @@ def progress(label: str, unit: Literal["bytes", "items"] = "bytes") -> Iterator[
             note(line)
             state["line"] = ""
 
+    started = time.monotonic()
     yield update
-    if state["line"]:
+    if state["line"] and time.monotonic() - started >= after:
         note(str(state["line"]))
 
 
