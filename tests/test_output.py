@@ -219,6 +219,8 @@ def test_a_step_quick_as_a_rule_says_nothing_and_a_long_one_says_how_far(
     clock = iter(range(0, 1000))  # one second per reading of the clock
     monkeypatch.setattr(progress_module.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(progress_module, "is_terminal", lambda stream: False)
+    # An in-process --format json run before this one leaves it quiet.
+    monkeypatch.setattr(progress_module, "quiet", False)
     interval = progress_module.PLAIN_INTERVAL
     with progress_module.progress("quick", "items", after=100) as update:
         update(1, None, "a.py")
