@@ -69,7 +69,7 @@ def progress(
         yield lambda *args, **kwargs: None
         return
     if is_terminal(sys.stderr):
-        with _rich_progress(label, unit) as update:
+        with _rich_progress(label, unit, after) as update:
             yield update
         return
     # The first line once ``after`` seconds have passed (at once without it).
@@ -103,7 +103,9 @@ def _amount(done: int, total: int | None, unit: str) -> str:
 
 
 @contextlib.contextmanager
-def _rich_progress(label: str, unit: str) -> Iterator[Update]:
+def _rich_progress(label: str, unit: str, after: float = 0.0) -> Iterator[Update]:
+    """A transient rich bar on stderr, shown from the first update once
+    ``after`` seconds have passed (a quick step draws nothing)."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -128,11 +130,21 @@ def _rich_progress(label: str, unit: str) -> Iterator[Update]:
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False)
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(label if unit == "bytes" else "", total=None)
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        shown: list[tuple[Progress, object]] = []
 
         def update(done: int, total: int | None = None, description: str = "") -> None:
+            if not shown:
+                if time.monotonic() - started < after:
+                    return
+                bar = stack.enter_context(
+                    Progress(*columns, console=console, transient=True)
+                )
+                task = bar.add_task(label if unit == "bytes" else "", total=None)
+                shown.append((bar, task))
+            bar, task = shown[0]
             fields = {"description": description} if unit == "items" else {}
-            bar.update(task, completed=done, total=total, **fields)
+            bar.update(task, completed=done, total=total, **fields)  # type: ignore[arg-type]
 
         yield update
