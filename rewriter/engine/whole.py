@@ -48,7 +48,9 @@ def refuse_partial_patches(reports: dict[str, PatchReport]) -> None:
         documentation = getattr(patch, "documentation_parts", frozenset())
         code = [part for part in patch.parts if part not in documentation]
         located = {loc.finding.part for loc in report.locations}
-        states = {part: report.part_state(part)[0] for part in located & set(code)}
+        # In the patch's order: the words a reason lists them in never
+        # depend on how a set of strings hashes in this process.
+        states = {part: report.part_state(part)[0] for part in code if part in located}
         there = {p: s for p, s in states.items() if s is not PatchState.NOT_APPLICABLE}
         if code and not there:
             # Nothing of the fix's code is in this tree: its documentation
