@@ -72,10 +72,10 @@ def progress(
         with _rich_progress(label, unit, after) as update:
             yield update
         return
-    # The first line once ``after`` seconds have passed (at once without it).
-    state = {"last": time.monotonic() - PLAIN_INTERVAL + after, "line": ""}
-    if not after:
-        state["last"] = 0.0
+    started = time.monotonic()
+    # As if a line was shown just so long ago that the next is due once
+    # ``after`` seconds have passed (at the first update without it).
+    state = {"last": started + after - PLAIN_INTERVAL if after else 0.0, "line": ""}
 
     def update(done: int, total: int | None = None, description: str = "") -> None:
         line = f"{label} ... {_amount(done, total, unit)}"
@@ -88,7 +88,6 @@ def progress(
             note(line)
             state["line"] = ""
 
-    started = time.monotonic()
     yield update
     if state["line"] and time.monotonic() - started >= after:
         note(str(state["line"]))
