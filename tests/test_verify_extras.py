@@ -175,6 +175,96 @@ def test_a_pin_that_conflicts_with_the_environment_goes_in_unpinned(
     assert extras.json()["unpinned"] == extras.unpinned
 
 
+def test_a_package_that_shows_only_once_another_is_in_gets_a_second_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.20.2's tests asked for ``watchfiles`` only once ``uvicorn`` was in:
+    the tests run again with what the first round added say what they still
+    lack, and a second round adds it (with the first round's package kept in
+    the overlay), runs those patches once more, and stops there."""
+    from types import SimpleNamespace
+
+    import deepstack_patch.proof.extras as extras_module
+    import deepstack_patch.proof.verify as verify_module
+    from deepstack_patch.proof.extras import Extras
+    from deepstack_patch.proof.release_tests import ReleaseTests, TestOutcome
+
+    def lacking(*modules: str) -> ReleaseTests:
+        stage = ReleaseTests(selection=None, budget_s=1.0)  # type: ignore[arg-type]
+        stage.could_not_run = [
+            TestOutcome(f"tests/test_{m}.py::test", "", "", (
+                f"could not run: the package '{m}' is not installed"))
+            for m in modules
+        ]  # fmt: skip
+        return stage
+
+    def verdict(patch_id: str, *modules: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            patch=SimpleNamespace(id=patch_id), proof=None, pristine_proof=None,
+            release_tests=lacking(*modules),
+        )  # fmt: skip
+
+    # What each patch's tests lack once the packages so far are in.
+    still_lacking = {
+        "uvicorn": {"acme#1": ("watchfiles",), "acme#2": ()},
+        "uvicorn,watchfiles": {"acme#1": ()},
+    }
+    asked: list[list[str]] = []
+
+    def provide(_env, _tree, modules, _say=None) -> Extras:
+        asked.append(list(modules))
+        extras = Extras()
+        for module in modules:
+            if module == "ray":
+                extras.refused[module] = "not pure Python: ray-2.0-cp311.whl"
+            else:
+                extras.installed[module] = f"{module}==1.0"
+        # The overlay's key names what it holds, for the reruns below.
+        key = ",".join(sorted(extras.installed))
+        extras.env = ProofEnv(Path(sys.executable), root=tmp_path / key, key=key)
+        return extras
+
+    reruns: list[tuple[str, str]] = []
+
+    def rerun(_pool, overlay, _tree, _pristine, one, _scratch, _budget):
+        reruns.append((one.patch.id, overlay.key))
+
+        def finish() -> None:
+            one.release_tests = lacking(*still_lacking[overlay.key][one.patch.id])
+
+        return finish
+
+    monkeypatch.setattr(extras_module, "provide", provide)
+    monkeypatch.setattr(verify_module, "_rerun", rerun)
+    verdicts = [
+        verdict("acme#1", "uvicorn"),
+        verdict("acme#2", "uvicorn", "ray"),
+        verdict("acme#3", "ray"),
+    ]
+    said: list[str] = []
+    managed = ProofEnv(Path(sys.executable), root=tmp_path / "env", key="k")
+    extras = verify_module._with_extras(
+        managed, SimpleNamespace(root=tmp_path), None, verdicts, tmp_path, 1.0, 2,
+        said.append,
+    )  # fmt: skip
+    assert asked == [["uvicorn", "ray"], ["uvicorn", "watchfiles"]]
+    assert reruns == [
+        ("acme#1", "uvicorn"),
+        ("acme#2", "uvicorn"),
+        ("acme#1", "uvicorn,watchfiles"),
+    ]
+    assert extras is not None
+    assert extras.installed == {
+        "uvicorn": "uvicorn==1.0",
+        "watchfiles": "watchfiles==1.0",
+    }
+    assert list(extras.refused) == ["ray"]  # the first round's refusal is kept
+    assert verdicts[0].release_tests.could_not_run == []
+    (ray,) = verdicts[2].release_tests.could_not_run
+    assert ray.reason.endswith("(not pure Python: ray-2.0-cp311.whl)")
+    assert "tests could not run without: watchfiles" in said
+
+
 @pytest.mark.verify
 def test_a_pin_that_needs_another_pytest_goes_in_at_the_newest_that_fits(
     tmp_path: Path, proof_env: ProofEnv

@@ -384,6 +384,13 @@ def verify_tree(
     )
 
 
+#: Rounds of added packages after the first run of the tests: a package can
+#: show only once another is in (0.20.2's tests asked for ``watchfiles`` only
+#: after ``uvicorn`` was added), so a second round asks again for what the
+#: first one's runs still lacked.
+EXTRA_ROUNDS = 2
+
+
 def _with_extras(
     env: ProofEnv,
     tree: VllmTree,
@@ -397,7 +404,8 @@ def _with_extras(
     """Where a recorded or selected test could not run for a package the
     proof environment lacks: that package at the release's pin, in an
     overlay of the environment (``extras.py``), and those patches' tests run
-    again with it; what could not be given says why."""
+    again with it, for up to EXTRA_ROUNDS rounds; what could not be given
+    says why."""
     from deepstack_patch.proof.extras import missing_packages, provide
 
     def reasons(verdict: PatchVerdict) -> list[str]:
@@ -410,33 +418,50 @@ def _with_extras(
             found += [o.reason for o in verdict.release_tests.could_not_run]
         return found
 
-    wanting = {v.patch.id: missing_packages(reasons(v)) for v in verdicts}
-    modules = list(dict.fromkeys(m for found in wanting.values() for m in found))
-    if not modules:
-        return None
-    progress(f"tests could not run without: {', '.join(modules)}")
-    extras = provide(env, tree.root, modules, progress)
-    for module, why in extras.refused.items():
-        progress(f"{module}: not added: {why}")
-    for module, why in extras.unpinned.items():
-        progress(f"{module}: added at its newest version beside the environment: {why}")
-    if extras.env is None:
+    extras: Extras | None = None
+    asked: set[str] = set()
+    for _ in range(EXTRA_ROUNDS):
+        wanting = {v.patch.id: missing_packages(reasons(v)) for v in verdicts}
+        new = [m for found in wanting.values() for m in found if m not in asked]
+        new = list(dict.fromkeys(new))
+        if not new:
+            break
+        asked.update(new)
+        progress(f"tests could not run without: {', '.join(new)}")
+        earlier = extras
+        # The overlay holds what the earlier rounds added as well: a test
+        # that needed those still needs them.
+        kept = list(earlier.installed) if earlier is not None else []
+        extras = provide(env, tree.root, [*kept, *new], progress)
+        if earlier is not None:
+            extras.refused = {**earlier.refused, **extras.refused}
+            extras.unpinned = {**earlier.unpinned, **extras.unpinned}
+        for module in new:
+            if module in extras.refused:
+                progress(f"{module}: not added: {extras.refused[module]}")
+            if module in extras.unpinned:
+                progress(
+                    f"{module}: added at its newest version beside the "
+                    f"environment: {extras.unpinned[module]}"
+                )
+        if extras.env is None:
+            break
+        added = set(new) & set(extras.installed)
+        # Every patch's runs at once, as in the first round.
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            finishing = []
+            for verdict in verdicts:
+                if not set(wanting[verdict.patch.id]) & added:
+                    continue
+                progress(f"{verdict.patch.id}: its tests again, with "
+                         f"{', '.join(extras.installed.values())}")  # fmt: skip
+                finishing.append(
+                    _rerun(pool, extras.env, tree, pristine, verdict, scratch, budget)
+                )
+            for finish in finishing:
+                finish()
+    if extras is not None:
         _say_refused(verdicts, extras)
-        return extras
-    # Every patch's runs at once, as in the first round.
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        finishing = []
-        for verdict in verdicts:
-            if not set(wanting[verdict.patch.id]) & set(extras.installed):
-                continue
-            progress(f"{verdict.patch.id}: its tests again, with "
-                     f"{', '.join(extras.installed.values())}")  # fmt: skip
-            finishing.append(
-                _rerun(pool, extras.env, tree, pristine, verdict, scratch, budget)
-            )
-        for finish in finishing:
-            finish()
-    _say_refused(verdicts, extras)
     return extras
 
 
