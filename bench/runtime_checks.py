@@ -12,6 +12,7 @@ output only. ty is a bench requirement (``pip install ty``).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import json
 import os
@@ -272,20 +273,47 @@ _STDLIB = (
     "tempfile", "signal", "traceback", "string", "copy", "abc", "zipfile",
     "tarfile", "hashlib", "struct", "array", "decimal", "fractions",
     "multiprocessing", "selectors", "ssl", "http.client", "urllib.parse",
+    "importlib.util", "importlib.machinery",
 )  # fmt: skip
 
 
 def _stdlib_attributes() -> set[str]:
     """The attribute names of the standard library's classes (those of
-    _STDLIB): vllm never has to define them."""
+    _STDLIB): vllm never has to define them. A class's ``dir`` lacks what
+    its ``__init__`` sets (``ModuleSpec.origin``, what ``find_spec``
+    returns), so the source of the module that defines each class is read
+    too, as a release's own files are (``_defined_in``)."""
     import importlib
+    import inspect
 
     names: set[str] = set()
+    sources: set[str] = set()
     for module_name in _STDLIB:
         module = importlib.import_module(module_name)
         for value in vars(module).values():
             if isinstance(value, type):
                 names.update(dir(value))
+                with contextlib.suppress(TypeError, OSError):
+                    sources.add(inspect.getsourcefile(value) or "")
+    for source in sorted(sources - {""}):
+        with contextlib.suppress(OSError, SyntaxError):
+            names |= _instance_attributes(Path(source).read_text(encoding="utf-8"))
+    return names
+
+
+def _instance_attributes(text: str) -> set[str]:
+    """What the methods of a file's classes set on ``self``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        match node:
+            case ast.ClassDef(body=body):
+                for statement in body:
+                    for inner in ast.walk(statement):
+                        match inner:
+                            case ast.Attribute(
+                                value=ast.Name(id="self"), attr=attr, ctx=ast.Store()
+                            ):
+                                names.add(attr)
     return names
 
 

@@ -298,6 +298,25 @@ def test_the_attribute_check_says_wrong_on_a_name_defined_nowhere(
     )
 
 
+def test_what_a_standard_library_class_sets_on_itself_is_defined(
+    runtime_tree, tmp_path
+) -> None:
+    """vllm#33992 on 0.16.0 reads ``spec.origin`` off what
+    ``importlib.util.find_spec`` returns: ``ModuleSpec`` sets ``origin`` in
+    its ``__init__``, so the class's ``dir`` lacks it; the judge reads the
+    standard library's sources for what their classes set on ``self``."""
+    reads = USER_BEFORE.replace(
+        "return config.is_pooling",
+        "return config.is_pooling or config.origin or config._option_string_actions",
+    )
+    pristine, ours = _write(tmp_path, runtime_tree, reads)
+    assert runtime_checks.attribute_wrongs(runtime_tree, pristine, ours, [USER]) == (
+        [],
+        [],
+    )
+    assert "origin" not in dir(__import__("importlib.machinery").machinery.ModuleSpec)
+
+
 def test_a_write_that_keeps_an_import_git_apply_drops_is_beyond(
     setup, tmp_path
 ) -> None:
