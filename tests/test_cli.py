@@ -76,6 +76,34 @@ def test_status_json_schema(needing_tree: Path) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("status",), ("apply", "--check"), ("apply", "--dry-run"), ("apply",)],
+    ids=" ".join,
+)
+def test_a_long_plan_says_how_far_it_has_come_on_stderr(
+    needing_tree: Path, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
+) -> None:
+    """status and apply (each of its modes) name the files their plan reads
+    on stderr, piped: every few seconds (here every time), never on stdout,
+    and not at all with --format json."""
+    from deepstack_patch.output import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "PLAIN_INTERVAL", 0.0)
+    monkeypatch.setattr(progress_module, "is_terminal", lambda stream: False)
+    monkeypatch.setattr(progress_module, "quiet", False)
+    tree = str(needing_tree)
+    result = CliRunner().invoke(main, [*command, "--vllm-src", tree])
+    assert result.exit_code in (0, 1), result.output
+    said = f"recognising the patches: files read ... 1 ({MODEL})"
+    assert said in result.stderr.splitlines()
+    assert "recognising" not in result.stdout
+    result = CliRunner().invoke(
+        main, [*command, "--vllm-src", tree, "--format", "json"]
+    )
+    assert "recognising" not in result.output
+
+
 def test_check_exit_codes(needing_tree: Path, drifted_tree: Path) -> None:
     assert run("apply", "--check", "--vllm-src", str(needing_tree))[0] == 1
     assert run("apply", "--check", "--vllm-src", str(drifted_tree))[0] == 2

@@ -100,6 +100,7 @@ def apply(
     from deepstack_patch.engine.plan import select_patches
     from deepstack_patch.engine.recognition_cache import RecognitionCache
     from deepstack_patch.output.documents import dump_json, plan_json
+    from deepstack_patch.output.progress import files_read
 
     series = load_series()
     selected = select_patches(series, only, skip)
@@ -131,16 +132,18 @@ def apply(
     # The recognition cache serves only files nothing is rewritten in.
     cache = RecognitionCache.for_series(series)
     with said_after_the_write():
-        result = apply_tree(
-            tree,
-            series,
-            selected,
-            mode,
-            cache,
-            check=check,
-            unchecked_names=unchecked_names,
-            skip_drifted=skip_drifted,
-        )
+        with files_read() as read:
+            result = apply_tree(
+                tree,
+                series,
+                selected,
+                mode,
+                cache,
+                check=check,
+                unchecked_names=unchecked_names,
+                skip_drifted=skip_drifted,
+                progress=read,
+            )
         if result.drifted:
             fields = _apply_fields(result, dry_run, check)
             # Under --dry-run stdout is a diff (here an empty one), never a table.

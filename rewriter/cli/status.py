@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import sys
 
 import click
@@ -47,24 +46,14 @@ def status(
     """
     from deepstack_patch.engine.plan import plan_tree, select_patches
     from deepstack_patch.engine.recognition_cache import RecognitionCache
-    from deepstack_patch.output.progress import PLAIN_INTERVAL, progress
+    from deepstack_patch.output.progress import files_read
 
     series = load_series()
     selected = select_patches(series, only, skip)
     cache = RecognitionCache.for_series(series)
-    # A first run with dozens of derived patches takes seconds: say how far
-    # it has come (piped: a line every few seconds, none for a quick run).
-    with progress(
-        "recognising the patches: files read", unit="items", after=PLAIN_INTERVAL
-    ) as update:
-        files = itertools.count(1)
+    with files_read() as read:
         plan = plan_tree(
-            tree,
-            series,
-            selected,
-            rewrite=False,
-            cache=cache,
-            progress=lambda relpath: update(next(files), None, relpath),
+            tree, series, selected, rewrite=False, cache=cache, progress=read
         )
     if output_format == "json":
         from deepstack_patch.output.documents import (

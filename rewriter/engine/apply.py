@@ -86,6 +86,7 @@ def apply_tree(
     check: bool = False,
     unchecked_names: bool = False,
     skip_drifted: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> ApplyResult:
     """Plan ``series`` on ``tree``; in ``write`` mode write every edit or none.
 
@@ -98,11 +99,14 @@ def apply_tree(
 
     ``skip_drifted`` leaves out each drifted patch and every patch that
     cannot go without it, and works on the rest (``ApplyResult.left_out``).
+    ``progress`` is called with each file the plan reads.
     """
     writes = mode == WRITE
 
     def plan_for(chosen: set[str]) -> Plan:
-        return plan_tree(tree, series, chosen, rewrite=mode != CHECK, cache=cache)
+        return plan_tree(
+            tree, series, chosen, rewrite=mode != CHECK, cache=cache, progress=progress
+        )
 
     with tree_lock(tree.root) if writes else contextlib.nullcontext():
         if skip_drifted:

@@ -93,6 +93,20 @@ def progress(
         note(str(state["line"]))
 
 
+@contextlib.contextmanager
+def files_read() -> Iterator[Callable[[str], None]]:
+    """A plan's progress (``plan_tree(progress=...)``): each file read is
+    counted and named. A first run with dozens of derived patches takes
+    seconds; piped, a line every few seconds, none for a quick run."""
+    import itertools
+
+    with progress(
+        "recognising the patches: files read", unit="items", after=PLAIN_INTERVAL
+    ) as update:
+        files = itertools.count(1)
+        yield lambda relpath: update(next(files), None, relpath)
+
+
 def _amount(done: int, total: int | None, unit: str) -> str:
     if unit == "items":
         return f"{done}/{total}" if total else str(done)
