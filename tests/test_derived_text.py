@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 from pathlib import Path
 
 import pytest
@@ -542,6 +543,54 @@ def test_derive_says_text_where_its_rewrite_is_the_diffs_result(
         f"{line} of the result (the same code: a comment, docstring or blank line "
         "the fix changes away from the statements it changes is not carried)"
     ]
+
+
+def test_what_derive_leaves_out_is_kept_and_shown_with_the_state(
+    tmp_path: Path,
+) -> None:
+    """A comment at a line's end that the fix rewords, a file that is not
+    Python: derive leaves them out, the data file keeps them
+    (``not_carried``), and status shows them beside the patch's state, in
+    text and JSON: its state speaks only of what it carries."""
+    from click.testing import CliRunner
+    from deepstack_patch.cli import main
+    from deepstack_patch.engine.derived.data import write_derived
+
+    elsewhere = CHAIN + "\n\ndef other():\n    return 1  # old words\n"
+    fixed = CHAIN_FIXED + "\n\ndef other():\n    return 1  # new words\n"
+    base = _tree(tmp_path / "base", {PATH: elsewhere}, partial=True)
+    diff = git_diff(PATH, elsewhere, fixed) + git_diff("csrc/ops.cu", "a\n", "b\n")
+    result = derive_patch_from_text(diff, base, "l#3")
+    line = fixed.splitlines().index("    return 1  # new words") + 1
+    assert result.patch.not_carried == (
+        "csrc/ops.cu: not Python, left out",
+        f"{PATH}: the rewrite's text differs from the diff's result at line(s) "
+        f"{line} of the result (the same code: a comment, docstring or blank line "
+        "the fix changes away from the statements it changes is not carried)",
+    )
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    data_file = write_derived(result.patch, folder)
+    assert load_derived(data_file).not_carried == result.patch.not_carried
+    tree = _tree(tmp_path / "tree", {PATH: elsewhere}, partial=True)
+    args = ["--vllm-src", str(tree.root), "--patches", str(folder), "--only", "l#3"]
+    shown = CliRunner().invoke(main, ["status", *args])
+    assert shown.exit_code == 0, shown.output
+    assert "not carried: csrc/ops.cu: not Python, left out" in shown.stdout
+    assert f"not carried: {PATH}: the rewrite's text differs" in shown.stdout
+    document = json.loads(
+        CliRunner().invoke(main, ["status", *args, "--format", "json"]).stdout
+    )
+    (patch,) = [p for p in document["patches"] if p["id"] == "l#3"]
+    assert patch["state"] == "needed"
+    assert patch["not_carried"] == list(result.patch.not_carried)
+    # A hand-edited data file that breaks the field is named.
+    data_file.write_text(
+        data_file.read_text().replace('"csrc/ops.cu: not Python, left out",', "1,")
+    )
+    refused = CliRunner().invoke(main, ["status", *args])
+    assert refused.exit_code == 2
+    assert "not_carried must be a list of text" in refused.output
 
 
 # -- a data file derive wrote before ---------------------------------------------

@@ -239,6 +239,7 @@ def test_a_document_that_breaks_a_shared_shape_fails_its_schema() -> None:
         "parts": [],
         "files": [],
         "follow_ups": [],
+        "not_carried": [],
         "locations": [],
     }
     assert errors("status", {**document, "patches": [patch]}) == []

@@ -167,7 +167,7 @@ def derive_patch_from_text(
     check_patch_id(patch_id, taken_ids)
     check_upstream(upstream_url, fixed_in)
     files = parse_diff(diff_text, diff_name)
-    units, tests, skipped, results, notes = _read_changes(
+    units, tests, skipped, results, notes, not_carried = _read_changes(
         files, base, diff_name, base_label
     )
     by_entries = any(edit.kind == "entry" for unit in units for edit in unit.edits)
@@ -199,10 +199,15 @@ def derive_patch_from_text(
         )
 
     patch = made_of(units)
+    # The self-check's notes: where the rewrite's text is not the diff's.
+    checked: list[str] = []
     try:
         try:
             round_trip = self_check(
-                patch, base if checked_on is None else checked_on(patch), results, notes
+                patch,
+                base if checked_on is None else checked_on(patch),
+                results,
+                checked,
             )
         except DeepstackError:
             if not by_entries:
@@ -211,8 +216,12 @@ def derive_patch_from_text(
             # their own: its statement whole, as before they were.
             units = _read_changes(files, base, diff_name, base_label, False)[0]
             patch = made_of(units)
+            checked = []
             round_trip = self_check(
-                patch, base if checked_on is None else checked_on(patch), results, notes
+                patch,
+                base if checked_on is None else checked_on(patch),
+                results,
+                checked,
             )
     except DeepstackError:
         raise
@@ -220,6 +229,9 @@ def derive_patch_from_text(
         described = [unit.description for unit in units]
         where = "; ".join(described[:3]) + (" and more" if len(described) > 3 else "")
         raise _unexpected(exc, "checking " + where, diff_name) from exc
+    notes += checked
+    # What status shows with the patch's state, which speaks of these units.
+    patch.not_carried = (*not_carried, *checked)
     return DeriveResult(
         patch=patch,
         data_file=None,
@@ -245,12 +257,20 @@ def _read_changes(
     list[SkippedTest],
     dict[str, tuple[str, str]],
     list[str],
+    list[str],
 ]:
     """The diff's units, its recorded tests, the test files left out of the
-    proof, each Python file before and after, and notes on what was left out."""
+    proof, each Python file before and after, notes on what was left out,
+    and those of them that are of the fix's code (not its tests)."""
     from deepstack_patch.engine.derived.units import units_of_change
 
     notes: list[str] = []
+    not_carried: list[str] = []
+
+    def leave_out(note: str) -> None:
+        notes.append(note)
+        not_carried.append(note)
+
     recorded: dict[str, str] = {}  # test path -> content after the fix
     tested: dict[str, str] = {}  # test path -> content before the fix
     skipped: dict[str, SkippedTest] = {}
@@ -261,7 +281,8 @@ def _read_changes(
     for file_diff in files:
         path = file_diff.path
         if file_diff.binary:  # a test asset, an image: no code to carry
-            notes.append(f"{path or 'a file'}: a binary file, left out")
+            note = f"{path or 'a file'}: a binary file, left out"
+            (notes.append if is_test_path(path) else leave_out)(note)
             continue
         _refuse_shape(file_diff, diff_name)
         if is_test_path(path):
@@ -271,11 +292,11 @@ def _read_changes(
                 _record_test(file_diff, base, notes, recorded, skipped)
             continue
         if not path.endswith(".py"):
-            notes.append(f"{path}: not Python, left out")
+            leave_out(f"{path}: not Python, left out")
             continue
         if not path.startswith("vllm/"):
             # setup.py, tools/, benchmarks/: no installed vLLM runs them.
-            notes.append(f"{path}: outside the vllm package, left out")
+            leave_out(f"{path}: outside the vllm package, left out")
             continue
         if file_diff.new_file or file_diff.deleted:
             _whole_file(file_diff, base, base_label, texts, whole)
@@ -298,20 +319,20 @@ def _read_changes(
         except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
             raise _unexpected(exc, f"reading the change of {path}", diff_name) from exc
         if not changed:  # comment lines between statements are units
-            notes.append(f"{path}: {ONLY_FORMATTING}")
+            leave_out(f"{path}: {ONLY_FORMATTING}")
             continue
-        notes += [
-            f"{path}: {_docstring_of(name)} changes alone; left out "
-            "(docstrings never count for a derived patch)"
-            for name in docstrings.left_out(before, after, changed)
-        ]
+        for name in docstrings.left_out(before, after, changed):
+            leave_out(
+                f"{path}: {_docstring_of(name)} changes alone; left out "
+                "(docstrings never count for a derived patch)"
+            )
         units.extend(changed)
         results[path] = (before, after)
     tests = [
         RecordedTest(path, content, changed_tests(tested[path], content))
         for path, content in recorded.items()
     ]
-    return units, tests, list(skipped.values()), results, notes
+    return units, tests, list(skipped.values()), results, notes, not_carried
 
 
 def _whole_file(

@@ -187,6 +187,9 @@ class Patch:
     symptom: ClassVar[str] = ""
     #: Fix safety: what the rewrite may change beyond the lines it fixes.
     also_changes: ClassVar[str] = "Nothing beyond the lines shown in the examples."
+    #: What of the upstream fix it leaves out (a derived patch: what derive
+    #: said; a file that is not Python, a comment at the end of a line).
+    not_carried: ClassVar[tuple[str, ...]] = ()
     #: Patch ids that must be applied first when they are needed. A patch
     #: recognises its target both in their output (`apply` rewrites in
     #: series order) and on the shape before their rewrite (`status` and

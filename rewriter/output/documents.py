@@ -59,6 +59,8 @@ def patch_json(report: PatchReport) -> dict[str, Any]:
         ],
         "files": report.files,
         "follow_ups": follow_ups_json(patch),
+        # What derive said the patch leaves out of the upstream fix.
+        "not_carried": list(patch.not_carried),
         "locations": [
             {
                 "path": loc.path,
@@ -111,6 +113,7 @@ def metadata_json(patch: Patch) -> dict[str, Any]:
         "origin": patch.origin,
         "symptom": patch.symptom,
         "also_changes": patch.also_changes,
+        "not_carried": list(patch.not_carried),
         "requires": list(patch.requires),
         "companions": list(patch.companions),
         "supersedes": list(patch.supersedes),

@@ -97,6 +97,10 @@ def print_plan_table(
                 table.add_row("", "", f"  [dim]{escape(part_reason)}[/]")
         if report.blocked_reason and not report.applied_now:
             table.add_row("", "", f"  [yellow]{escape(report.blocked_reason)}[/]")
+        if state is not PatchState.NOT_APPLICABLE:
+            # Its state speaks of what it carries: say what it does not.
+            for item in patch.not_carried:
+                table.add_row("", "", f"  [dim]not carried: {escape(item)}[/]")
     console.print(table)
     skipped = [
         r.patch.id
@@ -190,6 +194,8 @@ def print_series(console: Console, series: Sequence[Patch]) -> None:
         if patch.symptom:
             console.print(f"  symptom:  {escape(patch.symptom)}")
         console.print(f"  changes:  {escape(patch.also_changes)}")
+        for item in patch.not_carried:
+            console.print(f"  not carried: {escape(item)}")
         if patch.requires:
             console.print(f"  requires: {', '.join(patch.requires)}")
         if patch.companions:

@@ -466,10 +466,18 @@ def _fields(data: dict[str, Any], origin: str) -> dict[str, Any]:
             for t in data.get("skipped_tests", [])
         ],
         "requires": [str(r) for r in data.get("requires", [])],
+        "not_carried": _not_carried(data.get("not_carried", [])),
         "origin": origin,
         "upstream_url": upstream_url,
         "fixed_in": fixed_in,
     }
+
+
+def _not_carried(value: Any) -> list[str]:
+    match value:
+        case list(items) if all(isinstance(item, str) and item for item in items):
+            return items
+    raise ValueError("not_carried must be a list of text (what derive left out)")
 
 
 def dump_derived(patch: Any) -> str:
@@ -489,6 +497,11 @@ def dump_derived(patch: Any) -> str:
         "paths = [" + ", ".join(_string(p) for p in patch.paths) + "]",
         "requires = [" + ", ".join(_string(r) for r in patch.requires) + "]",
     ]
+    if patch.not_carried:
+        # What of the upstream fix the patch leaves out: status shows it.
+        out.append("not_carried = [")
+        out += [f"    {_string(item)}," for item in patch.not_carried]
+        out.append("]")
     for test in patch.recorded_tests:
         out += ["", "[[tests]]", f"path = {_string(test.path)}"]
         if test.names:

@@ -105,6 +105,7 @@ class DerivedPatch(Patch):
         fixed_in: str = "",
         skipped_tests: Sequence[SkippedTest] = (),
         commit: str = "",
+        not_carried: Sequence[str] = (),
     ) -> None:
         self.id = id
         self.title = title
@@ -121,6 +122,10 @@ class DerivedPatch(Patch):
         self.recorded_tests = tuple(tests)
         #: The diff's test files left out of the proof, and why.
         self.skipped_tests = tuple(skipped_tests)
+        #: What of the upstream fix it does not carry, as derive said it (a
+        #: file that is not Python, a comment at the end of a line): shown
+        #: with its state, which speaks of what it carries only.
+        self.not_carried = tuple(not_carried)
         self.requires = tuple(requires)
         self.origin = origin or "derived"
         #: The engine refuses to apply it in part (see plan_tree).
