@@ -175,13 +175,15 @@ def test_a_pin_that_conflicts_with_the_environment_goes_in_unpinned(
     assert extras.json()["unpinned"] == extras.unpinned
 
 
-def test_a_package_that_shows_only_once_another_is_in_gets_a_second_round(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("rounds", [4, 2])
+def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounds: int
 ) -> None:
     """0.20.2's tests asked for ``watchfiles`` only once ``uvicorn`` was in:
-    the tests run again with what the first round added say what they still
-    lack, and a second round adds it (with the first round's package kept in
-    the overlay), runs those patches once more, and stops there."""
+    the tests run again with what a round added say what they still lack,
+    and the next round adds it (with the earlier rounds' packages kept in the
+    overlay) and runs those patches once more, until nothing new is asked
+    for, or EXTRA_ROUNDS rounds were made."""
     from types import SimpleNamespace
 
     import deepstack_patch.proof.extras as extras_module
@@ -207,7 +209,8 @@ def test_a_package_that_shows_only_once_another_is_in_gets_a_second_round(
     # What each patch's tests lack once the packages so far are in.
     still_lacking = {
         "uvicorn": {"acme#1": ("watchfiles",), "acme#2": ()},
-        "uvicorn,watchfiles": {"acme#1": ()},
+        "uvicorn,watchfiles": {"acme#1": ("anthropic",)},
+        "anthropic,uvicorn,watchfiles": {"acme#1": ()},
     }
     asked: list[list[str]] = []
 
@@ -236,6 +239,7 @@ def test_a_package_that_shows_only_once_another_is_in_gets_a_second_round(
 
     monkeypatch.setattr(extras_module, "provide", provide)
     monkeypatch.setattr(verify_module, "_rerun", rerun)
+    monkeypatch.setattr(verify_module, "EXTRA_ROUNDS", rounds)
     verdicts = [
         verdict("acme#1", "uvicorn"),
         verdict("acme#2", "uvicorn", "ray"),
@@ -247,19 +251,32 @@ def test_a_package_that_shows_only_once_another_is_in_gets_a_second_round(
         managed, SimpleNamespace(root=tmp_path), None, verdicts, tmp_path, 1.0, 2,
         said.append,
     )  # fmt: skip
-    assert asked == [["uvicorn", "ray"], ["uvicorn", "watchfiles"]]
-    assert reruns == [
-        ("acme#1", "uvicorn"),
-        ("acme#2", "uvicorn"),
-        ("acme#1", "uvicorn,watchfiles"),
-    ]
+    assert (
+        asked
+        == [
+            ["uvicorn", "ray"],
+            ["uvicorn", "watchfiles"],
+            ["uvicorn", "watchfiles", "anthropic"],
+        ][:rounds]
+    )
+    assert (
+        reruns
+        == [
+            ("acme#1", "uvicorn"),
+            ("acme#2", "uvicorn"),
+            ("acme#1", "uvicorn,watchfiles"),
+            ("acme#1", "anthropic,uvicorn,watchfiles"),
+        ][: rounds + 1]
+    )
     assert extras is not None
-    assert extras.installed == {
-        "uvicorn": "uvicorn==1.0",
-        "watchfiles": "watchfiles==1.0",
-    }
+    assert set(extras.installed) == {"uvicorn", "watchfiles", "anthropic"} - (
+        {"anthropic"} if rounds == 2 else set()
+    )
     assert list(extras.refused) == ["ray"]  # the first round's refusal is kept
-    assert verdicts[0].release_tests.could_not_run == []
+    # Where the rounds ran out, what is still lacking says so.
+    assert verdicts[0].release_tests.could_not_run == (
+        [] if rounds == 4 else lacking("anthropic").could_not_run
+    )
     (ray,) = verdicts[2].release_tests.could_not_run
     assert ray.reason.endswith("(not pure Python: ray-2.0-cp311.whl)")
     assert "tests could not run without: watchfiles" in said

@@ -384,11 +384,12 @@ def verify_tree(
     )
 
 
-#: Rounds of added packages after the first run of the tests: a package can
-#: show only once another is in (0.20.2's tests asked for ``watchfiles`` only
-#: after ``uvicorn`` was added), so a second round asks again for what the
-#: first one's runs still lacked.
-EXTRA_ROUNDS = 2
+#: Rounds of added packages after the first run of the tests, at most: a
+#: package can show only once another is in (0.20.2's tests asked for
+#: ``uvicorn`` once ``anthropic`` was added, then for ``watchfiles``), so
+#: each round asks again for what the last one's runs still lack, until
+#: nothing new is asked for.
+EXTRA_ROUNDS = 4
 
 
 def _with_extras(
@@ -404,7 +405,7 @@ def _with_extras(
     """Where a recorded or selected test could not run for a package the
     proof environment lacks: that package at the release's pin, in an
     overlay of the environment (``extras.py``), and those patches' tests run
-    again with it, for up to EXTRA_ROUNDS rounds; what could not be given
+    again with it, round after round (at most EXTRA_ROUNDS); what could not be given
     says why."""
     from deepstack_patch.proof.extras import missing_packages, provide
 
