@@ -171,6 +171,22 @@ def test_without_the_folder_the_patch_is_unknown(vendor: Path, toy_tree: Path) -
     assert code == 2 and "unknown patch id 'acme#12'" in err
 
 
+def test_ids_joined_by_a_comma_are_told_to_repeat_the_option(toy_tree: Path) -> None:
+    """``--skip vllm#38933,vllm#40932`` (as other tools take a list) names
+    the option and says how to give two ids."""
+    code, _, err = run(
+        "status", "--vllm-src", str(toy_tree), "--skip", "vllm#38933, vllm#40932"
+    )
+    assert code == 2
+    assert (
+        "error: unknown patch id 'vllm#38933, vllm#40932': --skip takes one id" in err
+    )
+    assert (
+        "hint: repeat the option, one id each: --skip vllm#38933 --skip vllm#40932"
+        in err
+    )
+
+
 def test_only_and_skip_select_patches_from_elsewhere(
     vendor: Path, toy_tree: Path
 ) -> None:

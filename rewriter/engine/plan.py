@@ -82,9 +82,10 @@ def select_patches(
 ) -> Selection:
     """The ids chosen by ``--only`` and ``--skip``; unknown ids are an error."""
     known = {patch.id for patch in series}
-    for patch_id in [*only, *skip]:
-        if patch_id not in known:
-            raise _unknown_id(patch_id, series)
+    for option, ids in (("--only", only), ("--skip", skip)):
+        for patch_id in ids:
+            if patch_id not in known:
+                raise _unknown_id(patch_id, series, option)
     chosen = Selection((set(only) if only else set(known)) - set(skip), only, skip)
     if not chosen:
         # A gate that checks nothing must not pass: an empty selection is a
@@ -97,10 +98,20 @@ def select_patches(
     return chosen
 
 
-def _unknown_id(patch_id: str, series: Sequence[Patch]) -> DeepstackError:
-    """No patch has ``patch_id``: with the built-in series alone, the likely
+def _unknown_id(
+    patch_id: str, series: Sequence[Patch], option: str = "--only"
+) -> DeepstackError:
+    """No patch has ``patch_id`` (given to ``option``): ids joined by commas
+    where the option takes one; with the built-in series alone, the likely
     cause is a derived patch whose folder was not given."""
     ids = ", ".join(sorted(patch.id for patch in series))
+    pieces = [piece.strip() for piece in patch_id.split(",")]
+    if len(pieces) > 1 and {patch.id for patch in series}.issuperset(pieces):
+        return DeepstackError(
+            f"unknown patch id {patch_id!r}: {option} takes one id",
+            "repeat the option, one id each: "
+            + " ".join(f"{option} {piece}" for piece in pieces),
+        )
     if all(patch.origin == "built-in" for patch in series):
         return DeepstackError(
             f"unknown patch id {patch_id!r}: the series holds only the "
