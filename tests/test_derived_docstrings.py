@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from deepstack_patch.engine.derived import DerivedPatch
 from deepstack_patch.engine.plan import rewrite_text
 from deepstack_patch.engine.protocol import Finding, PatchState
@@ -151,3 +152,72 @@ def test_the_fixed_code_with_the_old_docstring_is_needed_not_applied(
     # Another docstring (a vendor's) is left as it is: the fix is in.
     vendor = code_only.replace("Reorganise the layout.", "Reorganise (vendor's).")
     assert finding(patch, vendor).state is PatchState.APPLIED
+
+
+#: Fixes that add a docstring where there was none, and take one away.
+ADDS = BEFORE.replace(
+    "    def get(self, key):\n        return self.store[key]\n",
+    '    def get(self, key):\n        """The value.\n\n        Of a key.\n        """\n'
+    "        return self.store.get(key)\n",
+)
+REMOVES = BEFORE.replace(
+    '        """How many.\n\n        Counts keys.\n        """\n'
+    "        return len(self.store)\n",
+    "        return len(self.store or ())\n",
+)
+#: Targets: a comment above the docstring the fix rewords; a one-line
+#: function whose docstring shares its header's line; a comment between a
+#: header and the statement under which a docstring is added.
+COMMENTED = BEFORE.replace(
+    '    """Reorganise the layout.',
+    '    # the layouts are documented\n    """Reorganise the layout.',
+)
+ONE_LINE = BEFORE.replace(
+    "    def get(self, key):\n", "    def get(self, key):  # fast\n"
+)
+LED = BEFORE.replace(
+    "    def get(self, key):\n", "    def get(self, key):\n        # a plain read\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("after", "target", "on_text"),
+    [
+        (AFTER, BEFORE, True),
+        (AFTER, COMMENTED, True),
+        (ADDS, BEFORE, True),
+        (ADDS, ONE_LINE, True),
+        (ADDS, LED, False),  # the module puts it above the comment
+        (REMOVES, BEFORE, True),
+    ],
+    ids=[
+        "replaced",
+        "under-a-comment",
+        "added",
+        "added-header-comment",
+        "added-under-a-comment",
+        "removed",
+    ],
+)
+def test_a_docstring_is_written_on_text_as_the_module_writes_it(
+    tmp_path: Path, after: str, target: str, on_text: bool
+) -> None:
+    """A docstring edit is made on the file's text (no LibCST module parsed
+    and printed, a first status's cost), to the byte what the module's
+    rewrite writes; where the text cannot tell it so (lines above a
+    docstring it adds), the module's rewrite runs."""
+    import libcst
+
+    patch, _, _ = derive(tmp_path, BEFORE, after)
+    needed = [
+        f
+        for f in patch.recognise(ast.parse(target), PATH)
+        if f.state is PatchState.NEEDED
+    ]
+    assert needed
+    by_module = patch.rewrite(libcst.parse_module(target), needed).code
+    by_text = patch.rewrite_text(target.encode(), needed)
+    assert (by_text is not None) == on_text
+    if by_text is not None:
+        assert by_text.decode() == by_module
+    assert rewrite_text(patch, target, PATH) == by_module

@@ -665,19 +665,20 @@ def _lines_of(node: ast.stmt) -> tuple[int, int]:
 def _rewrite_skeleton(
     patch: Patch, source: SourceFile, needed: list[Finding]
 ) -> SkeletonRewrite | None:
-    # Imported by a rewrite only: recognition (status, --check) needs neither.
+    # Imported by a rewrite only: recognition (status, --check) needs it not.
     import difflib
-
-    import libcst
 
     skeleton = _skeleton(source, needed)
     if skeleton is None:
         return None
     before, origin = skeleton
-    # A derived patch edits text: it needs no module parsed and printed.
+    # A derived patch edits text: it needs no module parsed and printed
+    # (nor LibCST loaded).
     as_text = getattr(patch, "rewrite_text", None)
     written = as_text(b"".join(before), needed) if as_text else None
     if written is None:
+        import libcst
+
         written = patch.rewrite(libcst.parse_module(b"".join(before)), needed).bytes
     after = written.splitlines(keepends=True)
     original = source.raw.splitlines(keepends=True)

@@ -498,26 +498,30 @@ class DerivedPatch(Patch):
         """:meth:`rewrite` on the file's bytes, without a LibCST module: the
         edits are made on text, and a module parsed only to be printed again
         was a third of a drift corpus's time. None where it needs the module
-        (a docstring to rewrite, a file not in plain UTF-8): the caller rewrites
-        the module then."""
+        (a file not in plain UTF-8, a docstring that shares a line with other
+        code): the caller rewrites the module then."""
         from deepstack_patch.engine.derived import rewrite
 
-        placed = self._placed(needed)
-        if (
-            any(
-                edit.kind == "docstring" and finding.details.get(str(index))
-                for finding, unit in placed
-                for index, edit in enumerate(unit.edits)
-            )
-            or _declares_another_encoding(code)
-            or code.startswith(codecs.BOM_UTF8)
-        ):
+        if _declares_another_encoding(code) or code.startswith(codecs.BOM_UTF8):
             return None
         try:
             text = code.decode("utf-8")
         except UnicodeDecodeError:
             return None
-        made = rewrite.edited_code(text, _first_newline(text), self._to_make(placed))
+        placed = self._placed(needed)
+        # As rewrite() makes them: the code's edits, then the docstrings.
+        documented = [
+            self._compile(edit)
+            for finding, unit in placed
+            for index, edit in enumerate(unit.edits)
+            if edit.kind == "docstring" and finding.details.get(str(index))
+        ]
+        newline = _first_newline(text)
+        made = rewrite.edited_code(text, newline, self._to_make(placed))
+        try:
+            made = rewrite.edited_docstrings(made, newline, documented)
+        except rewrite.NeedsModule:
+            return None
         return made.encode("utf-8")
 
     def _placed(self, needed: Sequence[Finding]) -> list[tuple[Finding, Unit]]:

@@ -255,7 +255,7 @@ def replaced(
         plan = _merged_by_statement(old, new, target, region, own)
     if plan is None:
         return None
-    written = _written(new, region, newline, raw)
+    written = written_lines(new, region, newline, raw)
     out = [
         lines[region.first + index] if source == "target" else written[index]
         for source, index in plan
@@ -322,7 +322,9 @@ def rewritten(
     lines: Sequence[str], region: Region, after: str, newline: str
 ) -> list[str]:
     """The region's lines all replaced by ``after`` (recorded, dedented)."""
-    return _keep_last_line_end(_written(split(after), region, newline), lines, region)
+    return _keep_last_line_end(
+        written_lines(split(after), region, newline), lines, region
+    )
 
 
 def replaced_statements(
@@ -351,7 +353,7 @@ def replaced_statements(
         for index in range(start, parsed[-1] + 1 if parsed else len(new))
         if index >= (parsed[0] if parsed else 0) or new[index].strip() not in kept_above
     ]
-    written = _written(new, region, newline)
+    written = written_lines(new, region, newline)
     out = [
         *lines[region.first : removed_lines[0]],
         *(written[index] for index in chosen),
@@ -433,7 +435,7 @@ def _statement_lines(new: Sequence[str]) -> list[int]:
     return found
 
 
-def _written(
+def written_lines(
     new: Sequence[str],
     region: Region,
     newline: str,

@@ -27,9 +27,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import libcst as cst
 from deepstack_patch.engine.derived import (
     comments,
+    docstrings,
     entries,
     regions,
     rename,
@@ -49,10 +49,13 @@ from deepstack_patch.engine.errors import RewriteRefused
 from deepstack_patch.engine.source import code_lines
 
 if TYPE_CHECKING:
+    # LibCST is imported where a module is rewritten: the edits on text
+    # (status's check of a fix's code, most rewrites) never load it.
+    import libcst as cst
     from deepstack_patch.engine.derived.data import Unit
     from deepstack_patch.engine.derived.match import CompiledEdit
 
-Statements = list[cst.BaseStatement]
+Statements = list["cst.BaseStatement"]
 
 #: A unit's edits to make: the unit, each edit with recognition's details
 #: of it, and the renaming of its function's locals.
@@ -71,6 +74,8 @@ def apply_edits(module: cst.Module, units: Sequence[UnitToMake]) -> cst.Module:
     fix was made on (its ``before``) becomes the fixed one (its ``after``)
     whole: what upstream changed there besides its statements (a comment, a
     docstring, a blank line) comes with it, as ``git apply`` brings it."""
+    import libcst as cst
+
     code = edited_code(module.code, module.default_newline, units)
     if code == module.code:
         return module
@@ -89,6 +94,16 @@ def edited_code(code: str, newline: str, units: Sequence[UnitToMake]) -> str:
     return text.code
 
 
+def edited_docstrings(code: str, newline: str, compiled: Sequence[CompiledEdit]) -> str:
+    """``code`` with each docstring edit made on text, as
+    :func:`.docstrings.rewrite` makes it on a module; :class:`NeedsModule`
+    where the text cannot take one so."""
+    text = _Text(code, newline)
+    for edit in compiled:
+        text.apply(edit, {}, {})
+    return text.code
+
+
 def apply_edit(
     module: cst.Module,
     compiled: CompiledEdit,
@@ -96,11 +111,18 @@ def apply_edit(
     renaming: Mapping[str, str] | None = None,
 ) -> cst.Module:
     """``module`` with one edit made (see :func:`apply_edits`)."""
+    import libcst as cst
+
     text = _Text(module.code, module.default_newline)
     text.apply(compiled, details, renaming or {})
     if text.code == module.code:
         return module
     return cst.parse_module(text.code.encode(module.encoding))
+
+
+class NeedsModule(Exception):
+    """An edit the text cannot take as a LibCST module would: the caller
+    rewrites the module instead (:meth:`.DerivedPatch.rewrite_text`)."""
 
 
 class _Text:
@@ -121,6 +143,8 @@ class _Text:
         (how upstream wrote what the edit inserts: an ``elif``)."""
         if compiled.edit.kind == "imports":
             if not self.imports_as_text(compiled, details):
+                import libcst as cst
+
                 module = cst.parse_module(self.code)
                 self.code = _Imports(module).edited(compiled, details).code
             return
@@ -133,6 +157,8 @@ class _Text:
             self.entries(lines, walk.block(tree.body), walk)
         elif compiled.edit.kind == "comments":
             self.comments(lines, walk.block(tree.body), walk)
+        elif compiled.edit.kind == "docstring":
+            self.docstring(lines, walk.block(tree.body), walk)
         else:
             self.statements(lines, walk.block(tree.body), walk, fixed)
 
@@ -290,6 +316,38 @@ class _Text:
         if whole and compiled.edit.block[-1].field == "orelse":
             region, out = _as_elif(lines, region, out, after, fixed)
         self.replace(lines, region, out)
+
+    def docstring(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:
+        """A docstring edit, as :func:`.docstrings.rewrite` makes it on a
+        LibCST module: upstream's docstring in place of the one the fix
+        edits, its lines alone (the lines above it are kept). A docstring
+        that shares a line with other code raises :class:`NeedsModule`."""
+        edit = walk.compiled.edit
+        todo = docstrings.todo(edit, block)
+        if todo is None:
+            raise RewriteRefused("the docstring is not the one the fix edits")
+        if not todo:
+            return
+        has = bool(block) and shapes.is_docstring(block[0])
+        new = regions.split(edit.inserted) if edit.inserted.strip() else []
+        if not new and len(block) == 1:
+            raise RewriteRefused("the fix would leave the block empty")
+        anchor = block[0]
+        first = regions.first_line(anchor) - 1
+        indent = regions.indentation(lines[first])
+        if anchor.col_offset != len(indent) or (
+            len(block) > 1 and block[1].lineno == anchor.end_lineno
+        ):
+            raise NeedsModule("a docstring that shares a line with other code")
+        # The module keeps the lines above a docstring it replaces, not above
+        # one it adds or removes (a module's header comments, the lines that
+        # lead the statement): those are written on text only under a header.
+        above = lines[first - 1].strip() if first else ""
+        if (not has or not new) and (not above or above.startswith("#")):
+            raise NeedsModule("a docstring added or removed under other lines")
+        stop = (anchor.end_lineno or anchor.lineno) if has else first
+        region = regions.Region(first, stop, indent, -1, frozenset())
+        self.replace(lines, region, regions.written_lines(new, region, self.newline))
 
     def comments(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:
         """A comments edit: upstream's comment lines in place of the old
@@ -511,6 +569,8 @@ class _Imports:
         return ast.parse(textwrap.dedent(self.module.code_for_node(statement))).body
 
     def edited(self, compiled: CompiledEdit, details: Mapping[str, Any]) -> cst.Module:
+        import libcst as cst
+
         add = [tuple(a) for a in details.get("add", ())]
         drop = [tuple(a) for a in details.get("drop", ())]
         body = list(self.module.body)
@@ -548,6 +608,8 @@ class _Imports:
     def _without(
         self, statement: cst.BaseStatement, drop: list[tuple[Any, ...]]
     ) -> cst.BaseStatement | None:
+        import libcst as cst
+
         match statement:
             case cst.SimpleStatementLine(
                 body=[cst.Import() | cst.ImportFrom() as node]
@@ -575,6 +637,8 @@ class _Imports:
         return statement.with_changes(body=[node.with_changes(names=names)])
 
     def _import_from(self, body: Statements, statement: ast.ImportFrom) -> int | None:
+        import libcst as cst
+
         for index, line in enumerate(body):
             match line:
                 case cst.SimpleStatementLine(body=[cst.ImportFrom() as node]):
@@ -596,6 +660,8 @@ class _Imports:
         wanted: list[tuple[Any, ...]],
     ) -> cst.BaseStatement:
         """``from m import a`` with the wanted names, in upstream's order."""
+        import libcst as cst
+
         assert isinstance(line, cst.SimpleStatementLine)
         node = line.body[0]
         assert isinstance(node, cst.ImportFrom) and not isinstance(
@@ -629,6 +695,8 @@ class _Imports:
 
     def _position_of(self, body: Statements, code: str) -> int | None:
         """Where the statement ``code`` is (recognition found it once)."""
+        import libcst as cst
+
         target = shapes.shape(ast.parse(code).body[0])
         for index, statement in enumerate(body):
             if isinstance(statement, cst.SimpleStatementLine) and [
@@ -638,6 +706,8 @@ class _Imports:
         return None
 
     def _position_after(self, body: Statements, after: str) -> int:
+        import libcst as cst
+
         if after:
             target = shapes.shape(ast.parse(after).body[0])
             for index, statement in enumerate(body):
@@ -682,6 +752,8 @@ def _ahead_of(
 def _aliases_of(
     names: Sequence[cst.ImportAlias],
 ) -> list[tuple[str, str, int, str, str]]:
+    import libcst as cst
+
     found = []
     for alias in names:
         name = cst.Module([]).code_for_node(alias.name)
