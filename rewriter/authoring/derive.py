@@ -199,16 +199,9 @@ def derive_patch_from_text(
         )
 
     patch = made_of(units)
-    # The self-check's notes: where the rewrite's text is not the diff's.
-    checked: list[str] = []
     try:
         try:
-            round_trip = self_check(
-                patch,
-                base if checked_on is None else checked_on(patch),
-                results,
-                checked,
-            )
+            round_trip, checked = _round_trip(patch, base, checked_on, results)
         except DeepstackError:
             if not by_entries:
                 raise
@@ -216,13 +209,7 @@ def derive_patch_from_text(
             # their own: its statement whole, as before they were.
             units = _read_changes(files, base, diff_name, base_label, False)[0]
             patch = made_of(units)
-            checked = []
-            round_trip = self_check(
-                patch,
-                base if checked_on is None else checked_on(patch),
-                results,
-                checked,
-            )
+            round_trip, checked = _round_trip(patch, base, checked_on, results)
     except DeepstackError:
         raise
     except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
@@ -245,20 +232,37 @@ def derive_patch_from_text(
     )
 
 
-def _read_changes(
-    files: Sequence[FileDiff],
+def _round_trip(
+    patch: DerivedPatch,
     base: VllmTree,
-    diff_name: str,
-    base_label: str,
-    by_entries: bool = True,
-) -> tuple[
+    checked_on: Callable[[DerivedPatch], VllmTree] | None,
+    results: dict[str, tuple[str, str]],
+) -> tuple[str, list[str]]:
+    """The self-check's round trip, and its notes: where the rewrite's text
+    is not the diff's result."""
+    checked: list[str] = []
+    tree = base if checked_on is None else checked_on(patch)
+    return self_check(patch, tree, results, checked), checked
+
+
+#: What :func:`_read_changes` reads of a diff (see there).
+_Changes = tuple[
     list[Unit],
     list[RecordedTest],
     list[SkippedTest],
     dict[str, tuple[str, str]],
     list[str],
     list[str],
-]:
+]
+
+
+def _read_changes(
+    files: Sequence[FileDiff],
+    base: VllmTree,
+    diff_name: str,
+    base_label: str,
+    by_entries: bool = True,
+) -> _Changes:
     """The diff's units, its recorded tests, the test files left out of the
     proof, each Python file before and after, notes on what was left out,
     and those of them that are of the fix's code (not its tests)."""
