@@ -133,6 +133,15 @@ def test_a_narrow_table_breaks_between_whole_fields() -> None:
     ]
     # the same table unbounded: one line a row
     assert table.lines()[3].endswith(long_symbol)
+    # On a terminal narrower than that field, rich folds it: no character
+    # is cut (a csrc path of 84 characters in `not carried: ...`).
+    from rich.console import Console
+
+    console = Console(width=len(long_symbol) - 10, record=True, file=io.StringIO())
+    console.print(table)
+    shown = console.export_text().splitlines()
+    assert max(map(len, shown)) <= len(long_symbol) - 10
+    assert "".join(line.strip() for line in shown).endswith(long_symbol)
 
 
 def test_columns_that_do_not_fit_side_by_side_come_in_groups() -> None:

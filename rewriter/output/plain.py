@@ -116,7 +116,9 @@ class PlainTable:
         ]
         plain = [[text.plain for text in row] for row in styled]
         for segments in fit(plain, options.max_width, cell_len):
-            line = Text(no_wrap=True, overflow="ignore", end="\n")
+            # A field longer than the terminal is wide (a path of 84
+            # characters) is on a line of its own: folded there, never cut.
+            line = Text(no_wrap=False, overflow="fold", end="\n")
             for x, r, c, start, stop in segments:
                 if start == stop:
                     continue
