@@ -560,7 +560,11 @@ def test_what_derive_leaves_out_is_kept_and_shown_with_the_state(
     fixed = CHAIN_FIXED + "\n\ndef other():\n    return 1  # new words\n"
     base = _tree(tmp_path / "base", {PATH: elsewhere}, partial=True)
     diff = git_diff(PATH, elsewhere, fixed) + git_diff("csrc/ops.cu", "a\n", "b\n")
+    # CI's and the docs' files are no part of what a user runs: noted only.
+    diff += git_diff(".buildkite/test_areas/misc.yaml", "a: 1\n", "a: 2\n")
+    diff += git_diff("docs/usage.md", "old\n", "new\n")
     result = derive_patch_from_text(diff, base, "l#3")
+    assert ".buildkite/test_areas/misc.yaml: not Python, left out" in result.notes
     line = fixed.splitlines().index("    return 1  # new words") + 1
     assert result.patch.not_carried == (
         "csrc/ops.cu: not Python, left out",

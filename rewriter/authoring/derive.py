@@ -94,6 +94,11 @@ ONLY_FORMATTING = (
 )
 
 
+#: Folders of vLLM's repository that no build or run of it reads: what
+#: derive leaves out there is noted, never listed as not carried.
+NEVER_SHIPPED = (".buildkite/", ".github/", "docs/", "examples/", "benchmarks/")
+
+
 def is_test_path(path: str) -> bool:
     parts = path.split("/")
     name = parts[-1]
@@ -271,9 +276,11 @@ def _read_changes(
     notes: list[str] = []
     not_carried: list[str] = []
 
-    def leave_out(note: str) -> None:
+    def leave_out(path: str, note: str) -> None:
         notes.append(note)
-        not_carried.append(note)
+        # A test asset, CI or the docs: nothing a user's vLLM builds or runs.
+        if not is_test_path(path) and not path.startswith(NEVER_SHIPPED):
+            not_carried.append(note)
 
     recorded: dict[str, str] = {}  # test path -> content after the fix
     tested: dict[str, str] = {}  # test path -> content before the fix
@@ -285,8 +292,7 @@ def _read_changes(
     for file_diff in files:
         path = file_diff.path
         if file_diff.binary:  # a test asset, an image: no code to carry
-            note = f"{path or 'a file'}: a binary file, left out"
-            (notes.append if is_test_path(path) else leave_out)(note)
+            leave_out(path, f"{path or 'a file'}: a binary file, left out")
             continue
         _refuse_shape(file_diff, diff_name)
         if is_test_path(path):
@@ -296,11 +302,11 @@ def _read_changes(
                 _record_test(file_diff, base, notes, recorded, skipped)
             continue
         if not path.endswith(".py"):
-            leave_out(f"{path}: not Python, left out")
+            leave_out(path, f"{path}: not Python, left out")
             continue
         if not path.startswith("vllm/"):
             # setup.py, tools/, benchmarks/: no installed vLLM runs them.
-            leave_out(f"{path}: outside the vllm package, left out")
+            leave_out(path, f"{path}: outside the vllm package, left out")
             continue
         if file_diff.new_file or file_diff.deleted:
             _whole_file(file_diff, base, base_label, texts, whole)
@@ -323,12 +329,13 @@ def _read_changes(
         except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
             raise _unexpected(exc, f"reading the change of {path}", diff_name) from exc
         if not changed:  # comment lines between statements are units
-            leave_out(f"{path}: {ONLY_FORMATTING}")
+            leave_out(path, f"{path}: {ONLY_FORMATTING}")
             continue
         for name in docstrings.left_out(before, after, changed):
             leave_out(
+                path,
                 f"{path}: {_docstring_of(name)} changes alone; left out "
-                "(docstrings never count for a derived patch)"
+                "(docstrings never count for a derived patch)",
             )
         units.extend(changed)
         results[path] = (before, after)
