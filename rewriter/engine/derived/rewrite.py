@@ -320,8 +320,10 @@ class _Text:
     def docstring(self, lines: list[str], block: list[ast.stmt], walk: _Walk) -> None:
         """A docstring edit, as :func:`.docstrings.rewrite` makes it on a
         LibCST module: upstream's docstring in place of the one the fix
-        edits, its lines alone (the lines above it are kept). A docstring
-        that shares a line with other code raises :class:`NeedsModule`."""
+        edits, its lines alone (the lines above it are kept). Where the
+        module would write it otherwise (a docstring that shares a line with
+        other code, one added or removed under comment or blank lines),
+        :class:`NeedsModule`."""
         edit = walk.compiled.edit
         todo = docstrings.todo(edit, block)
         if todo is None:
