@@ -10,12 +10,27 @@ either changes nothing; and the data file is one truth (the loader's check).
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 from deepstack_patch.engine.derived import DerivedPatch, docstrings
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.source import SourceFile
 from deepstack_patch.engine.tree import VllmTree
+
+
+def checked_round_trip(
+    patch: DerivedPatch,
+    base: VllmTree,
+    checked_on: Callable[[DerivedPatch], VllmTree] | None,
+    results: dict[str, tuple[str, str]],
+) -> tuple[str, list[str]]:
+    """:func:`self_check` on ``base`` (or the tree ``checked_on`` gives for
+    the patch): its round trip, and its notes, where the rewrite's text is
+    not the diff's result."""
+    checked: list[str] = []
+    tree = base if checked_on is None else checked_on(patch)
+    return self_check(patch, tree, results, checked), checked
 
 
 def self_check(

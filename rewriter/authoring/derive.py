@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepstack_patch.authoring.changed_tests import changed_tests
-from deepstack_patch.authoring.check import self_check
+from deepstack_patch.authoring.check import checked_round_trip
 from deepstack_patch.authoring.sources import (
     id_of_mail,
     mail_subject,
@@ -206,7 +206,7 @@ def derive_patch_from_text(
     patch = made_of(units)
     try:
         try:
-            round_trip, checked = _round_trip(patch, base, checked_on, results)
+            round_trip, checked = checked_round_trip(patch, base, checked_on, results)
         except DeepstackError:
             if not by_entries:
                 raise
@@ -214,7 +214,7 @@ def derive_patch_from_text(
             # their own: its statement whole, as before they were.
             units = _read_changes(files, base, diff_name, base_label, False)[0]
             patch = made_of(units)
-            round_trip, checked = _round_trip(patch, base, checked_on, results)
+            round_trip, checked = checked_round_trip(patch, base, checked_on, results)
     except DeepstackError:
         raise
     except Exception as exc:  # noqa: BLE001 - the last guard: never a traceback
@@ -235,19 +235,6 @@ def derive_patch_from_text(
         notes=notes,
         tree=base,
     )
-
-
-def _round_trip(
-    patch: DerivedPatch,
-    base: VllmTree,
-    checked_on: Callable[[DerivedPatch], VllmTree] | None,
-    results: dict[str, tuple[str, str]],
-) -> tuple[str, list[str]]:
-    """The self-check's round trip, and its notes: where the rewrite's text
-    is not the diff's result."""
-    checked: list[str] = []
-    tree = base if checked_on is None else checked_on(patch)
-    return self_check(patch, tree, results, checked), checked
 
 
 #: What :func:`_read_changes` reads of a diff (see there).
