@@ -95,21 +95,6 @@ def _raw(code: str) -> str | None:
     return None
 
 
-def todo(edit: Edit, block: Sequence[ast.stmt]) -> bool | None:
-    """Whether the rewrite writes upstream's docstring in ``block`` (the
-    definition's body): True where the target's is the one the fix edits
-    (cleaned, as recognition compares it), False where it is upstream's
-    already, None where it is neither."""
-    ours = (
-        inspect.cleandoc(block[0].value.value)  # type: ignore[attr-defined]
-        if block and shapes.is_docstring(block[0])
-        else None
-    )
-    if ours == _text(edit.inserted):
-        return False
-    return True if ours == _text(edit.removed) else None
-
-
 def rewrite(module: cst.Module, compiled: CompiledEdit) -> cst.Module:
     """``module`` with the docstring of the edit's definition as upstream
     writes it, where it is the one the fix edits (as recognition found it);

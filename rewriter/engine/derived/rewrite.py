@@ -324,14 +324,16 @@ class _Text:
         module would write it otherwise (a docstring that shares a line with
         other code, one added or removed under comment or blank lines),
         :class:`NeedsModule`."""
-        edit = walk.compiled.edit
-        todo = docstrings.todo(edit, block)
-        if todo is None:
+        todo, other = docstrings.action(walk.compiled, block)
+        if other:
             raise RewriteRefused("the docstring is not the one the fix edits")
         if not todo:
             return
-        has = bool(block) and shapes.is_docstring(block[0])
-        new = regions.split(edit.inserted) if edit.inserted.strip() else []
+        new = (
+            []
+            if todo == docstrings.REMOVE
+            else regions.split(walk.compiled.edit.inserted)
+        )
         if not new and len(block) == 1:
             raise RewriteRefused("the fix would leave the block empty")
         anchor = block[0]
@@ -345,9 +347,9 @@ class _Text:
         # one it adds or removes (a module's header comments, the lines that
         # lead the statement): those are written on text only under a header.
         above = lines[first - 1].strip() if first else ""
-        if (not has or not new) and (not above or above.startswith("#")):
+        if todo != docstrings.REPLACE and (not above or above.startswith("#")):
             raise NeedsModule("a docstring added or removed under other lines")
-        stop = (anchor.end_lineno or anchor.lineno) if has else first
+        stop = first if todo == docstrings.ADD else (anchor.end_lineno or anchor.lineno)
         region = regions.Region(first, stop, indent, -1, frozenset())
         self.replace(lines, region, regions.written_lines(new, region, self.newline))
 
