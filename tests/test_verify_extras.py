@@ -175,6 +175,55 @@ def test_a_pin_that_conflicts_with_the_environment_goes_in_unpinned(
     assert extras.json()["unpinned"] == extras.unpinned
 
 
+def test_a_later_round_asks_pip_of_its_new_packages_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an earlier round decided is kept as it is: a package that went in
+    at its newest version stays so (its pin out of the constraints), a
+    refusal stays, and only the new package is tried alone when the overlay
+    of them all fails."""
+    import deepstack_patch.proof.extras as extras_module
+    from deepstack_patch.engine.errors import DeepstackError
+    from deepstack_patch.proof.extras import Extras
+
+    tree = tmp_path / "tree"
+    path = tree / "requirements" / "test.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text("pytest-asyncio==0.24.0\nuvicorn==0.35.0\nray==2.48.0\n")
+    tried: list[list[str]] = []
+    built: list[tuple[list[str], dict[str, str]]] = []
+
+    def dry_run(_base, requirements, _pins) -> None:
+        tried.append(list(requirements))
+
+    def overlay(_base, requirements, pins, _say=None):
+        built.append((list(requirements), dict(pins)))
+        if len(built) == 1:
+            raise DeepstackError("pip failed: ERROR: ResolutionImpossible")
+        return ProofEnv(Path(sys.executable), root=tmp_path / "overlay", key="o")
+
+    monkeypatch.setattr(extras_module, "_dry_run", dry_run)
+    monkeypatch.setattr(extras_module, "overlay", overlay)
+    earlier = Extras(
+        installed={"pytest_asyncio": "pytest-asyncio"},
+        refused={"ray": "not pure Python: ray-2.48.0-cp311.whl"},
+        unpinned={"pytest_asyncio": "the release pins pytest-asyncio==0.24.0, ..."},
+    )
+    managed = ProofEnv(Path(sys.executable), root=tmp_path / "env", key="k")
+    extras = provide(managed, tree, ["uvicorn"], earlier=earlier)
+    assert tried == [["uvicorn==0.35.0"]]  # the earlier package is not asked again
+    assert extras.installed == {
+        "pytest_asyncio": "pytest-asyncio",
+        "uvicorn": "uvicorn==0.35.0",
+    }
+    assert extras.refused == earlier.refused and extras.unpinned == earlier.unpinned
+    for requirements, pins in built:
+        assert requirements == ["pytest-asyncio", "uvicorn==0.35.0"]
+        assert "pytest-asyncio" not in pins and pins["uvicorn"] == "uvicorn==0.35.0"
+    assert extras.env is not None
+    assert earlier.installed == {"pytest_asyncio": "pytest-asyncio"}  # untouched
+
+
 @pytest.mark.parametrize("rounds", [4, 2])
 def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounds: int
@@ -182,8 +231,8 @@ def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
     """0.20.2's tests asked for ``watchfiles`` only once ``uvicorn`` was in:
     the tests run again with what a round added say what they still lack,
     and the next round adds it (with the earlier rounds' packages kept in the
-    overlay) and runs those patches once more, until nothing new is asked
-    for, or EXTRA_ROUNDS rounds were made."""
+    overlay, as they decided them) and runs those patches once more, until
+    nothing new is asked for, or EXTRA_ROUNDS rounds were made."""
     from types import SimpleNamespace
 
     import deepstack_patch.proof.extras as extras_module
@@ -212,11 +261,16 @@ def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
         "uvicorn,watchfiles": {"acme#1": ("anthropic",)},
         "anthropic,uvicorn,watchfiles": {"acme#1": ()},
     }
-    asked: list[list[str]] = []
+    asked: list[tuple[list[str], list[str]]] = []
 
-    def provide(_env, _tree, modules, _say=None) -> Extras:
-        asked.append(list(modules))
-        extras = Extras()
+    def provide(_env, _tree, modules, _say=None, earlier=None) -> Extras:
+        """provide() as it is called: the new modules, and what the earlier
+        round decided, taken as it is."""
+        held = dict(earlier.installed) if earlier else {}
+        asked.append((list(modules), list(held)))
+        extras = Extras(
+            installed=held, refused=dict(earlier.refused) if earlier else {}
+        )
         for module in modules:
             if module == "ray":
                 extras.refused[module] = "not pure Python: ray-2.0-cp311.whl"
@@ -251,12 +305,13 @@ def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
         managed, SimpleNamespace(root=tmp_path), None, verdicts, tmp_path, 1.0, 2,
         said.append,
     )  # fmt: skip
+    # Each round asks pip of its new modules only, with the earlier ones'.
     assert (
         asked
         == [
-            ["uvicorn", "ray"],
-            ["uvicorn", "watchfiles"],
-            ["uvicorn", "watchfiles", "anthropic"],
+            (["uvicorn", "ray"], []),
+            (["watchfiles"], ["uvicorn"]),
+            (["anthropic"], ["uvicorn", "watchfiles"]),
         ][:rounds]
     )
     assert (

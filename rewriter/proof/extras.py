@@ -110,11 +110,21 @@ class Extras:
 
 
 def provide(
-    base: ProofEnv, tree: Path, modules: Sequence[str], say=lambda line: None
+    base: ProofEnv,
+    tree: Path,
+    modules: Sequence[str],
+    say=lambda line: None,
+    earlier: Extras | None = None,
 ) -> Extras:
     """An overlay of ``base`` with the release's pins of ``modules``, where
-    each is pinned and pure Python (see the module docstring)."""
+    each is pinned and pure Python (see the module docstring). ``earlier``:
+    what an earlier round decided (what it added, at which requirement, and
+    what it refused), kept as it is; only ``modules`` are asked of pip."""
     extras = Extras()
+    if earlier is not None:
+        extras.installed = dict(earlier.installed)
+        extras.refused = dict(earlier.refused)
+        extras.unpinned = dict(earlier.unpinned)
     if not base.managed:
         for module in modules:
             extras.refused[module] = (
@@ -123,6 +133,7 @@ def provide(
             )
         return extras
     pins = release_pins(tree)
+    asked = []
     for module in modules:
         pin = pins.get(normalized(module))
         if pin is None:
@@ -132,30 +143,40 @@ def provide(
             )
         else:
             extras.installed[module] = pin
+            asked.append(module)
     if not extras.installed:
         return extras
     try:
-        extras.env = overlay(base, sorted(extras.installed.values()), pins, say)
+        extras.env = overlay(
+            base, sorted(extras.installed.values()), _kept(pins, extras), say
+        )
         return extras
     except DeepstackError:
         pass
     # One that cannot be installed must not keep the others out: each alone;
     # one whose pin cannot go beside the managed environment's packages, at
     # the newest version that can.
-    for module, requirement in list(extras.installed.items()):
+    for module in asked:
         try:
-            _dry_run(base, [requirement], pins)
+            _dry_run(base, [extras.installed[module]], pins)
         except DeepstackError as exc:
             if not _beside_the_environment(base, extras, module, pins, exc):
                 _refuse(extras, exc, module)
     if extras.installed:
-        unpinned = {normalized(module) for module in extras.unpinned}
-        kept = {name: pin for name, pin in pins.items() if name not in unpinned}
         try:
-            extras.env = overlay(base, sorted(extras.installed.values()), kept, say)
+            extras.env = overlay(
+                base, sorted(extras.installed.values()), _kept(pins, extras), say
+            )
         except DeepstackError as exc:
             _refuse(extras, exc)
     return extras
+
+
+def _kept(pins: dict[str, str], extras: Extras) -> dict[str, str]:
+    """The release's pins, less those of the packages that went in at their
+    newest version beside the managed environment."""
+    unpinned = {normalized(module) for module in extras.unpinned}
+    return {name: pin for name, pin in pins.items() if name not in unpinned}
 
 
 def _beside_the_environment(

@@ -423,20 +423,18 @@ def _with_extras(
     asked: set[str] = set()
     for _ in range(EXTRA_ROUNDS):
         wanting = {v.patch.id: missing_packages(reasons(v)) for v in verdicts}
-        new = [m for found in wanting.values() for m in found if m not in asked]
-        new = list(dict.fromkeys(new))
+        new = list(
+            dict.fromkeys(
+                m for found in wanting.values() for m in found if m not in asked
+            )
+        )
         if not new:
             break
         asked.update(new)
         progress(f"tests could not run without: {', '.join(new)}")
-        earlier = extras
-        # The overlay holds what the earlier rounds added as well: a test
-        # that needed those still needs them.
-        kept = list(earlier.installed) if earlier is not None else []
-        extras = provide(env, tree.root, [*kept, *new], progress)
-        if earlier is not None:
-            extras.refused = {**earlier.refused, **extras.refused}
-            extras.unpinned = {**earlier.unpinned, **extras.unpinned}
+        # The overlay holds what the earlier rounds added as well (a test
+        # that needed those still needs them), as they decided it.
+        extras = provide(env, tree.root, new, progress, earlier=extras)
         for module in new:
             if module in extras.refused:
                 progress(f"{module}: not added: {extras.refused[module]}")
