@@ -242,3 +242,59 @@ def test_a_later_state_takes_only_what_its_unchanged_modules_worked_out(
     monkeypatch.setattr(closure, "_LAST", [])
     assert closure.ModuleIndex(later).digest("vllm/one.py", source) == inherited
     assert "vllm.four" in closure.ModuleIndex(later).closure("vllm/one.py", source)
+
+
+def _walked(files: dict[str, bytes], path: str) -> set[str]:
+    """What ty can reach from ``path``, walked from nothing each time: the
+    answer the components' shared work must give."""
+    index = closure.ModuleIndex(files)
+    todo = list(closure._modules_of(closure._scanned(files[path]), path))
+    parts = path.split("/")[:-1]
+    todo += [".".join(parts[:n]) + "/" for n in range(1, len(parts) + 1)]
+    seen: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += [] if module.endswith("/") else index._next(module)
+    return seen
+
+
+def test_a_cycle_of_imports_is_worked_out_once_and_never_stale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's modules are mostly one cycle: what a component of the import
+    graph reaches is worked out once and shared by every file that joins
+    it, and each answer is the walk's from nothing, in the state it was
+    asked in, also after an edit inside the cycle."""
+    files = {
+        "vllm/__init__.py": b"",
+        "vllm/config.py": b"from vllm.logger import log\nfrom vllm import envs\n",
+        "vllm/logger.py": b"from vllm.envs import LEVEL\nlog = 1\n",
+        "vllm/envs.py": b"from vllm.config import Config\nLEVEL = 1\n",
+        "vllm/a/__init__.py": b"",
+        "vllm/a/one.py": b"from vllm.config import Config\n",
+        "vllm/a/two.py": b"import vllm.logger\nfrom vllm.a.leaf import x\n",
+        "vllm/a/leaf.py": b"x = 1\n",
+        "vllm/spare.py": b"from vllm.a.leaf import x\n",
+    }
+    monkeypatch.setattr(closure, "_LAST", [])
+    index = closure.ModuleIndex(files)
+    for path in ("vllm/a/one.py", "vllm/a/two.py", "vllm/spare.py", "vllm/envs.py"):
+        assert set(index.closure(path, [files[path]])) == _walked(files, path), path
+    # The cycle is one component: one answer, held for each of its modules.
+    cycle = {"vllm.config", "vllm.logger", "vllm.envs"}
+    assert len({index._reach[m] for m in cycle}) == 1
+    # Two files of one folder that join the same components share one
+    # closure, and its digest.
+    assert index.closure("vllm/a/one.py", [files["vllm/a/one.py"]]) is (
+        index.closure("vllm/a/leaf.py", [files["vllm/a/one.py"]])
+    )
+    # An edit inside the cycle: the next state's answers are the walk's.
+    later = {**files, "vllm/logger.py": b"from vllm.spare import x\nlog = 1\n"}
+    again = closure.ModuleIndex(later)
+    for path in ("vllm/a/one.py", "vllm/a/two.py", "vllm/spare.py"):
+        found = again.closure(path, [later[path]])
+        assert set(found) == _walked(later, path), path
+    assert "vllm.spare" in again.closure("vllm/a/one.py", [later["vllm/a/one.py"]])
+    assert "vllm.spare" not in index.closure("vllm/a/one.py", [files["vllm/a/one.py"]])

@@ -27,6 +27,14 @@ reach 803-808 of the package's 1,621 files, one cycle of imports that
 those checks every patch again, as it must; the other half of the package
 (``vllm/benchmarks``, ``vllm/assets``, most models) is outside them all.
 
+Since most files reach that cycle, what each strongly connected component
+of the import graph reaches is worked out once per state of the tree and
+shared (:meth:`ModuleIndex._reachable`), and so is each closure and its
+digest among the files whose imports join the same components; a later
+state keeps a component's answer only where no module it reaches changed.
+On the 40-fix batch of 0.20.2 the walks took about 1.8 s of a first
+status, 52 of them over about 3,300 modules and packages each.
+
 Each file's import list is kept under its content's hash
 (``runtime-names/import-lists-v1.json`` in the cache folder, beside the
 verdicts), so a run scans only files it has not seen.
@@ -79,6 +87,11 @@ class ModuleIndex:
         }
         self._modules: dict[str, str] = {}
         self._edges: dict[str, list[str]] = {}
+        #: What ty may read from each module (see _reachable).
+        self._reach: dict[str, frozenset[str]] = {}
+        self._init_files: dict[str, str] = {}
+        #: Each closure made, by the components it joins (see closure).
+        self._closures: dict[frozenset[int], Closure] = {}
         #: How many files were scanned (not found in the cache): measured.
         self.scanned = 0
         if _LAST:
@@ -96,6 +109,9 @@ class ModuleIndex:
             if (now := get(relpath)) is not (then := was(relpath)) and now != then
         }
         self._edges = {m: e for m, e in last._edges.items() if m not in changed}
+        # What a module reaches holds while no module it reaches changed
+        # (their edges are the same); a package on the way is in it by name.
+        self._reach = {m: r for m, r in last._reach.items() if r.isdisjoint(changed)}
         if self.folders == last.folders:
             self._modules = {
                 m: state for m, state in last._modules.items() if m not in changed
@@ -105,25 +121,91 @@ class ModuleIndex:
         """Each module ty can reach from the file ``path`` whose code is
         ``sources`` (the file as it is, and the code a fix writes into it),
         with what stands for it in the key (see the module)."""
-        todo = [
+        starts = [
             module
             for source in sources
             for module in _modules_of(_summary(source, self).imports, path)
         ]
         # How ty resolves the file's own package: which __init__ files exist.
         parts = path.split("/")[:-1]
-        todo += [".".join(parts[:n]) + "/" for n in range(1, len(parts) + 1)]
-        seen: dict[str, str] = {}
-        while todo:
-            module = todo.pop()
-            if module in seen:
-                continue
-            if module.endswith("/"):  # a package on the way: its files' existence
-                seen[module] = self._inits(module[:-1])
-                continue
-            seen[module] = self._state(module)
-            todo += self._next(module)
-        return seen
+        starts += [".".join(parts[:n]) + "/" for n in range(1, len(parts) + 1)]
+        parts: dict[int, frozenset[str]] = {}
+        for module in starts:
+            if not any(module in part for part in parts.values()):
+                part = self._reachable(module)
+                parts[id(part)] = part  # kept in self._reach: the id stands
+        key = frozenset(parts)
+        if key not in self._closures:  # most files share vLLM's one cycle
+            reached = frozenset().union(*parts.values())
+            self._closures[key] = Closure(
+                (
+                    module,
+                    self._inits(module[:-1])
+                    if module.endswith("/")  # a package on the way: its files
+                    else self._state(module),
+                )
+                for module in reached
+            )
+        return self._closures[key]
+
+    def _reachable(self, start: str) -> frozenset[str]:
+        """Every module (and package on the way) ty may read from ``start``,
+        itself included. Most of vLLM is one cycle of imports, so each
+        strongly connected component's answer is worked out once and kept
+        for every module in it (Tarjan's algorithm, without recursion: a
+        chain of imports is deeper than Python's stack)."""
+        reach = self._reach
+        if start in reach:
+            return reach[start]
+        order: dict[str, int] = {start: 0}
+        low: dict[str, int] = {start: 0}
+        stack, on_stack = [start], {start}
+        work = [(start, iter(self._successors(start)))]
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor in reach:  # a component already complete
+                    continue
+                if successor not in order:
+                    order[successor] = low[successor] = len(order)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(self._successors(successor))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], order[successor])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == order[node]:
+                    self._complete(node, stack, on_stack)
+        return reach[start]
+
+    def _complete(self, root: str, stack: list[str], on_stack: set[str]) -> None:
+        """The component whose root is ``root`` (the top of ``stack`` down
+        to it): what its modules reach, kept for each."""
+        members: list[str] = []
+        while True:
+            member = stack.pop()
+            on_stack.discard(member)
+            members.append(member)
+            if member == root:
+                break
+        found = set(members)
+        for member in members:
+            for successor in self._successors(member):
+                if successor not in found:
+                    found |= self._reach[successor]
+        reached = frozenset(found)
+        for member in members:
+            self._reach[member] = reached
+
+    def _successors(self, module: str) -> list[str]:
+        """A package on the way stands by its files' existence: nothing
+        further is read from it."""
+        return [] if module.endswith("/") else self._next(module)
 
     def _next(self, module: str) -> list[str]:
         """What ty may read next from ``module``: the modules its files
@@ -157,19 +239,33 @@ class ModuleIndex:
         return self._modules[module]
 
     def _inits(self, package: str) -> str:
-        folder = package.replace(".", "/")
-        return " ".join(
-            name
-            for name in ("__init__.py", "__init__.pyi")
-            if f"{folder}/{name}" in self.files
-        )
+        if package not in self._init_files:
+            folder = package.replace(".", "/")
+            self._init_files[package] = " ".join(
+                name
+                for name in ("__init__.py", "__init__.pyi")
+                if f"{folder}/{name}" in self.files
+            )
+        return self._init_files[package]
+
+
+class Closure(dict[str, str]):
+    """What :meth:`ModuleIndex.closure` found, shared by every file whose
+    imports join the same components: read it, never change it. Its digest
+    is worked out once."""
+
+    digest: str = ""
 
 
 def digest_of(found: Mapping[str, str]) -> str:
     """The digest of what a closure found (:meth:`ModuleIndex.closure`)."""
+    if isinstance(found, Closure) and found.digest:
+        return found.digest
     digest = hashlib.sha256(_SCHEMA.encode())
     for module, state in sorted(found.items()):
         digest.update(f"{module}\0{state}\0".encode())
+    if isinstance(found, Closure):
+        found.digest = digest.hexdigest()
     return digest.hexdigest()
 
 
