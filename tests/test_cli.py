@@ -78,7 +78,13 @@ def test_status_json_schema(needing_tree: Path) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [("status",), ("apply", "--check"), ("apply", "--dry-run"), ("apply",)],
+    [
+        ("status",),
+        ("apply", "--check"),
+        ("apply", "--dry-run"),
+        ("apply",),
+        ("apply", "--commit"),
+    ],
     ids=" ".join,
 )
 def test_a_long_plan_says_how_far_it_has_come_on_stderr(
@@ -87,8 +93,16 @@ def test_a_long_plan_says_how_far_it_has_come_on_stderr(
     """status and apply (each of its modes) name the files their plan reads
     on stderr, piped: every few seconds (here every time), never on stdout,
     and not at all with --format json."""
+    import subprocess
+
     from deepstack_patch.output import progress as progress_module
 
+    if "--commit" in command:
+        for name in ("AUTHOR", "COMMITTER"):
+            monkeypatch.setenv(f"GIT_{name}_NAME", "t")
+            monkeypatch.setenv(f"GIT_{name}_EMAIL", "t@t")
+        for git in (["init", "-q"], ["add", "."], ["commit", "-qm", "vLLM"]):
+            subprocess.run(["git", *git], cwd=needing_tree, check=True)
     monkeypatch.setattr(progress_module, "PLAIN_INTERVAL", 0.0)
     monkeypatch.setattr(progress_module, "is_terminal", lambda stream: False)
     monkeypatch.setattr(progress_module, "quiet", False)

@@ -308,15 +308,17 @@ def apply_with_commits(
     """Apply the needed patches as one git commit each; return the exit code."""
     from deepstack_patch.distribution.vcs import commit_series
     from deepstack_patch.output.documents import dump_json, plan_json
+    from deepstack_patch.output.progress import files_read
     from deepstack_patch.output.tables import (
         print_left_out,
         print_plan_table,
         print_tree_header,
     )
 
-    result = commit_series(
-        tree, series, selected, allow_dirty, unchecked_names, skip_drifted
-    )
+    with files_read() as read:
+        result = commit_series(
+            tree, series, selected, allow_dirty, unchecked_names, skip_drifted, read
+        )
     if result.drifted:
         return refuse_drifted(result.plan, output_format, "apply")
     if result.detached:

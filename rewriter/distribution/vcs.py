@@ -9,7 +9,7 @@ uncommitted.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -74,8 +74,10 @@ def commit_series(
     allow_dirty: bool,
     unchecked_names: bool = False,
     skip_drifted: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> CommitResult:
-    """Apply the needed patches of ``series`` as one git commit each.
+    """Apply the needed patches of ``series`` as one git commit each;
+    ``progress`` is called with each file the plan reads.
 
     A drifted selected patch commits nothing: the result says so, unless
     ``skip_drifted`` leaves it out (``engine.apply.plan_leaving_out_drifted``).
@@ -88,11 +90,12 @@ def commit_series(
         left_out: list[LeftOut] = []
         if skip_drifted:
             plan, left_out = plan_leaving_out_drifted(
-                lambda chosen: plan_tree(tree, series, chosen), selected
+                lambda chosen: plan_tree(tree, series, chosen, progress=progress),
+                selected,
             )
             steps = steps_of(plan, series)
         else:
-            plan, steps = plan_steps(tree, series, selected)
+            plan, steps = plan_steps(tree, series, selected, progress)
         result = CommitResult(plan, left_out=left_out)
         if result.drifted:
             return result
