@@ -176,6 +176,11 @@ def test_import_lists_are_scanned_once_per_content(
         ("if T: from vllm.f import g\n", [(0, "vllm.f", ("g",))]),
         ("from vllm.h import \\\n    i, j\n", [(0, "vllm.h", ("i", "j"))]),
         ("from ... import k\n", [(3, "", ("k",))]),
+        # Where no statement starts, the words are not an import; one may
+        # start inside them all the same.
+        ("datafrom vllm.l import m\n", []),
+        ('x = "import vllm.n: import vllm.o"\n', [(0, "vllm.o", ())]),
+        ("# we import vllm.p; from vllm.q import r\n", [(0, "vllm.q", ("r",))]),
     ],
 )
 def test_the_scan_finds_imports_a_line_scan_would_miss(

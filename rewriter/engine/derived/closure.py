@@ -47,7 +47,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -382,7 +382,7 @@ def _scanned(raw: bytes) -> tuple[Import, ...]:
     a parenthesised or continued list of names), and may find more (an
     import in a string): a module too many only makes the key stricter."""
     imports: list[Import] = []
-    for m in _IMPORT.finditer(raw):
+    for m in _statements(raw):
         if m["plain"] is not None:
             names = re.sub(rb"\s+as\s+\w+", b"", _words(m["plain"]))
             imports += [
@@ -400,14 +400,33 @@ def _words(names: bytes) -> bytes:
 
 
 #: An import statement: ``from .m import a, b``, ``from m import (a,\n b)``
-#: or ``import m.n as o, p``, at a line's start or after ``:`` or ``;``.
+#: or ``import m.n as o, p``; one counts at a line's start or after ``:``
+#: or ``;`` (:func:`_statements`). The pattern starts with its keywords, so
+#: that the regex engine looks for them alone: one that started with where
+#: a statement may start tried every position of 22 MB of vLLM (1 s).
 _IMPORT = re.compile(
-    rb"(?:^|[:;])[ \t]*(?:"
     rb"from[ \t]+(?P<dots>\.*)[ \t]*(?P<module>[\w.]*)[ \t]+import[ \t]*"
     rb"(?P<names>\((?:[^)#]|#[^\n]*)*\)|(?:[^\n#;\\]|\\\n)*)"
-    rb"|import[ \t]+(?P<plain>(?:[^\n#;\\]|\\\n)+))",
-    re.MULTILINE,
+    rb"|import[ \t]+(?P<plain>(?:[^\n#;\\]|\\\n)+)"
 )
+
+
+def _statements(raw: bytes) -> Iterator[re.Match[bytes]]:
+    """The import statements of ``raw``: each match of ``_IMPORT`` that
+    stands where a statement starts (after nothing but blanks since the
+    line's start, a ``:`` or a ``;``). One that does not is passed by one
+    byte, not by its length: a statement may start inside it (``x = 1 if
+    y else 2; import z`` does not, ``"import a: import b"`` does)."""
+    position = 0
+    while found := _IMPORT.search(raw, position):
+        start = before = found.start()
+        while before and raw[before - 1] in b" \t":
+            before -= 1
+        if before == 0 or raw[before - 1] in b"\n:;":
+            yield found
+            position = found.end()
+        else:
+            position = start + 1
 
 
 def _cache_file() -> Path | None:
