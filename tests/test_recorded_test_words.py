@@ -224,6 +224,23 @@ def test_environment_causes_are_told_from_the_codes_failures() -> None:
     assert environment_cause(vocab) == "no network"
     bench = "ImportError: Please install vllm[bench] for bench support"
     assert environment_cause(bench) == "vLLM's optional extra 'bench' is not installed"
+    # Seen on 0.20.2's own tests of the 40-fix batch (2026-11-29): a test
+    # that binds a fixed port while the other tree's run has it, and a
+    # test that calls a compiled operator a source tree lacks.
+    port = (
+        "torch.distributed.DistNetworkError: The server socket has failed to "
+        "listen on any local network address. port: 12345, useIpv6: false, "
+        "code: -98, name: EADDRINUSE, message: address already in use"
+    )
+    assert environment_cause(port) == (
+        "a network port it listens on was taken (both trees' tests run at once)"
+    )
+    ops = "AttributeError: '_OpNamespace' '_C' object has no attribute 'fused_add'"
+    assert environment_cause(ops) == (
+        "vLLM's compiled operators (_C) are not built in a source tree"
+    )
+    cumem = "AssertionError: cumem allocator is not available"
+    assert environment_cause(cumem) == "no GPU"
     # The tree's own code failing is the code's failure, not the environment's.
     assert environment_cause("E   ModuleNotFoundError: No module named 'vllm.x'") == ""
     assert environment_cause("ImportError: cannot import name 'y' from 'vllm.z'") == ""

@@ -1,5 +1,5 @@
 """The packages a test needs beyond the proof environment (issue 42, item 3):
-the release's pins, pure Python only, in an overlay of the managed
+the release's pins, CPU wheels only, in an overlay of the managed
 environment (``proof/extras.py``).
 
 The fast tier reads pins, reasons and pip's reports from small files made
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from deepstack_patch.proof.envs import ProofEnv
 from deepstack_patch.proof.extras import (
-    compiled_wheels,
     missing_packages,
     normalized,
     provide,
     release_pins,
+    unfit_wheels,
 )
 
 #: As a release's requirements/test/cuda.txt reads (uv pip compile's output).
@@ -72,28 +72,46 @@ def test_the_missing_packages_are_read_from_the_reasons() -> None:
     assert missing_packages(["could not run: no GPU"]) == []
 
 
-def test_a_compiled_wheel_is_told_from_a_pure_one() -> None:
-    report = {
-        "install": [
-            {
-                "download_info": {
-                    "url": "file:///i/multiprocess-0.70.16-py311-none-any.whl"
-                }
-            },
-            {
-                "download_info": {
-                    "url": "https://h/dill-0.3.8-py3-none-any.whl#sha256=1"
-                }
-            },
-            {
-                "download_info": {
-                    "url": "https://h/numpy-2.0.0-cp311-cp311-manylinux_2_17_x86_64.whl"
-                }
-            },
-        ]
-    }
-    assert compiled_wheels(report) == [
-        "numpy-2.0.0-cp311-cp311-manylinux_2_17_x86_64.whl"
+def test_a_wheel_that_cannot_go_beside_the_cpu_environment_is_named() -> None:
+    """Pure-Python and CPU-compiled wheels may go in; GPU code, a compiled
+    extension of torch (built against one torch build) and what is not a
+    wheel may not."""
+
+    def report(*items: tuple[str, list[str]]) -> dict:
+        return {
+            "install": [
+                {"download_info": {"url": url}, "metadata": {"requires_dist": needs}}
+                for url, needs in items
+            ]
+        }
+
+    cpu = report(
+        ("file:///i/multiprocess-0.70.16-py311-none-any.whl", ["dill>=0.3.8"]),
+        ("https://h/dill-0.3.8-py3-none-any.whl#sha256=1", []),
+        ("https://h/watchfiles-1.1.1-cp310-abi3-manylinux_2_17_x86_64.whl", []),
+        ("https://h/torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl", []),
+        ("https://h/torchao-0.14.0-py3-none-any.whl", ["torch (>=2.6)"]),
+    )
+    assert unfit_wheels(cpu) == []
+    unfit = report(
+        ("https://h/nvidia_cublas-13.1.1.3-py3-none-manylinux_2_27_x86_64.whl", []),
+        ("https://h/cuda_bindings-13.5.0-cp311-cp311-manylinux_2_28_x86_64.whl", []),
+        ("https://h/triton-3.8.0-cp311-cp311-manylinux_2_28_x86_64.whl", []),
+        ("https://h/cupy_cuda12x-13.6.0-cp311-cp311-manylinux2014_x86_64.whl", []),
+        ("https://h/torch-2.11.0%2Bcu130-cp311-cp311-linux_x86_64.whl", []),
+        ("https://h/torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+         ["numpy", "torch (==2.13.0)"]),
+        ("https://h/ray-2.48.0.tar.gz", []),
+    )  # fmt: skip
+    assert unfit_wheels(unfit) == [
+        "nvidia_cublas-13.1.1.3-py3-none-manylinux_2_27_x86_64.whl (GPU code)",
+        "cuda_bindings-13.5.0-cp311-cp311-manylinux_2_28_x86_64.whl (GPU code)",
+        "triton-3.8.0-cp311-cp311-manylinux_2_28_x86_64.whl (GPU code)",
+        "cupy_cuda12x-13.6.0-cp311-cp311-manylinux2014_x86_64.whl (GPU code)",
+        "torch-2.11.0+cu130-cp311-cp311-linux_x86_64.whl (GPU code)",
+        "torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl "
+        "(compiled against one torch build)",
+        "ray-2.48.0.tar.gz (not a wheel)",
     ]
 
 
@@ -137,7 +155,9 @@ def test_a_pin_that_conflicts_with_the_environment_goes_in_unpinned(
         if requirements == ["pytest-asyncio==0.24.0"]:
             raise DeepstackError(conflict)
         if requirements == ["numpy==2.0.0"]:
-            raise DeepstackError("not pure Python: numpy-2.0.0-cp311-cp311-linux.whl")
+            raise DeepstackError(
+                "not for the CPU environment: cupy_cuda12x.whl (GPU code)"
+            )
         if requirements[0].startswith("numpy"):  # never asked again
             raise AssertionError(requirements)
 
@@ -161,7 +181,9 @@ def test_a_pin_that_conflicts_with_the_environment_goes_in_unpinned(
         "the release pins pytest-asyncio==0.24.0, which conflicts with the "
         "managed environment's packages (pip failed: ERROR: Cannot install"
     )
-    assert extras.refused["numpy"].startswith("numpy==2.0.0 not installed: not pure")
+    assert extras.refused["numpy"].startswith(
+        "numpy==2.0.0 not installed: not for the CPU"
+    )
     assert (
         ["pytest-asyncio"],
         {"numpy": "numpy==2.0.0", "multiprocess": "multiprocess==0.70.16"},
@@ -206,7 +228,7 @@ def test_a_later_round_asks_pip_of_its_new_packages_only(
     monkeypatch.setattr(extras_module, "overlay", overlay)
     earlier = Extras(
         installed={"pytest_asyncio": "pytest-asyncio"},
-        refused={"ray": "not pure Python: ray-2.48.0-cp311.whl"},
+        refused={"ray": "not for the CPU environment: cupy_cuda12x.whl (GPU code)"},
         unpinned={"pytest_asyncio": "the release pins pytest-asyncio==0.24.0, ..."},
     )
     managed = ProofEnv(Path(sys.executable), root=tmp_path / "env", key="k")
@@ -273,7 +295,9 @@ def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
         )
         for module in modules:
             if module == "ray":
-                extras.refused[module] = "not pure Python: ray-2.0-cp311.whl"
+                extras.refused[module] = (
+                    "not for the CPU environment: cupy_cuda12x.whl (GPU code)"
+                )
             else:
                 extras.installed[module] = f"{module}==1.0"
         # The overlay's key names what it holds, for the reruns below.
@@ -333,8 +357,61 @@ def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
         [] if rounds == 4 else lacking("anthropic").could_not_run
     )
     (ray,) = verdicts[2].release_tests.could_not_run
-    assert ray.reason.endswith("(not pure Python: ray-2.0-cp311.whl)")
+    assert ray.reason.endswith(
+        "(not for the CPU environment: cupy_cuda12x.whl (GPU code))"
+    )
     assert "tests could not run without: watchfiles" in said
+
+
+def test_a_later_round_fills_in_what_could_not_run_and_takes_nothing_away() -> None:
+    """torchvision built for another torch broke the import of every test
+    that loaded transformers: a round with added packages must not turn a
+    test that ran (pass-to-pass, fail-to-pass, even a regression) into
+    another outcome; only a test that could not run takes the later one."""
+    from deepstack_patch.proof.release_tests import (
+        ReleaseTests,
+        TestOutcome,
+        kept_with,
+    )
+
+    def outcome(name: str, before: str, after: str, reason: str = "") -> TestOutcome:
+        return TestOutcome(f"tests/t.py::{name}", before, after, reason)
+
+    lacking = "could not run: the package 'watchfiles' is not installed"
+    earlier = ReleaseTests(selection=None, budget_s=1.0)  # type: ignore[arg-type]
+    earlier.pass_to_pass = [outcome("ran", "passed", "passed")]
+    earlier.pass_to_fail = [outcome("broke", "passed", "failed", "E")]
+    earlier.could_not_run = [
+        outcome("lacked", "error", "error", lacking),
+        outcome("still", "error", "error", lacking),
+        outcome("gpu", "skipped", "skipped", "could not run: skipped (no GPU)"),
+    ]
+    broken = "RuntimeError: operator torchvision::nms does not exist"
+    later = ReleaseTests(selection=None, budget_s=1.0)  # type: ignore[arg-type]
+    later.fails_on_both = [
+        outcome("ran", "failed", "failed", broken),
+        outcome("broke", "failed", "failed", broken),
+    ]
+    later.pass_to_pass = [outcome("lacked", "passed", "passed")]
+    later.could_not_run = [
+        outcome("still", "error", "error", "could not run: no network")
+    ]
+
+    kept = kept_with(earlier, later)
+    assert [o.nodeid for o in kept.pass_to_pass] == [
+        "tests/t.py::ran",
+        "tests/t.py::lacked",
+    ]
+    assert [o.nodeid for o in kept.pass_to_fail] == ["tests/t.py::broke"]
+    assert kept.fails_on_both == []
+    assert {o.nodeid: o.reason for o in kept.could_not_run} == {
+        "tests/t.py::still": "could not run: no network",
+        "tests/t.py::gpu": "could not run: skipped (no GPU)",
+    }
+    # Where nothing ran before, the later round is taken as it is.
+    nothing = ReleaseTests(selection=None, budget_s=1.0)  # type: ignore[arg-type]
+    nothing.could_not_run = earlier.could_not_run
+    assert kept_with(nothing, later) is later
 
 
 @pytest.mark.verify

@@ -1,11 +1,11 @@
-"""What a test needs beyond the proof environment: pure-Python packages at
-the release's pins (issue 42, item 3).
+"""What a test needs beyond the proof environment: CPU packages at the
+release's pins (issue 42, item 3).
 
 A recorded or selected test that could not run because a package outside
 vLLM is missing (``No module named 'multiprocess'``, ``failures.py``) gets
 it, where the release pins it for its tests (``requirements/test.txt``, or
 ``requirements/test/*.txt`` from 0.19 on) and pip can install it, and what
-it pulls, as pure-Python wheels at those pins:
+it pulls, as wheels for this machine's CPU at those pins:
 
 - the packages go into an **overlay** venv, never into the managed
   environment that every run shares: a ``.pth`` file puts the managed
@@ -18,11 +18,18 @@ it pulls, as pure-Python wheels at those pins:
   its version (torch stays the CPU build: pip can never pull another) and
   the release's pins for the rest;
 - before installing, ``pip install --dry-run --report`` says what would be
-  installed: a wheel that is not pure Python (its tags end other than
-  ``none-any``) refuses the install, with its name.
+  installed, and refuses the install, with the wheel's name, where one is
+  GPU code or a GPU runtime (``nvidia-*``, ``cuda-*``, ``triton``,
+  ``cupy``, ``flashinfer``, a ``cu12``/``+cu130`` build, ``rocm``) or a
+  compiled extension of torch (``torchvision``: built against one torch
+  build, it breaks the import of every test that loads it beside the CPU
+  one). A wheel compiled for the CPU (``watchfiles``, ``websockets``,
+  ``rpds-py``) goes in: pip chose it for this machine. The first rule
+  allowed pure-Python wheels only (``none-any``), and the compiled ones
+  were most of what the 0.20.2 batches still lacked.
 
-A package the release does not pin, a compiled one, or one the index lacks
-at the pin stays ``could not run``, and the reason says which. A pin that
+A package the release does not pin, a GPU one, or one the index lacks at
+the pin stays ``could not run``, and the reason says which. A pin that
 conflicts with a package of the managed environment (the release's
 pytest-asyncio 0.24.0 needs pytest < 9; the environment has pytest 9) goes
 in at the newest version that goes beside them, and ``unpinned`` says so.
@@ -42,6 +49,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.proof.envs import (
@@ -117,7 +125,7 @@ def provide(
     earlier: Extras | None = None,
 ) -> Extras:
     """An overlay of ``base`` with the release's pins of ``modules``, where
-    each is pinned and pure Python (see the module docstring). ``earlier``:
+    each is pinned and for the CPU (see the module docstring). ``earlier``:
     what an earlier round decided (what it added, at which requirement, and
     what it refused), kept as it is; only ``modules`` are asked of pip."""
     extras = Extras()
@@ -189,10 +197,10 @@ def _beside_the_environment(
     """Whether ``module``, whose pin pip refused because it conflicts with a
     package of the managed environment (pytest-asyncio 0.24.0, which needs
     pytest < 9, beside the environment's pytest 9), goes in unpinned: the
-    newest pure-Python version that goes beside them (the constraints hold
+    newest CPU version that goes beside them (the constraints hold
     every package of the environment at its version). Recorded in
-    ``extras.unpinned``; a compiled wheel or a package the index lacks is
-    never tried again."""
+    ``extras.unpinned``; a GPU wheel or a package the index lacks is never
+    tried again."""
     if "conflict" not in refused.message.lower():
         return False
     name = normalized(module)
@@ -259,7 +267,7 @@ def _build_overlay(
 
 def _dry_run(base: ProofEnv, requirements: Sequence[str], pins: dict[str, str]) -> None:
     """What pip would install for ``requirements`` over ``base``: refused
-    (a DeepstackError) where it cannot resolve or a wheel is compiled."""
+    (a DeepstackError) where it cannot resolve or a wheel is for the GPU."""
     with (
         _pip_options(base, pins) as (pip, options),
         tempfile.TemporaryDirectory(prefix="deepstack-extras-") as scratch,
@@ -271,10 +279,10 @@ def _dry_run(base: ProofEnv, requirements: Sequence[str], pins: dict[str, str]) 
              *requirements],
             "pip",
         )  # fmt: skip
-        compiled = compiled_wheels(json.loads(report.read_text()))
-        if compiled:
+        unfit = unfit_wheels(json.loads(report.read_text()))
+        if unfit:
             raise DeepstackError(
-                f"not pure Python: {', '.join(compiled)}",
+                f"not for the CPU environment: {', '.join(unfit)}",
                 "give --python an environment that has it",
             )
 
@@ -296,14 +304,41 @@ def _pip_options(
         yield [str(base.python), "-m", "pip"], options
 
 
-def compiled_wheels(report: dict) -> list[str]:
-    """The wheels of a pip report (``--report``) that are not pure Python."""
+#: A wheel of GPU code or of a GPU runtime, by its file name: NVIDIA's
+#: runtimes, CUDA's bindings, Triton, CuPy, FlashInfer, a build for one CUDA
+#: (``cupy_cuda12x``, ``nvidia_nccl_cu13``, ``torch-2.11.0+cu130``) or ROCm.
+GPU_WHEEL = re.compile(
+    r"^(nvidia|cuda|cupy|triton|pytorch_triton|flashinfer)"
+    r"|_cu\d|_cuda\d|\+(cu|rocm)\d",
+    re.IGNORECASE,
+)
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def unfit_wheels(report: dict) -> list[str]:
+    """The wheels of a pip report (``--report``) that cannot go beside the
+    CPU environment, each with why: GPU code (``GPU_WHEEL``); a compiled
+    extension of torch (``torchvision``: built against one torch build, its
+    operators fail to load beside the CPU one, and with them every test
+    that imports it, transformers' included); what is not a wheel (it would
+    build)."""
     found = []
     for item in report.get("install", []):
         url = str(item.get("download_info", {}).get("url", ""))
-        name = url.rsplit("/", 1)[-1].split("#")[0]
-        if not name.endswith("-none-any.whl"):
-            found.append(name or str(item.get("metadata", {}).get("name", "?")))
+        name = unquote(url.rsplit("/", 1)[-1].split("#")[0])
+        metadata = item.get("metadata", {})
+        name = name or str(metadata.get("name", "?"))
+        requires = {
+            normalized(m[1])
+            for r in metadata.get("requires_dist") or []
+            if (m := _REQUIREMENT_NAME.match(r))
+        }
+        if not name.endswith(".whl"):
+            found.append(f"{name} (not a wheel)")
+        elif GPU_WHEEL.search(name):
+            found.append(f"{name} (GPU code)")
+        elif "torch" in requires and not name.endswith("-none-any.whl"):
+            found.append(f"{name} (compiled against one torch build)")
     return found
 
 

@@ -54,7 +54,19 @@ GPU_MARKERS = (
     "Torch not compiled with CUDA enabled",
     "No CUDA GPUs are available",
     "Found no NVIDIA driver",
+    # vLLM's sleep-mode allocator (CuMemAllocator) exists on CUDA only.
+    "cumem allocator is not available",
 )
+
+#: What a test that listens on a fixed port says where another process has
+#: it: verify runs the pristine and the patched tree's tests at once, so a
+#: test that binds ``12345`` on both may lose on either side, a pass on one
+#: and a failure on the other that says nothing of the fix.
+PORT_TAKEN_MARKERS = ("EADDRINUSE", "Address already in use")
+
+#: What torch says where a test calls one of vLLM's compiled operators: a
+#: source tree has none built (``torch.ops._C.fused_add_rms_norm``).
+COMPILED_OPS_MISSING = re.compile(r"'_OpNamespace' '(_C\w*)' object has no attribute")
 
 #: Packages that belong to the tree under test: a module of theirs that does
 #: not import is the code's failure (on a pristine tree: what the fix adds).
@@ -87,6 +99,10 @@ def environment_cause(message: str) -> str:
         return "no network"
     if any(marker in message for marker in GPU_MARKERS):
         return "no GPU"
+    if any(marker in message for marker in PORT_TAKEN_MARKERS):
+        return "a network port it listens on was taken (both trees' tests run at once)"
+    if found := COMPILED_OPS_MISSING.search(message):
+        return f"vLLM's compiled operators ({found[1]}) are not built in a source tree"
     return ""
 
 

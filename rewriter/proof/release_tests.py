@@ -131,6 +131,7 @@ class ReleaseTests:
         return {
             "selected": sorted(self.selection.tests),
             "importers": self.selection.importers,
+            "through": self.selection.through,
             "coarse": self.selection.coarse,
             "unreached": self.selection.unreached,
             "not_run": self.not_run,
@@ -201,6 +202,41 @@ def collect(pending: Pending, budget_s: float) -> ReleaseTests:
     for outcome in compare(selection, before, after, budget_s):
         _bucket(result, outcome).append(outcome)
     return result
+
+
+def kept_with(earlier: ReleaseTests, later: ReleaseTests) -> ReleaseTests:
+    """A later round's run (with added packages) over an earlier one's: each
+    test that ran to an outcome on both trees keeps it, and only what could
+    not run takes the later round's outcome. An added package can break a
+    test's import (a compiled extension built for another torch did, every
+    test that loaded transformers with it); it must never take away what
+    the earlier round showed."""
+    ran = {
+        outcome.nodeid: outcome
+        for outcome in [
+            *earlier.pass_to_pass, *earlier.fail_to_pass,
+            *earlier.pass_to_fail, *earlier.fails_on_both,
+        ]
+    }  # fmt: skip
+    if earlier.not_run or not ran:
+        return later
+    result = ReleaseTests(later.selection, later.budget_s)
+    result.seconds = earlier.seconds + later.seconds
+    redone = {o.nodeid for o in _outcomes(later)}
+    for outcome in [
+        *ran.values(),
+        *(o for o in _outcomes(later) if o.nodeid not in ran),
+        *(o for o in earlier.could_not_run if o.nodeid not in redone),
+    ]:
+        _bucket(result, outcome).append(outcome)
+    return result
+
+
+def _outcomes(result: ReleaseTests) -> list[TestOutcome]:
+    return [
+        *result.pass_to_pass, *result.fail_to_pass, *result.pass_to_fail,
+        *result.fails_on_both, *result.could_not_run,
+    ]  # fmt: skip
 
 
 def _bucket(result: ReleaseTests, outcome: TestOutcome) -> list[TestOutcome]:

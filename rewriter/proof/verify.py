@@ -62,7 +62,7 @@ from deepstack_patch.proof.recorded_tests import (
     proven_by_recorded_tests,
     run_recorded_tests,
 )
-from deepstack_patch.proof.release_tests import DEFAULT_BUDGET_S, Pending
+from deepstack_patch.proof.release_tests import DEFAULT_BUDGET_S, Pending, kept_with
 from deepstack_patch.proof.release_tests import collect as collect_release_tests
 from deepstack_patch.proof.runtime_stage import runtime_stages
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
@@ -484,13 +484,15 @@ def _rerun(
         units = units_of(patch, verdict.changed_files)
         release = submit(pool, env, tree.root, pristine.root, units, budget)
     after = before = None
-    if proven_by_recorded_tests(patch) and _provable(verdict.state):
+    # Recorded tests that ran on both trees keep what they showed (see
+    # kept_with): only those that could not run on one run again.
+    again = proven_by_recorded_tests(patch) and not all(
+        proof is not None and proof.status != COULD_NOT_RUN
+        for proof in (verdict.proof, verdict.pristine_proof)
+    )
+    if again and _provable(verdict.state):
         after = pool.submit(_recorded_proof, env, tree.root, patch, scratch)
-    if (
-        proven_by_recorded_tests(patch)
-        and pristine is not None
-        and _provable(verdict.pristine_state)
-    ):
+    if again and pristine is not None and _provable(verdict.pristine_state):
         before = pool.submit(
             _recorded_proof, env, pristine.root, patch, scratch, pristine=True
         )
@@ -501,7 +503,11 @@ def _rerun(
         if before is not None:
             verdict.pristine_proof = before.result()[patch.id]
         if release is not None:
-            verdict.release_tests = collect_release_tests(release, budget)
+            later = collect_release_tests(release, budget)
+            earlier = verdict.release_tests
+            verdict.release_tests = (
+                later if earlier is None else kept_with(earlier, later)
+            )
 
     return finish
 
