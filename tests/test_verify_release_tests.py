@@ -220,11 +220,86 @@ def test_a_star_import_takes_every_test_that_may_use_the_names(
     assert "import *" in selection.coarse["tests/test_star.py"]
 
 
+#: A module of the package one import from the changed one, and a package
+#: that passes the changed class on.
+CRATES = """\
+from vllm.shapes import Box, unrelated
+
+
+class Crate(Box):
+    pass
+
+
+def stacked(crates):
+    return [crate.area() for crate in crates]
+
+
+def untouched():
+    return unrelated()
+"""
+
+TEST_CRATES = """\
+from vllm.crates import Crate, untouched
+from vllm.boxes import Box as Reexported
+
+
+def test_reaches_area_through_a_subclass():
+    assert Crate(1, 2).area() == 2
+
+
+def test_reaches_area_through_a_package():
+    assert Reexported(1, 2).area() == 2
+
+
+def test_not_untouched():
+    assert untouched() == 0
+"""
+
+
+def test_a_test_reaches_a_unit_through_a_module_that_imports_it(
+    tmp_path: Path,
+) -> None:
+    """One import further: ``vllm/crates.py`` subclasses the changed class,
+    and ``vllm/boxes/__init__.py`` passes it on; a test that names either
+    reaches ``Box.area`` through them, and one that names a name of theirs
+    that does not reach it is left out."""
+    tree = make_tree(tmp_path)
+    (tree / "vllm" / "crates.py").write_text(CRATES)
+    (tree / "vllm" / "boxes").mkdir()
+    (tree / "vllm" / "boxes" / "__init__.py").write_text(
+        "from vllm.shapes import Box\n"
+    )
+    (tree / "tests" / "test_crates.py").write_text(TEST_CRATES)
+    selection = select(tree, [AREA])
+    crates = sorted(n for n in selection.tests if "test_crates" in n)
+    assert crates == [
+        "tests/test_crates.py::test_reaches_area_through_a_package",
+        "tests/test_crates.py::test_reaches_area_through_a_subclass",
+    ]
+    assert selection.through == {
+        "vllm.boxes": ["vllm.shapes"],
+        "vllm.crates": ["vllm.shapes"],
+    }
+    # Never two imports further: a module that imports vllm.crates is not
+    # one that imports the changed module.
+    (tree / "vllm" / "pallets.py").write_text(
+        "from vllm.crates import Crate\n\n\nclass Pallet(Crate):\n    pass\n"
+    )
+    (tree / "tests" / "test_pallets.py").write_text(
+        "from vllm.pallets import Pallet\n\n\n"
+        "def test_two_imports_away():\n    assert Pallet(1, 2).area() == 2\n"
+    )
+    assert (
+        "tests/test_pallets.py::test_two_imports_away" not in select(tree, [AREA]).tests
+    )
+
+
 def test_nothing_to_select_says_why(tmp_path: Path) -> None:
     tree = make_tree(tmp_path)
     unreached = ChangedUnit("vllm/other.py", "function", "f")
     assert select(tree, [unreached]).reason == (
-        "no test module of tests/ imports a module the patch changes"
+        "no test module of tests/ imports a module the patch changes, "
+        "nor a module that imports one"
     )
     shutil.rmtree(tree / "tests")
     assert select(tree, [AREA]).reason == f"{tree} has no tests/ folder"

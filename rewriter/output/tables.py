@@ -331,6 +331,11 @@ def _print_release_tests(console: Console, patch_id: str, stage: Any) -> None:
         )
     for reason, count in stage.reasons().items():
         console.print(f"  {count} × {escape(reason)}", highlight=False)
+    if stage.selection.through and not stage.not_run:
+        console.print(
+            "  reached through: " + escape(", ".join(stage.selection.through)),
+            highlight=False,
+        )
     if stage.selection.unreached and not stage.not_run:
         console.print(
             "  no test reaches: " + escape(", ".join(stage.selection.unreached)),

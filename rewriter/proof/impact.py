@@ -19,6 +19,14 @@ cannot:
    module whose code refers to one (a function that calls the changed
    helper, a class whose method calls it).
 
+3. **one import further**: a module of the package that imports a changed
+   module (``eagle.py``'s ``EagleProposer`` subclasses the changed
+   ``SpecDecodeBaseProposer``) counts as changed too, by its names whose
+   code refers to a changed unit: a test that names ``EagleProposer``
+   reaches ``SpecDecodeBaseProposer.__init__``. One import only, as Bazel's
+   direct reverse dependencies: two would take most of vLLM (one cycle of
+   imports holds ``vllm.config``), and every test with it.
+
 A test reaches a unit where it names it; where that cannot be told (the
 module's names come with ``import *``, or the module object itself is
 passed around) every test of the file that refers to the module counts,
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +80,11 @@ class Selection:
     #: Test files where names could not be told apart: every test that
     #: refers to the module was taken (file: why).
     coarse: dict[str, str] = field(default_factory=dict)
+    #: The modules of the package, one import from a changed one, through
+    #: which a test was selected (module -> the changed modules it imports).
+    through: dict[str, list[str]] = field(default_factory=dict)
+    #: The modules whose names reached a changed unit in a selected test.
+    named: set[str] = field(default_factory=set, repr=False)
     #: The changed units no selected test reaches.
     unreached: list[str] = field(default_factory=list)
     #: Why nothing could be selected at all ("" when something could).
@@ -120,22 +134,32 @@ def select(tree: Path, units: Sequence[ChangedUnit]) -> Selection:
     for module, changed in by_module.items():
         reaching[module], narrowed = _reaching_names(tree / changed[0].path, changed)
         narrowing.update(narrowed)
+    importing = _importing_modules(tree, reaching)
+    reaching.update({module: names for module, (names, _) in importing.items()})
     selection = Selection()
     reached: set[str] = set()
     for path in _test_files(tests_dir):
         relative = path.relative_to(tree).as_posix()
-        module = _parsed(path, tuple(by_module))
+        module = _parsed(path, tuple(reaching))
         if module is None:
             continue
         found = _select_in_file(
-            relative, module, by_module, (reaching, narrowing), selection
+            relative, module, reaching, (reaching, narrowing), selection
         )
         for nodeid, parts in found.items():
             selection.tests[nodeid] = parts
             reached.update(parts)
+    selection.through = {
+        module: imported
+        for module, (_, imported) in importing.items()
+        if module in selection.named
+    }
     selection.unreached = [u.part for u in units if u.part not in reached]
     if not selection.importers:
-        selection.reason = "no test module of tests/ imports a module the patch changes"
+        selection.reason = (
+            "no test module of tests/ imports a module the patch changes, "
+            "nor a module that imports one"
+        )
     elif not selection.tests:
         selection.reason = (
             "the test modules that import the changed modules have no test "
@@ -152,18 +176,38 @@ def _test_files(tests_dir: Path) -> Iterator[Path]:
 
 
 def _parsed(path: Path, modules: tuple[str, ...]) -> ast.Module | None:
-    """The test file's syntax tree, where its text can import one of
-    ``modules`` (``vllm.a.b`` or ``from vllm.a import b``); None where it
-    cannot, or does not parse. Parsed once per run of verify."""
+    """The file's syntax tree, where its text can import one of ``modules``
+    (``vllm.a.b`` or ``from vllm.a import b``, :func:`_importing`); None
+    where it cannot, or does not parse. Parsed once per run of verify."""
     source = _read(path)
-    if source is None or not any(
+    if source is None or not any(  # cheap first: most files name none
         m in source
         or (m.rpartition(".")[0] in source and m.rpartition(".")[2] in source)
         for m in modules
     ):
         return None
+    if not _importing(modules).search(source):
+        return None
     stat = path.stat()
     return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _importing(modules: tuple[str, ...]) -> re.Pattern[str]:
+    """What a file that imports one of ``modules`` holds: the module's
+    dotted name after ``import`` or ``from``, or ``from`` its package
+    ``import`` its name (in a parenthesised list too). It may find more (in
+    a string): the syntax tree decides."""
+    forms = []
+    for module in modules:
+        package, _, last = module.rpartition(".")
+        forms.append(rf"(?:import|from)\s+{re.escape(module)}\b")
+        if package:
+            forms.append(
+                rf"from\s+{re.escape(package)}\s+import\s+(?:\([^)]*|[^\n]*)"
+                rf"\b{re.escape(last)}\b"
+            )
+    return re.compile("|".join(forms))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -215,16 +259,7 @@ def _reaching_names(
     }
     definitions = _definitions(module.body)
     reaching = {name: set(parts) for name, parts in direct.items()}
-    # A name reaches what the names its code refers to reach: to a fixed point.
-    changed = True
-    while changed:
-        changed = False
-        for name, nodes in definitions.items():
-            refs = {r.split(".")[0] for node in nodes for r in _dotted_refs(node)}
-            gained = set().union(*(reaching.get(r, set()) for r in refs - {name}))
-            if not gained <= reaching.get(name, set()):
-                reaching.setdefault(name, set()).update(gained)
-                changed = True
+    _spread(reaching, definitions)
     if whole:
         reaching["*"] = set(whole)
     return reaching, narrowing
@@ -320,6 +355,77 @@ def _dotted(node: ast.expr) -> str:
     return ".".join([node.id, *reversed(parts)])
 
 
+# -- one import further: the package's modules that import a changed one -------
+
+
+def _importing_modules(
+    tree: Path, reaching: dict[str, dict[str, set[str]]]
+) -> dict[str, tuple[dict[str, set[str]], list[str]]]:
+    """Each module of the tree's ``vllm`` package that imports a changed
+    module (``reaching``'s keys), with its top-level names whose code
+    reaches a changed unit (as :func:`_reaching_names` finds them in the
+    changed module: to a fixed point) and the changed modules it imports.
+    A module with no such name is left out. Only ``ast``, as the rest."""
+    found: dict[str, tuple[dict[str, set[str]], list[str]]] = {}
+    package = tree / "vllm"
+    if not package.is_dir():
+        return found
+    changed = tuple(reaching)
+    for path in sorted(package.rglob("*.py")):
+        name = module_name(path.relative_to(tree).as_posix())
+        if name is None or name in reaching:
+            continue
+        module = _parsed(path, changed)
+        if module is None:
+            continue
+        bindings, starred = _bindings(module, reaching)
+        if not bindings and not starred:
+            continue
+        scratch = Selection()
+        names: dict[str, set[str]] = {}
+        for top, nodes in _definitions(module.body).items():
+            refs = {r for node in nodes for r in _dotted_refs(node)}
+            parts = _reached(refs, bindings, reaching, starred, "", scratch)
+            if parts:
+                names[top] = parts
+        # What it imports at module level is a name of its own too (a
+        # package's __init__ passes the changed class on).
+        top_level = [s for s in module.body if isinstance(s, _MODULE_LEVEL_IMPORTS)]
+        exported, _ = _bindings(ast.Module(body=top_level, type_ignores=[]), reaching)
+        for local, dotted in exported.items():
+            if parts := _units_named(dotted, reaching, "", scratch):
+                names.setdefault(local, set()).update(parts)
+        if not names:
+            continue
+        _spread(names, _definitions(module.body))
+        imported = sorted(
+            m for m in changed if any(b == m or b.startswith(m + ".") for b in
+                                      bindings.values()) or m in starred
+        )  # fmt: skip
+        found[name] = (names, imported)
+    return found
+
+
+#: The statements of a module whose imports bind its own names.
+_MODULE_LEVEL_IMPORTS = (ast.Import, ast.ImportFrom, ast.If, ast.Try)
+
+
+def _spread(
+    reaching: dict[str, set[str]], definitions: dict[str, list[ast.AST]]
+) -> None:
+    """A name reaches what the names its code refers to reach: to a fixed
+    point, in place."""
+    changed = True
+    while changed:
+        changed = False
+        for name, nodes in definitions.items():
+            refs = {r.split(".")[0] for node in nodes for r in _dotted_refs(node)}
+            gained = set().union(*(reaching.get(r, set()) for r in refs - {name}))
+            if not gained <= reaching.get(name, set()):
+                reaching.setdefault(name, set()).update(gained)
+                changed = True
+
+
 # -- a test file ----------------------------------------------------------------
 
 
@@ -371,7 +477,7 @@ def _bindings(
         """A changed module, or a name inside one."""
         return any(dotted == m or dotted.startswith(m + ".") for m in by_module)
 
-    for node in ast.walk(module):
+    for node in _import_statements(module.body):
         match node:
             case ast.Import(names=names):
                 for alias in names:
@@ -391,6 +497,22 @@ def _bindings(
                     elif within(dotted):
                         bindings[alias.asname or alias.name] = dotted
     return bindings, starred
+
+
+def _import_statements(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements of a block and of the blocks inside it (a
+    function's, a class's, an ``if``'s): statements only, as an import is
+    one; walking every expression as well took seconds on vLLM's models."""
+    pending = list(body)
+    while pending:
+        statement = pending.pop()
+        if isinstance(statement, ast.Import | ast.ImportFrom):
+            yield statement
+            continue
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(statement, name, None)
+            if isinstance(inner, list):
+                pending.extend(inner)
 
 
 def _tests(relative: str, module: ast.Module) -> Iterator[tuple[str, list[ast.AST]]]:
@@ -505,5 +627,8 @@ def _units_named(
             parts |= set().union(*names.values()) if names else set()
         elif dotted.startswith(module + "."):
             top = dotted[len(module) + 1 :].split(".")[0]
-            parts |= names.get(top, set()) | names.get("*", set())
+            gained = names.get(top, set()) | names.get("*", set())
+            if gained:
+                selection.named.add(module)
+            parts |= gained
     return parts
