@@ -295,7 +295,16 @@ def test_a_cycle_of_imports_is_worked_out_once_and_never_stale(
     assert index.closure("vllm/a/one.py", [files["vllm/a/one.py"]]) is (
         index.closure("vllm/a/leaf.py", [files["vllm/a/one.py"]])
     )
-    # An edit inside the cycle: the next state's answers are the walk's.
+    # A fix that rewrites code, not imports, keeps what each module reaches
+    # (the same answer), and each closure, with the changed module's state.
+    body = {**files, "vllm/logger.py": b"from vllm.envs import LEVEL\nlog = 2\n"}
+    kept = closure.ModuleIndex(body)
+    assert kept._reach["vllm.config"] is index._reach["vllm.config"]
+    found = kept.closure("vllm/a/one.py", [body["vllm/a/one.py"]])
+    assert set(found) == _walked(body, "vllm/a/one.py")
+    assert found["vllm.logger"] != index._modules["vllm.logger"]
+    assert closure.digest_of(found) == closure.digest_of(dict(found))
+    # An edit of the cycle's imports: the next state's answers are the walk's.
     later = {**files, "vllm/logger.py": b"from vllm.spare import x\nlog = 1\n"}
     again = closure.ModuleIndex(later)
     for path in ("vllm/a/one.py", "vllm/a/two.py", "vllm/spare.py"):
