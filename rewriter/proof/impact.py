@@ -39,34 +39,25 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepstack_patch.proof.imports import module_name
+from deepstack_patch.proof.reaching import (
+    ChangedUnit,
+    definitions,
+    dotted_name,
+    dotted_refs,
+    reaching_names,
+    read_text,
+    spread,
+)
 
 #: pytest's default collection rules (vLLM's configuration keeps them).
 TEST_FILE_PREFIX = "test_"
 TEST_FUNCTION_PREFIX = "test"
 TEST_CLASS_PREFIX = "Test"
-
-
-@dataclass(frozen=True)
-class ChangedUnit:
-    """A function, method, class or statement a patch changes."""
-
-    path: str  # vllm/a/b.py
-    kind: str  # function, method, class, class-attribute, module-statement, import
-    name: str  # f, C.m, C, NAME; the path for imports
-
-    @property
-    def part(self) -> str:
-        return f"{self.path}::{self.name}"
-
-    @property
-    def top_name(self) -> str:
-        """The module-level name the unit lives under (``C`` for ``C.m``)."""
-        return self.name.split(".")[0]
 
 
 @dataclass
@@ -132,7 +123,7 @@ def select(tree: Path, units: Sequence[ChangedUnit]) -> Selection:
     reaching: dict[str, dict[str, set[str]]] = {}
     narrowing: dict[str, frozenset[str]] = {}
     for module, changed in by_module.items():
-        reaching[module], narrowed = _reaching_names(tree / changed[0].path, changed)
+        reaching[module], narrowed = reaching_names(tree / changed[0].path, changed)
         narrowing.update(narrowed)
     importing = _importing_modules(tree, reaching)
     reaching.update({module: names for module, (names, _) in importing.items()})
@@ -179,7 +170,7 @@ def _parsed(path: Path, modules: tuple[str, ...]) -> ast.Module | None:
     """The file's syntax tree, where its text can import one of ``modules``
     (``vllm.a.b`` or ``from vllm.a import b``, :func:`_importing`); None
     where it cannot, or does not parse. Parsed once per run of verify."""
-    source = _read(path)
+    source = read_text(path)
     if source is None or not any(  # cheap first: most files name none
         m in source
         or (m.rpartition(".")[0] in source and m.rpartition(".")[2] in source)
@@ -214,145 +205,11 @@ def _importing(modules: tuple[str, ...]) -> re.Pattern[str]:
 def _parse(path: Path, mtime_ns: int, size: int) -> ast.Module | None:
     """One file's syntax tree; the key holds its time and size, so that a
     file changed since is parsed again."""
-    source = _read(path)
+    source = read_text(path)
     try:
         return ast.parse(source, str(path)) if source is not None else None
     except SyntaxError:
         return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-# -- the changed module: which of its names reach a changed unit ----------------
-
-
-def _reaching_names(
-    path: Path, units: Sequence[ChangedUnit]
-) -> tuple[dict[str, set[str]], dict[str, frozenset[str]]]:
-    """Each top-level name of the changed module (as the tree has it) whose
-    code reaches a changed unit, with the units it reaches; a unit's own
-    top-level name reaches it. A unit of the whole module (a module-level
-    statement, or a hand-written patch's file) is reached by any name.
-    Second: for a changed method, the methods a test must name to reach it
-    through its class (:func:`_methods_reaching`)."""
-    direct: dict[str, set[str]] = {}
-    whole = [u.part for u in units if u.kind in ("module-statement", "import")]
-    for unit in units:
-        if unit.kind not in ("module-statement", "import"):
-            direct.setdefault(unit.top_name, set()).add(unit.part)
-    source = _read(path) if path.is_file() else None
-    try:
-        module = ast.parse(source) if source is not None else None
-    except SyntaxError:
-        module = None
-    if module is None:
-        return {"*": set(whole), **direct}, {}
-    narrowing = {
-        unit.part: methods
-        for unit in units
-        if (methods := _methods_reaching(module, unit)) is not None
-    }
-    definitions = _definitions(module.body)
-    reaching = {name: set(parts) for name, parts in direct.items()}
-    _spread(reaching, definitions)
-    if whole:
-        reaching["*"] = set(whole)
-    return reaching, narrowing
-
-
-#: Methods Python calls without naming them: a test that makes or uses an
-#: instance may reach them through the class alone.
-IMPLICIT_METHODS = ("__init__", "__new__", "__post_init__", "__call__")
-
-
-def _methods_reaching(module: ast.Module, unit: ChangedUnit) -> frozenset[str] | None:
-    """The methods of the unit's class whose code reaches the changed
-    method (through ``self.m``, ``cls.m`` or ``C.m``), the method included;
-    None where a test can reach it without naming one (a dunder, a method
-    the class's own statements use, a class the tree does not hold)."""
-    owner, _, method = unit.name.rpartition(".")
-    if unit.kind != "method" or "." in owner or method.startswith("__"):
-        return None
-    classes = [
-        s for s in module.body if isinstance(s, ast.ClassDef) and s.name == owner
-    ]
-    if not classes:
-        return None
-    methods = {
-        s.name: s
-        for s in classes[0].body
-        if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
-    }
-    selves = {"self", "cls", owner}
-    reaching = {method}
-    grown = True
-    while grown:
-        grown = False
-        for name, node in methods.items():
-            if name in reaching:
-                continue
-            chains = [r.split(".") for r in _dotted_refs(node)]
-            called = {c[1] for c in chains if len(c) > 1 and c[0] in selves}
-            if called & reaching:
-                reaching.add(name)
-                grown = True
-    if reaching & set(IMPLICIT_METHODS) or any(
-        name.startswith("__") for name in reaching
-    ):
-        return None
-    return frozenset(reaching)
-
-
-def _definitions(body: Iterable[ast.stmt]) -> dict[str, list[ast.AST]]:
-    """A block's functions, classes and assigned names, with their code."""
-    found: dict[str, list[ast.AST]] = {}
-    for statement in body:
-        match statement:
-            case ast.FunctionDef(name=name) | ast.AsyncFunctionDef(name=name):
-                found.setdefault(name, []).append(statement)
-            case ast.ClassDef(name=name):
-                found.setdefault(name, []).append(statement)
-            case ast.Assign(targets=targets, value=value):
-                for target in targets:
-                    for node in ast.walk(target):
-                        if isinstance(node, ast.Name):
-                            found.setdefault(node.id, []).append(value)
-            case ast.AnnAssign(target=ast.Name(id=name), value=value) if value:
-                found.setdefault(name, []).append(value)
-            case ast.If(body=inner, orelse=other) | ast.Try(body=inner, orelse=other):
-                for name, nodes in _definitions([*inner, *other]).items():
-                    found.setdefault(name, []).extend(nodes)
-    return found
-
-
-def _dotted_refs(node: ast.AST) -> Iterator[str]:
-    """Every name the code uses, whole: ``a.b.c`` for ``a.b.c()`` (not also
-    ``a.b`` and ``a``), ``a`` for ``a[0]``."""
-    pending = [node]
-    while pending:
-        child = pending.pop()
-        match child:
-            case ast.Attribute() if dotted := _dotted(child):
-                yield dotted
-                continue
-            case ast.Name(id=name):
-                yield name
-        pending.extend(ast.iter_child_nodes(child))
-
-
-def _dotted(node: ast.expr) -> str:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return ""
-    return ".".join([node.id, *reversed(parts)])
 
 
 # -- one import further: the package's modules that import a changed one -------
@@ -363,7 +220,7 @@ def _importing_modules(
 ) -> dict[str, tuple[dict[str, set[str]], list[str]]]:
     """Each module of the tree's ``vllm`` package that imports a changed
     module (``reaching``'s keys), with its top-level names whose code
-    reaches a changed unit (as :func:`_reaching_names` finds them in the
+    reaches a changed unit (as :func:`reaching_names` finds them in the
     changed module: to a fixed point) and the changed modules it imports.
     A module with no such name is left out. Only ``ast``, as the rest."""
     found: dict[str, tuple[dict[str, set[str]], list[str]]] = {}
@@ -383,8 +240,8 @@ def _importing_modules(
             continue
         scratch = Selection()
         names: dict[str, set[str]] = {}
-        for top, nodes in _definitions(module.body).items():
-            refs = {r for node in nodes for r in _dotted_refs(node)}
+        for top, nodes in definitions(module.body).items():
+            refs = {r for node in nodes for r in dotted_refs(node)}
             parts = _reached(refs, bindings, reaching, starred, "", scratch)
             if parts:
                 names[top] = parts
@@ -397,7 +254,7 @@ def _importing_modules(
                 names.setdefault(local, set()).update(parts)
         if not names:
             continue
-        _spread(names, _definitions(module.body))
+        spread(names, definitions(module.body))
         imported = sorted(
             m for m in changed if any(b == m or b.startswith(m + ".") for b in
                                       bindings.values()) or m in starred
@@ -408,22 +265,6 @@ def _importing_modules(
 
 #: The statements of a module whose imports bind its own names.
 _MODULE_LEVEL_IMPORTS = (ast.Import, ast.ImportFrom, ast.If, ast.Try)
-
-
-def _spread(
-    reaching: dict[str, set[str]], definitions: dict[str, list[ast.AST]]
-) -> None:
-    """A name reaches what the names its code refers to reach: to a fixed
-    point, in place."""
-    changed = True
-    while changed:
-        changed = False
-        for name, nodes in definitions.items():
-            refs = {r.split(".")[0] for node in nodes for r in _dotted_refs(node)}
-            gained = set().union(*(reaching.get(r, set()) for r in refs - {name}))
-            if not gained <= reaching.get(name, set()):
-                reaching.setdefault(name, set()).update(gained)
-                changed = True
 
 
 # -- a test file ----------------------------------------------------------------
@@ -446,10 +287,10 @@ def _select_in_file(
         selection.coarse[relative] = (
             f"`from {starred[0]} import *`: its names cannot be told apart"
         )
-    definitions = _definitions(module.body)
+    defined = definitions(module.body)
     found: dict[str, list[str]] = {}
     for nodeid, nodes in _tests(relative, module):
-        refs, code = _closure(nodes, definitions)
+        refs, code = _closure(nodes, defined)
         parts = _reached(refs, bindings, reaching, starred, relative, selection)
         # A changed method reached through its class alone: the test must
         # name it, or a method of the class that calls it.
@@ -531,7 +372,7 @@ def _tests(relative: str, module: ast.Module) -> Iterator[tuple[str, list[ast.AS
 
 
 def _is_test_class(node: ast.ClassDef) -> bool:
-    bases = {_dotted(base).rsplit(".", 1)[-1] for base in node.bases}
+    bases = {dotted_name(base).rsplit(".", 1)[-1] for base in node.bases}
     return node.name.startswith(TEST_CLASS_PREFIX) or "TestCase" in bases
 
 
@@ -553,7 +394,7 @@ def _class_tests(
         seen = {name}
         pending = [method]
         while pending:  # the methods it calls on self, and theirs
-            for ref in _dotted_refs(pending.pop()):
+            for ref in dotted_refs(pending.pop()):
                 called = ref.split(".")[1] if ref.startswith("self.") else ""
                 if called in methods and called not in seen:
                     seen.add(called)
@@ -566,7 +407,7 @@ _FUNCTION_NODES = ("FunctionDef", "AsyncFunctionDef")
 
 
 def _closure(
-    nodes: Sequence[ast.AST], definitions: dict[str, list[ast.AST]]
+    nodes: Sequence[ast.AST], defined: dict[str, list[ast.AST]]
 ) -> tuple[set[str], list[ast.AST]]:
     """The dotted names ``nodes`` use, with those of the file's own helpers,
     fixtures (a parameter named as a function of the file) and constants
@@ -577,16 +418,16 @@ def _closure(
     pending = list(nodes)
     while pending:
         node = pending.pop()
-        names = set(_dotted_refs(node))
+        names = set(dotted_refs(node))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             names |= {a.arg for a in [*node.args.args, *node.args.kwonlyargs]}
         refs |= names
         for name in names:
             root = name.split(".")[0]
-            if root in definitions and root not in seen:
+            if root in defined and root not in seen:
                 seen.add(root)
-                pending.extend(definitions[root])
-                code.extend(definitions[root])
+                pending.extend(defined[root])
+                code.extend(defined[root])
     return refs, code
 
 
