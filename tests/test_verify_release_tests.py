@@ -682,3 +682,33 @@ def test_an_offline_model_or_a_missing_async_plugin_could_not_run() -> None:
     assert environment_cause(unplugged) == (
         "the package 'pytest_asyncio' is not installed"
     )
+
+
+def test_a_later_round_runs_only_the_tests_that_could_not_run(tmp_path: Path) -> None:
+    """A round with added packages runs again only what could not run: a
+    parametrized test by its own id, every test of a file that did not
+    import; the others keep their outcomes (extras' kept_with)."""
+    from deepstack_patch.proof.release_tests import (
+        ReleaseTests,
+        TestOutcome,
+        _could_not_run,
+    )
+
+    selection = select(make_tree(tmp_path), [AREA])
+    earlier = ReleaseTests(selection, budget_s=1.0)
+    lacking = "could not run: the package 'x' is not installed"
+    earlier.pass_to_pass = [
+        TestOutcome(
+            "tests/test_shapes.py::test_reaches_area_through_describe",
+            "passed",
+            "passed",
+        )
+    ]
+    earlier.could_not_run = [
+        TestOutcome("tests/test_shapes.py::test_reaches_area[1]", "", "", lacking),
+        TestOutcome("tests/test_module_object.py", "error", "error", lacking),
+    ]
+    assert sorted(_could_not_run(selection, earlier)) == [
+        "tests/test_module_object.py::test_reaches_area_by_attribute",
+        "tests/test_shapes.py::test_reaches_area",
+    ]

@@ -29,7 +29,7 @@ import json
 import re
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +162,14 @@ def submit(
     units: list[ChangedUnit],
     budget_s: float,
     spawn: Spawn = run_subprocess,
+    again: ReleaseTests | None = None,
 ) -> Pending:
-    """Select a patch's tests and start them on both trees."""
+    """Select a patch's tests and start them on both trees; ``again``: an
+    earlier run of them, whose tests that could not run are the only ones
+    run now (:func:`kept_with` keeps the others' outcomes)."""
     selection = select(tree, units)
+    if again is not None:
+        selection = replace(selection, tests=_could_not_run(selection, again))
     if not selection.tests:
         return Pending(selection)
     before, after = (
@@ -172,6 +177,19 @@ def submit(
         for root in (pristine, tree)
     )
     return Pending(selection, (before, after))
+
+
+def _could_not_run(selection: Selection, earlier: ReleaseTests) -> dict[str, list[str]]:
+    """The selected tests that could not run in ``earlier``: by node id
+    (each parametrization's test), or all of a file that did not import."""
+    nodeids = {o.nodeid for o in earlier.could_not_run}
+    files = {nodeid for nodeid in nodeids if "::" not in nodeid}
+    tests = {nodeid.split("[")[0] for nodeid in nodeids}
+    return {
+        nodeid: parts
+        for nodeid, parts in selection.tests.items()
+        if nodeid in tests or nodeid.split("::")[0] in files
+    }
 
 
 def _run(
@@ -218,9 +236,15 @@ def kept_with(earlier: ReleaseTests, later: ReleaseTests) -> ReleaseTests:
             *earlier.pass_to_fail, *earlier.fails_on_both,
         ]
     }  # fmt: skip
-    if earlier.not_run or not ran:
+    if earlier.not_run:
         return later
-    result = ReleaseTests(later.selection, later.budget_s)
+    if not ran:  # the earlier round's selection: the later one ran part of it
+        return (
+            later
+            if earlier.selection is None
+            else replace(later, selection=earlier.selection)
+        )
+    result = ReleaseTests(earlier.selection, later.budget_s)
     result.seconds = earlier.seconds + later.seconds
     redone = {o.nodeid for o in _outcomes(later)}
     for outcome in [

@@ -482,7 +482,10 @@ def _rerun(
     release = None
     if verdict.release_tests is not None and pristine is not None:
         units = units_of(patch, verdict.changed_files)
-        release = submit(pool, env, tree.root, pristine.root, units, budget)
+        release = submit(
+            pool, env, tree.root, pristine.root, units, budget,
+            again=verdict.release_tests,
+        )  # fmt: skip
     after = before = None
     # Recorded tests that ran on both trees keep what they showed (see
     # kept_with): only those that could not run on one run again.
