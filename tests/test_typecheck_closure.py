@@ -149,7 +149,10 @@ def test_import_lists_are_scanned_once_per_content(
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
     for memo in ("_KNOWN", "_NEW", "_BY_CONTENT", "_NAMED_BY"):
         monkeypatch.setattr(closure, memo, {})
+    # A process's first index: none before it to take from (a later state
+    # checks the imports of each module it changed that the last one read).
     monkeypatch.setattr(closure, "_LOADED", [])
+    monkeypatch.setattr(closure, "_LAST", [])
     files = {
         "vllm/__init__.py": "",
         "vllm/one.py": "from vllm.two import x  # 41\n",

@@ -1,5 +1,5 @@
 """The packages a test needs beyond the proof environment (issue 42, item 3):
-the release's pins, CPU wheels only, in an overlay of the managed
+the release's pins, pure Python only, in an overlay of the managed
 environment (``proof/extras.py``).
 
 The fast tier reads pins, reasons and pip's reports from small files made
@@ -73,9 +73,9 @@ def test_the_missing_packages_are_read_from_the_reasons() -> None:
 
 
 def test_a_wheel_that_cannot_go_beside_the_cpu_environment_is_named() -> None:
-    """Pure-Python and CPU-compiled wheels may go in; GPU code, a compiled
-    extension of torch (built against one torch build) and what is not a
-    wheel may not."""
+    """Pure-Python wheels may go in; GPU code, a compiled extension of torch
+    (built against one torch build), any other compiled wheel and what is
+    not a wheel may not, each said with why."""
 
     def report(*items: tuple[str, list[str]]) -> dict:
         return {
@@ -85,14 +85,18 @@ def test_a_wheel_that_cannot_go_beside_the_cpu_environment_is_named() -> None:
             ]
         }
 
-    cpu = report(
+    pure = report(
         ("file:///i/multiprocess-0.70.16-py311-none-any.whl", ["dill>=0.3.8"]),
         ("https://h/dill-0.3.8-py3-none-any.whl#sha256=1", []),
-        ("https://h/watchfiles-1.1.1-cp310-abi3-manylinux_2_17_x86_64.whl", []),
-        ("https://h/torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl", []),
         ("https://h/torchao-0.14.0-py3-none-any.whl", ["torch (>=2.6)"]),
     )
-    assert unfit_wheels(cpu) == []
+    assert unfit_wheels(pure) == []
+    compiled = report(
+        ("https://h/watchfiles-1.1.1-cp310-abi3-manylinux_2_17_x86_64.whl", []),
+    )
+    assert unfit_wheels(compiled) == [
+        "watchfiles-1.1.1-cp310-abi3-manylinux_2_17_x86_64.whl (compiled)"
+    ]
     unfit = report(
         ("https://h/nvidia_cublas-13.1.1.3-py3-none-manylinux_2_27_x86_64.whl", []),
         ("https://h/cuda_bindings-13.5.0-cp311-cp311-manylinux_2_28_x86_64.whl", []),

@@ -1,11 +1,11 @@
-"""What a test needs beyond the proof environment: CPU packages at the
-release's pins (issue 42, item 3).
+"""What a test needs beyond the proof environment: pure-Python packages at
+the release's pins (issue 42, item 3).
 
 A recorded or selected test that could not run because a package outside
 vLLM is missing (``No module named 'multiprocess'``, ``failures.py``) gets
 it, where the release pins it for its tests (``requirements/test.txt``, or
 ``requirements/test/*.txt`` from 0.19 on) and pip can install it, and what
-it pulls, as wheels for this machine's CPU at those pins:
+it pulls, as pure-Python wheels at those pins:
 
 - the packages go into an **overlay** venv, never into the managed
   environment that every run shares: a ``.pth`` file puts the managed
@@ -23,13 +23,16 @@ it pulls, as wheels for this machine's CPU at those pins:
   ``cupy``, ``flashinfer``, a ``cu12``/``+cu130`` build, ``rocm``) or a
   compiled extension of torch (``torchvision``: built against one torch
   build, it breaks the import of every test that loads it beside the CPU
-  one). A wheel compiled for the CPU (``watchfiles``, ``websockets``,
-  ``rpds-py``) goes in: pip chose it for this machine. The first rule
-  allowed pure-Python wheels only (``none-any``), and the compiled ones
-  were most of what the 0.20.2 batches still lacked.
+  one), and where one is compiled at all: pure-Python wheels
+  (``none-any``) only. Compiled CPU wheels (``watchfiles``, ``ray``,
+  ``numba``, ``scipy``) were let in for a day (2026-11-29): on the 40-fix
+  batch of 0.20.2 they gave no fix evidence (what they let run failed on
+  both trees on the CPU), and the overlays, built again each round with
+  ray's and numba's wheels, took two of this repository's verify tests
+  from minutes to 10 and 11 and the suite over its 30 minutes.
 
-A package the release does not pin, a GPU one, or one the index lacks at
-the pin stays ``could not run``, and the reason says which. A pin that
+A package the release does not pin, a compiled one, or one the index
+lacks at the pin stays ``could not run``, and the reason says which. A pin that
 conflicts with a package of the managed environment (the release's
 pytest-asyncio 0.24.0 needs pytest < 9; the environment has pytest 9) goes
 in at the newest version that goes beside them, and ``unpinned`` says so.
@@ -125,7 +128,7 @@ def provide(
     earlier: Extras | None = None,
 ) -> Extras:
     """An overlay of ``base`` with the release's pins of ``modules``, where
-    each is pinned and for the CPU (see the module docstring). ``earlier``:
+    each is pinned and pure Python (see the module docstring). ``earlier``:
     what an earlier round decided (what it added, at which requirement, and
     what it refused), kept as it is; only ``modules`` are asked of pip."""
     extras = Extras()
@@ -197,10 +200,10 @@ def _beside_the_environment(
     """Whether ``module``, whose pin pip refused because it conflicts with a
     package of the managed environment (pytest-asyncio 0.24.0, which needs
     pytest < 9, beside the environment's pytest 9), goes in unpinned: the
-    newest CPU version that goes beside them (the constraints hold
+    newest pure-Python version that goes beside them (the constraints hold
     every package of the environment at its version). Recorded in
-    ``extras.unpinned``; a GPU wheel or a package the index lacks is never
-    tried again."""
+    ``extras.unpinned``; a refused wheel or a package the index lacks is
+    never tried again."""
     if "conflict" not in refused.message.lower():
         return False
     name = normalized(module)
@@ -267,7 +270,7 @@ def _build_overlay(
 
 def _dry_run(base: ProofEnv, requirements: Sequence[str], pins: dict[str, str]) -> None:
     """What pip would install for ``requirements`` over ``base``: refused
-    (a DeepstackError) where it cannot resolve or a wheel is for the GPU."""
+    (a DeepstackError) where it cannot resolve or a wheel is refused."""
     with (
         _pip_options(base, pins) as (pip, options),
         tempfile.TemporaryDirectory(prefix="deepstack-extras-") as scratch,
@@ -321,7 +324,7 @@ def unfit_wheels(report: dict) -> list[str]:
     extension of torch (``torchvision``: built against one torch build, its
     operators fail to load beside the CPU one, and with them every test
     that imports it, transformers' included); what is not a wheel (it would
-    build)."""
+    build); any other compiled wheel (see the module docstring)."""
     found = []
     for item in report.get("install", []):
         url = str(item.get("download_info", {}).get("url", ""))
@@ -339,6 +342,8 @@ def unfit_wheels(report: dict) -> list[str]:
             found.append(f"{name} (GPU code)")
         elif "torch" in requires and not name.endswith("-none-any.whl"):
             found.append(f"{name} (compiled against one torch build)")
+        elif not name.endswith("-none-any.whl"):
+            found.append(f"{name} (compiled)")
     return found
 
 
