@@ -259,8 +259,9 @@ def test_not_untouched():
 def test_a_test_reaches_a_unit_through_a_module_that_imports_it(
     tmp_path: Path,
 ) -> None:
-    """One import further: ``vllm/crates.py`` subclasses the changed class,
-    and ``vllm/boxes/__init__.py`` passes it on; a test that names either
+    """One import further, where the changed module's own tests reach
+    nothing: ``vllm/crates.py`` subclasses the changed class, and
+    ``vllm/boxes/__init__.py`` passes it on; a test that names either
     reaches ``Box.area`` through them, and one that names a name of theirs
     that does not reach it is left out."""
     tree = make_tree(tmp_path)
@@ -270,6 +271,13 @@ def test_a_test_reaches_a_unit_through_a_module_that_imports_it(
         "from vllm.shapes import Box\n"
     )
     (tree / "tests" / "test_crates.py").write_text(TEST_CRATES)
+    # Where the changed module's own tests reach the unit, they are taken:
+    # no import further.
+    assert select(tree, [AREA]).through == {}
+    assert not any("test_crates" in n for n in select(tree, [AREA]).tests)
+    # Where none does, one import further.
+    (tree / "tests" / "test_shapes.py").unlink()
+    (tree / "tests" / "test_module_object.py").unlink()
     selection = select(tree, [AREA])
     crates = sorted(n for n in selection.tests if "test_crates" in n)
     assert crates == [
