@@ -27,9 +27,10 @@ it pulls, as pure-Python wheels at those pins:
   (``none-any``) only. Compiled CPU wheels (``watchfiles``, ``ray``,
   ``numba``, ``scipy``) were let in for a day (2026-11-29): on the 40-fix
   batch of 0.20.2 they gave no fix evidence (what they let run failed on
-  both trees on the CPU), and the overlays, built again each round with
-  ray's and numba's wheels, took two of this repository's verify tests
-  from minutes to 10 and 11 and the suite over its 30 minutes.
+  both trees on the CPU); with them, and the release's tests selected one
+  import further for every patch, two of this repository's verify tests
+  took 10 and 11 minutes (19 s and 79 s without both; which cost what was
+  not measured apart).
 
 A package the release does not pin, a compiled one, or one the index
 lacks at the pin stays ``could not run``, and the reason says which. A pin that
