@@ -262,7 +262,8 @@ def _importing_modules(
             continue
         scratch = Selection()
         names: dict[str, set[str]] = {}
-        for top, nodes in definitions(module.body).items():
+        defined = definitions(module.body)
+        for top, nodes in defined.items():
             refs = {r for node in nodes for r in dotted_refs(node)}
             parts = _reached(refs, bindings, reaching, starred, "", scratch)
             if parts:
@@ -276,7 +277,7 @@ def _importing_modules(
                 names.setdefault(local, set()).update(parts)
         if not names:
             continue
-        spread(names, definitions(module.body))
+        spread(names, defined)
         imported = sorted(
             m for m in changed if any(b == m or b.startswith(m + ".") for b in
                                       bindings.values()) or m in starred

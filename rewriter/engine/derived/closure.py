@@ -148,11 +148,7 @@ class ModuleIndex:
         # How ty resolves the file's own package: which __init__ files exist.
         parts = path.split("/")[:-1]
         starts += [".".join(parts[:n]) + "/" for n in range(1, len(parts) + 1)]
-        found = {
-            id(part): part
-            for module in dict.fromkeys(starts)
-            if (part := self._reach.get(module) or self._reachable(module))
-        }
+        found = {id(part): part for part in map(self._reachable, dict.fromkeys(starts))}
         # The largest first; one inside another chosen adds nothing (a name
         # imported from a module of the cycle is a module of its own, absent).
         parts: list[frozenset[str]] = []
