@@ -311,11 +311,12 @@ def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
 
     reruns: list[tuple[str, str]] = []
 
-    def rerun(_pool, overlay, _tree, _pristine, one, _scratch, _budget):
-        reruns.append((one.patch.id, overlay.key))
+    def rerun(_pool, overlay, _tree, _pristine, again, _scratch, _budget, _say):
+        reruns.extend((one.patch.id, overlay.key) for one in again)
 
         def finish() -> None:
-            one.release_tests = lacking(*still_lacking[overlay.key][one.patch.id])
+            for one in again:
+                one.release_tests = lacking(*still_lacking[overlay.key][one.patch.id])
 
         return finish
 

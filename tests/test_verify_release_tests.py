@@ -419,6 +419,61 @@ def test_the_budget_stops_a_run_and_keeps_what_finished(tmp_path: Path) -> None:
     assert late.reason == CANNOT_RUN + "the time budget (20 s) ran out before it ran"
 
 
+def test_every_patchs_tests_run_in_one_pytest_process_per_tree(
+    tmp_path: Path,
+) -> None:
+    """A batch's patches are applied to the same two trees: their tests run in
+    one pytest process on each (each run imports torch and vLLM once), and
+    each patch is told only the tests of its own units."""
+    from deepstack_patch.proof.forkserver import run_subprocess
+    from deepstack_patch.proof.release_tests import submit_together
+
+    tree = make_tree(tmp_path / "tree")
+    perimeter = ChangedUnit("vllm/shapes.py", "function", "perimeter")
+    spawned: list[Path] = []
+
+    def spawn(command, cwd, env, timeout):  # type: ignore[no-untyped-def]
+        spawned.append(Path(cwd))
+        return run_subprocess(command, cwd=cwd, env=env, timeout=timeout)
+
+    env = ProofEnv(Path(sys.executable))
+    with ThreadPoolExecutor(2) as pool:
+        pending = submit_together(
+            pool, env, tree, tree, {"acme#1": [AREA], "acme#2": [perimeter]},
+            budget_s=60, spawn=spawn,
+        )  # fmt: skip
+        results = {key: collect(one, 60) for key, one in pending.items()}
+    assert sorted(spawned) == [tree, tree]
+    passed = {
+        key: sorted(o.nodeid.split("::", 1)[1] for o in result.pass_to_pass)
+        for key, result in results.items()
+    }
+    assert passed == {
+        "acme#1": [
+            "TestBox::test_reaches_area_through_a_helper",
+            "test_reaches_area",
+            "test_reaches_area_by_attribute",
+            "test_reaches_area_through_describe",
+        ],
+        "acme#2": ["test_not_perimeter"],
+    }
+    assert all(not result.could_not_run for result in results.values())
+
+
+def test_a_shared_run_that_runs_out_of_time_says_the_whole_budget() -> None:
+    """The shared run's time is the sum of its patches' budgets: a test it
+    never reached says so, with both figures."""
+    from deepstack_patch.proof.impact import Selection
+
+    selection = Selection(tests={"tests/t.py::late": ["vllm/shapes.py::Box.area"]})
+    stopped = TestRun(command=[], error="pytest ran no test:\ntimed out after 360 s")
+    (late,) = compare(selection, stopped, stopped, 120)
+    assert late.reason == CANNOT_RUN + (
+        "the time budget (120 s a patch, 360 s for the 3 patches whose tests "
+        "ran together) ran out before it ran"
+    )
+
+
 def test_a_file_that_cannot_import_stops_none_of_the_others(tmp_path: Path) -> None:
     """pytest ends a session at a collection error unless told otherwise: a
     test file short of a package could not run, the others run."""

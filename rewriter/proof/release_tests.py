@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,6 +49,7 @@ DEFAULT_BUDGET_S = 120.0
 
 CONTINUE = "--continue-on-collection-errors"
 _MISSING_FIXTURE = re.compile(r"fixture '([\w]+)' not found")
+_TIMED_OUT = re.compile(r"timed out after ([\d.]+) s")
 _FAILED = ("failed", "error")
 
 
@@ -164,19 +166,56 @@ def submit(
     spawn: Spawn = run_subprocess,
     again: ReleaseTests | None = None,
 ) -> Pending:
-    """Select a patch's tests and start them on both trees; ``again``: an
-    earlier run of them, whose tests that could not run are the only ones
-    run now (:func:`kept_with` keeps the others' outcomes)."""
-    selection = select(tree, units)
-    if again is not None:
-        selection = replace(selection, tests=_could_not_run(selection, again))
-    if not selection.tests:
-        return Pending(selection)
-    before, after = (
-        pool.submit(_run, env, root, selection, budget_s, spawn)
-        for root in (pristine, tree)
+    """One patch's :func:`submit_together`."""
+    earlier = {"": again} if again is not None else {}
+    return submit_together(
+        pool, env, tree, pristine, {"": units}, budget_s, spawn, earlier
+    )[""]
+
+
+def submit_together(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: Path,
+    pristine: Path,
+    units: Mapping[str, list[ChangedUnit]],
+    budget_s: float,
+    spawn: Spawn = run_subprocess,
+    again: Mapping[str, ReleaseTests] | None = None,
+) -> dict[str, Pending]:
+    """Select each patch's tests (``units``: patch -> its changed units)
+    and start them: every patch's in one pytest run per tree, within the
+    sum of their budgets. ``again``: a patch's earlier run, whose tests that
+    could not run are the only ones run now (:func:`kept_with` keeps the
+    others' outcomes).
+
+    One run per tree, not one per patch: each run imports torch and vLLM
+    before its first test (10-20 s on 2 cores), and the patches of a batch
+    are all applied to the same two trees. vLLM's own CI runs its tests
+    many to a process too; the results are written after each test, so a
+    run that crashes or runs out of time still tells what finished."""
+    selections = {}
+    for key, changed in units.items():
+        selection = select(tree, changed)
+        if again and key in again:
+            selection = replace(selection, tests=_could_not_run(selection, again[key]))
+        selections[key] = selection
+    chosen = [selection for selection in selections.values() if selection.tests]
+    if not chosen:
+        return {key: Pending(selection) for key, selection in selections.items()}
+    merged: dict[str, list[str]] = {}
+    for selection in chosen:
+        for nodeid, parts in selection.tests.items():
+            merged.setdefault(nodeid, []).extend(parts)
+    timeout = budget_s * len(chosen)
+    runs = (
+        pool.submit(_run, env, pristine, merged, timeout, spawn),
+        pool.submit(_run, env, tree, merged, timeout, spawn),
     )
-    return Pending(selection, (before, after))
+    return {
+        key: Pending(selection, runs if selection.tests else None)
+        for key, selection in selections.items()
+    }
 
 
 def _could_not_run(selection: Selection, earlier: ReleaseTests) -> dict[str, list[str]]:
@@ -193,15 +232,19 @@ def _could_not_run(selection: Selection, earlier: ReleaseTests) -> dict[str, lis
 
 
 def _run(
-    env: ProofEnv, tree: Path, selection: Selection, budget_s: float, spawn: Spawn
+    env: ProofEnv,
+    tree: Path,
+    tests: Mapping[str, list[str]],
+    budget_s: float,
+    spawn: Spawn,
 ) -> TestRun:
     # pytest is given the files, and our plugin keeps the selected tests: a
     # test file that cannot import (a package it lacks) then stops none of
     # the others, where a node id of it would end the session.
-    files = {nodeid.split("::")[0]: [] for nodeid in selection.tests}
+    files = {nodeid.split("::")[0]: [] for nodeid in tests}
     with tempfile.TemporaryDirectory(prefix="deepstack-select-") as scratch:
         wanted = Path(scratch) / "selected.json"
-        wanted.write_text(json.dumps(sorted(selection.tests)))
+        wanted.write_text(json.dumps(sorted(tests)))
         options = [CONTINUE, f"{SELECT_OPTION}={wanted}"]
         return run_pytest(
             env.python, tree, files, [], env=subprocess_env(tree),
@@ -216,8 +259,9 @@ def collect(pending: Pending, budget_s: float) -> ReleaseTests:
         return ReleaseTests(selection, budget_s, not_run=selection.reason)
     before, after = (future.result() for future in pending.runs)
     result = ReleaseTests(selection, budget_s)
-    result.seconds = max(before.seconds, after.seconds)
-    for outcome in compare(selection, before, after, budget_s):
+    outcomes, seconds = _compared(selection, before, after, budget_s)
+    result.seconds = seconds
+    for outcome in outcomes:
         _bucket(result, outcome).append(outcome)
     return result
 
@@ -289,6 +333,14 @@ def compare(
     selection: Selection, before: TestRun, after: TestRun, budget_s: float
 ) -> list[TestOutcome]:
     """Each selected test (each parametrization) on both trees."""
+    return _compared(selection, before, after, budget_s)[0]
+
+
+def _compared(
+    selection: Selection, before: TestRun, after: TestRun, budget_s: float
+) -> tuple[list[TestOutcome], float]:
+    """:func:`compare`, and the seconds the selected tests took on the
+    slower tree (pytest's durations: a run holds other patches' tests too)."""
     sides = [_by_test(selection, run) for run in (before, after)]
     outcomes = []
     for nodeid in sorted({*sides[0], *sides[1]}):
@@ -300,7 +352,11 @@ def compare(
         elif not reason and outcome[0] in _FAILED:
             reason = failure_summary(cases[0].message if cases[0] else "")
         outcomes.append(TestOutcome(nodeid, outcome[0], outcome[1], reason))
-    return outcomes
+    seconds = max(
+        sum(case.seconds for case in side.values() if case is not None)
+        for side in sides
+    )
+    return outcomes, round(seconds, 1)
 
 
 def _by_test(selection: Selection, run: TestRun) -> dict[str, TestCase | None]:
@@ -308,13 +364,17 @@ def _by_test(selection: Selection, run: TestRun) -> dict[str, TestCase | None]:
     parameters), a file's error for a file that did not import, None for
     a selected test the run did not report."""
     found: dict[str, TestCase | None] = {}
-    file_errors = {c.nodeid: c for c in run.cases if "::" not in c.nodeid}
+    in_file: dict[str, list[TestCase]] = {}
+    for case in run.cases:
+        in_file.setdefault(case.nodeid.split("::")[0], []).append(case)
     for nodeid in selection.tests:
-        mine = [c for c in run.cases if _is_case_of(c.nodeid, nodeid)]
+        file = nodeid.split("::")[0]
+        mine = [c for c in in_file.get(file, ()) if _is_case_of(c.nodeid, nodeid)]
         for case in mine:
             found[case.nodeid] = case
         if not mine:
-            found[nodeid] = file_errors.get(nodeid.split("::")[0])
+            errors = [c for c in in_file.get(file, ()) if c.nodeid == file]
+            found[nodeid] = errors[0] if errors else None
     return found
 
 
@@ -328,8 +388,14 @@ def _cannot_run(
     """Why a test could not run on one of the trees (``""``: it ran on both)."""
     for case, run in zip(cases, runs, strict=True):
         if case is None:
-            if run.error and "timed out" in run.error:
+            if run.error and (spent := _TIMED_OUT.search(run.error)):
                 why = f"the time budget ({budget_s:.0f} s) ran out before it ran"
+                if (whole := float(spent[1])) > budget_s:
+                    why = (
+                        f"the time budget ({budget_s:.0f} s a patch, {whole:.0f} s "
+                        f"for the {whole / budget_s:.0f} patches whose tests ran "
+                        "together) ran out before it ran"
+                    )
             else:
                 why = "pytest did not report it"
             return CANNOT_RUN + why

@@ -446,19 +446,16 @@ def _with_extras(
         if extras.env is None:
             break
         added = set(new) & set(extras.installed)
+        again = [v for v in verdicts if set(wanting[v.patch.id]) & added]
+        for verdict in again:
+            progress(f"{verdict.patch.id}: its tests again, with "
+                     f"{', '.join(extras.installed.values())}")  # fmt: skip
         # Every patch's runs at once, as in the first round.
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            finishing = []
-            for verdict in verdicts:
-                if not set(wanting[verdict.patch.id]) & added:
-                    continue
-                progress(f"{verdict.patch.id}: its tests again, with "
-                         f"{', '.join(extras.installed.values())}")  # fmt: skip
-                finishing.append(
-                    _rerun(pool, extras.env, tree, pristine, verdict, scratch, budget)
-                )
-            for finish in finishing:
-                finish()
+            finish = _rerun(
+                pool, extras.env, tree, pristine, again, scratch, budget, progress
+            )
+            finish()
     if extras is not None:
         _say_refused(verdicts, extras)
     return extras
@@ -469,48 +466,61 @@ def _rerun(
     env: ProofEnv,
     tree: VllmTree,
     pristine: VllmTree | None,
-    verdict: PatchVerdict,
+    verdicts: list[PatchVerdict],
     scratch: Path,
     budget: float,
+    progress: Progress,
 ) -> Callable[[], None]:
-    """A patch's recorded tests and release tests once more, in ``env``,
-    started in ``pool``; what sets their results on the verdict."""
+    """The patches' recorded tests and release tests once more, in ``env``,
+    started in ``pool`` (the release tests of all of them in one run per
+    tree); what sets their results on the verdicts."""
     from deepstack_patch.proof.impact import units_of
-    from deepstack_patch.proof.release_tests import submit
+    from deepstack_patch.proof.release_tests import submit_together
 
-    patch = verdict.patch
-    release = None
-    if verdict.release_tests is not None and pristine is not None:
-        units = units_of(patch, verdict.changed_files)
-        release = submit(
-            pool, env, tree.root, pristine.root, units, budget,
-            again=verdict.release_tests,
+    release: dict[str, Pending] = {}
+    earlier = {v.patch.id: v for v in verdicts if v.release_tests is not None}
+    if pristine is not None and earlier:
+        release = submit_together(
+            pool, env, tree.root, pristine.root,
+            {
+                patch_id: units_of(v.patch, v.changed_files, v.changed_symbols)
+                for patch_id, v in earlier.items()
+            },
+            budget,
+            again={patch_id: v.release_tests for patch_id, v in earlier.items()},
         )  # fmt: skip
-    after = before = None
-    # Recorded tests that ran on both trees keep what they showed (see
-    # kept_with): only those that could not run on one run again.
-    again = proven_by_recorded_tests(patch) and not all(
-        proof is not None and proof.status != COULD_NOT_RUN
-        for proof in (verdict.proof, verdict.pristine_proof)
-    )
-    if again and _provable(verdict.state):
-        after = pool.submit(_recorded_proof, env, tree.root, patch, scratch)
-    if again and pristine is not None and _provable(verdict.pristine_state):
-        before = pool.submit(
-            _recorded_proof, env, pristine.root, patch, scratch, pristine=True
+        _say_together(release, progress)
+    proofs = {}
+    for verdict in verdicts:
+        patch = verdict.patch
+        # Recorded tests that ran on both trees keep what they showed (see
+        # kept_with): only those that could not run on one run again.
+        again = proven_by_recorded_tests(patch) and not all(
+            proof is not None and proof.status != COULD_NOT_RUN
+            for proof in (verdict.proof, verdict.pristine_proof)
         )
+        after = before = None
+        if again and _provable(verdict.state):
+            after = pool.submit(_recorded_proof, env, tree.root, patch, scratch)
+        if again and pristine is not None and _provable(verdict.pristine_state):
+            before = pool.submit(
+                _recorded_proof, env, pristine.root, patch, scratch, pristine=True
+            )
+        proofs[patch.id] = after, before
 
     def finish() -> None:
-        if after is not None:
-            verdict.proof = after.result()[patch.id]
-        if before is not None:
-            verdict.pristine_proof = before.result()[patch.id]
-        if release is not None:
-            later = collect_release_tests(release, budget)
-            earlier = verdict.release_tests
-            verdict.release_tests = (
-                later if earlier is None else kept_with(earlier, later)
-            )
+        for verdict in verdicts:
+            after, before = proofs[verdict.patch.id]
+            if after is not None:
+                verdict.proof = after.result()[verdict.patch.id]
+            if before is not None:
+                verdict.pristine_proof = before.result()[verdict.patch.id]
+            if verdict.patch.id in release:
+                later = collect_release_tests(release[verdict.patch.id], budget)
+                first = verdict.release_tests
+                verdict.release_tests = (
+                    later if first is None else kept_with(first, later)
+                )
 
     return finish
 
@@ -592,24 +602,34 @@ def _release_test_runs(
     where there is a pristine tree where the patch is needed (where it is
     applied there too, both trees hold the same code), and a budget."""
     from deepstack_patch.proof.impact import units_of
-    from deepstack_patch.proof.release_tests import submit
+    from deepstack_patch.proof.release_tests import submit_together
 
     if pristine is None or budget <= 0:
         return {}
-    runs = {}
-    for verdict in verdicts:
-        patch = verdict.patch
-        if not _provable(verdict.state):
-            continue
-        if verdict.pristine_state is not PatchState.NEEDED:
-            continue
-        units = units_of(patch, verdict.changed_files, verdict.changed_symbols)
-        runs[patch.id] = submit(
-            pool, env, tree.root, pristine.root, units, budget, spawn
+    units = {
+        verdict.patch.id: units_of(
+            verdict.patch, verdict.changed_files, verdict.changed_symbols
         )
-        chosen = len(runs[patch.id].selection.tests)
-        progress(f"release tests of {patch.id}: {chosen} selected")
+        for verdict in verdicts
+        if _provable(verdict.state) and verdict.pristine_state is PatchState.NEEDED
+    }
+    runs = submit_together(pool, env, tree.root, pristine.root, units, budget, spawn)
+    for patch_id, pending in runs.items():
+        progress(
+            f"release tests of {patch_id}: {len(pending.selection.tests)} selected"
+        )
+    _say_together(runs, progress)
     return runs
+
+
+def _say_together(runs: dict[str, Pending], progress: Progress) -> None:
+    chosen = [pending for pending in runs.values() if pending.runs is not None]
+    if len(chosen) > 1:
+        tests = {nodeid for pending in chosen for nodeid in pending.selection.tests}
+        progress(
+            f"release tests: {len(tests)} of {len(chosen)} patches, "
+            "in one pytest run on each tree"
+        )
 
 
 def _import_stage_of(verdict: PatchVerdict) -> list[tuple[str, str]]:
