@@ -5,7 +5,8 @@ release's ``tests/`` that exercise the units the patch changes
 (``impact.py``: by import, then by name; a built-in patch's units are the
 functions and methods it was found at, beside its own proof) and
 runs them with pytest in the proof environment on the pristine tree and on
-the tree, at once, each within the patch's time budget. Each selected test
+the tree, at once: every patch's tests in one run per tree, within the sum
+of their time budgets. Each selected test
 (each parametrization, as pytest reports it) then reads:
 
 - **pass-to-pass**: it passes before and after;

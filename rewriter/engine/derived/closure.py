@@ -132,6 +132,7 @@ class ModuleIndex:
         for key, found in last._closures.items():
             if key <= standing:
                 kept = Closure(found)
+                kept.files = found.files  # the same modules: the same files
                 for module in changed & kept.keys():
                     kept[module] = self._state(module)
                 self._closures[key] = kept
@@ -273,9 +274,10 @@ class ModuleIndex:
 class Closure(dict[str, str]):
     """What :meth:`ModuleIndex.closure` found, shared by every file whose
     imports join the same components: read it, never change it. Its digest
-    is worked out once."""
+    and the files it reads are worked out once."""
 
     digest: str = ""
+    files: frozenset[str] | None = None
 
 
 def digest_of(found: Mapping[str, str]) -> str:
@@ -309,15 +311,20 @@ def reads_file(found: Mapping[str, str], relpath: str, appears: bool) -> bool:
     )
 
 
-def files_read(found: Mapping[str, str]) -> set[str]:
+def files_read(found: Mapping[str, str]) -> frozenset[str]:
     """The files whose bytes what a closure found holds (every file of each
     module in it; a package on the way stands by its files' existence)."""
-    return {
+    if isinstance(found, Closure) and found.files is not None:
+        return found.files
+    files = frozenset(
         relpath
         for module in found
         if not module.endswith("/")
         for relpath in _candidates(module)
-    }
+    )
+    if isinstance(found, Closure):
+        found.files = files
+    return files
 
 
 #: The index made last in this process (see ``ModuleIndex._inherit``).
