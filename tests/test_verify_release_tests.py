@@ -460,6 +460,36 @@ def test_every_patchs_tests_run_in_one_pytest_process_per_tree(
     assert all(not result.could_not_run for result in results.values())
 
 
+def test_a_test_that_hangs_stops_at_its_patchs_budget_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    """In a run shared by many patches, one test that hangs must not take
+    the others' time: it stops at its patch's budget, could not run, and the
+    tests after it run."""
+    from deepstack_patch.proof.release_tests import submit_together
+
+    tree = make_tree(tmp_path / "tree")
+    (tree / "tests" / "test_a_hang.py").write_text(
+        "import time\nfrom vllm.shapes import Box\n\n\n"
+        "def test_hangs():\n    time.sleep(600)\n    assert Box(1, 1).area() == 1\n"
+    )
+    perimeter = ChangedUnit("vllm/shapes.py", "function", "perimeter")
+    env = ProofEnv(Path(sys.executable))
+    with ThreadPoolExecutor(2) as pool:
+        pending = submit_together(
+            pool, env, tree, tree, {"acme#1": [AREA], "acme#2": [perimeter]},
+            budget_s=15,
+        )  # fmt: skip
+        results = {key: collect(one, 15) for key, one in pending.items()}
+    (hung,) = [o for o in results["acme#1"].could_not_run if "hangs" in o.nodeid]
+    assert hung.reason == CANNOT_RUN + (
+        "it ran past its time limit (its patch's time budget, a test)"
+    )
+    assert [o.nodeid for o in results["acme#2"].pass_to_pass] == [
+        "tests/test_shapes.py::test_not_perimeter"
+    ]
+
+
 def test_a_shared_run_that_runs_out_of_time_says_the_whole_budget() -> None:
     """The shared run's time is the sum of its patches' budgets: a test it
     never reached says so, with both figures."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from deepstack_patch.proof.pytest_results import RAN_PAST
+
 #: What a test raises where it needs the network: a model or a file from the
 #: Hugging Face Hub (offline: LocalEntryNotFoundError), any HTTP request.
 NETWORK_MARKERS = (
@@ -103,6 +105,8 @@ def environment_cause(message: str) -> str:
         return "a network port it listens on was taken (both trees' tests run at once)"
     if found := COMPILED_OPS_MISSING.search(message):
         return f"vLLM's compiled operators ({found[1]}) are not built in a source tree"
+    if RAN_PAST in message:
+        return "it ran past its time limit (its patch's time budget, a test)"
     return ""
 
 

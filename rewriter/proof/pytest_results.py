@@ -11,8 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+if "pytest" in sys.modules:  # loaded as pytest's plugin
+    import pytest
+
+    _around = pytest.hookimpl(hookwrapper=True)
+else:  # deepstack-patch reads this file's names: no pytest to import
+    _around = lambda hook: hook  # noqa: E731
 
 #: The name the copy of this file is loaded under.
 MODULE = "deepstack_patch_results"
@@ -21,6 +31,13 @@ OPTION = "--deepstack-results"
 #: run. verify gives pytest whole files with it, since a node id in a file
 #: that cannot be imported is a usage error that ends the session.
 SELECT_OPTION = "--deepstack-select"
+#: Seconds one test (its setup, call and teardown) may take; past them it
+#: fails with :data:`RAN_PAST`. Many patches' tests share one run, and a
+#: test that hangs (a server that never answers) must not take the others'
+#: time.
+LIMIT_OPTION = "--deepstack-test-limit"
+#: What a test stopped at the limit fails with.
+RAN_PAST = "deepstack: the test ran past its time limit"
 
 _results: dict[str, dict[str, Any]] = {}
 _config: Any = None
@@ -29,6 +46,32 @@ _config: Any = None
 def pytest_addoption(parser: Any) -> None:
     parser.addoption(OPTION, default=None, help="write each test's result here")
     parser.addoption(SELECT_OPTION, default=None, help="run only these node ids")
+    parser.addoption(LIMIT_OPTION, default=None, help="seconds a test may take")
+
+
+class RanPastLimit(Exception):
+    """A test stopped at its time limit."""
+
+
+def _stop(_signum: int, _frame: Any) -> None:
+    raise RanPastLimit(RAN_PAST)
+
+
+@_around
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
+    """SIGALRM (Unix, the main thread) stops a test at the limit, as
+    pytest-timeout's signal method does; elsewhere tests run unlimited."""
+    limit = item.config.getoption(LIMIT_OPTION)
+    if not limit or not hasattr(signal, "setitimer"):
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _stop)
+    signal.setitimer(signal.ITIMER_REAL, float(limit))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

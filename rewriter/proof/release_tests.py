@@ -39,7 +39,7 @@ from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 from deepstack_patch.proof.failures import environment_cause, failure_summary
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.impact import ChangedUnit, Selection, select
-from deepstack_patch.proof.pytest_results import SELECT_OPTION
+from deepstack_patch.proof.pytest_results import LIMIT_OPTION, SELECT_OPTION
 from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest
 
@@ -209,9 +209,11 @@ def submit_together(
         for nodeid, parts in selection.tests.items():
             merged.setdefault(nodeid, []).extend(parts)
     timeout = budget_s * len(chosen)
+    # One test may take its patch's budget, no more: one that hangs would
+    # take the time of every patch after it.
     runs = (
-        pool.submit(_run, env, pristine, merged, timeout, spawn),
-        pool.submit(_run, env, tree, merged, timeout, spawn),
+        pool.submit(_run, env, pristine, merged, timeout, spawn, budget_s),
+        pool.submit(_run, env, tree, merged, timeout, spawn, budget_s),
     )
     return {
         key: Pending(selection, runs if selection.tests else None)
@@ -238,6 +240,7 @@ def _run(
     tests: Mapping[str, list[str]],
     budget_s: float,
     spawn: Spawn,
+    limit: float,
 ) -> TestRun:
     # pytest is given the files, and our plugin keeps the selected tests: a
     # test file that cannot import (a package it lacks) then stops none of
@@ -246,7 +249,9 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="deepstack-select-") as scratch:
         wanted = Path(scratch) / "selected.json"
         wanted.write_text(json.dumps(sorted(tests)))
-        options = [CONTINUE, f"{SELECT_OPTION}={wanted}"]
+        options = [
+            CONTINUE, f"{SELECT_OPTION}={wanted}", f"{LIMIT_OPTION}={limit:g}"
+        ]  # fmt: skip
         return run_pytest(
             env.python, tree, files, [], env=subprocess_env(tree),
             timeout=budget_s, spawn=spawn, options=options,
