@@ -498,3 +498,31 @@ def _index_version(name: str) -> str | None:
     )
     first = done.stdout.splitlines()[0] if done.returncode == 0 else ""
     return first.split("(")[-1].rstrip(")") if "(" in first else None
+
+
+def test_an_overlay_built_under_other_rules_is_not_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rules of what may go into an overlay are in its key: an overlay
+    built when compiled wheels were let in is never taken for one built
+    under the rules of today, though it holds the same requirements."""
+    import deepstack_patch.proof.extras as extras_module
+    from deepstack_patch.proof.envs import venv_python
+
+    built: list[str] = []
+
+    def build(_base, root: Path, _requirements, _pins) -> None:
+        built.append(root.name)
+        venv_python(root).parent.mkdir(parents=True)
+        venv_python(root).write_text("")
+
+    monkeypatch.setattr(extras_module, "envs_dir", lambda: tmp_path)
+    monkeypatch.setattr(extras_module, "_build_overlay", build)
+    base = ProofEnv(Path(sys.executable), root=tmp_path / "env", key="k")
+    first = extras_module.overlay(base, ["x==1"], {})
+    again = extras_module.overlay(base, ["x==1"], {})
+    rules = extras_module.OVERLAY_RULES
+    monkeypatch.setattr(extras_module, "OVERLAY_RULES", rules + 1)
+    later = extras_module.overlay(base, ["x==1"], {})
+    assert (first.built_now, again.built_now, later.built_now) == (True, False, True)
+    assert len(built) == 2 and built[0] != built[1]

@@ -490,6 +490,64 @@ def test_a_test_that_hangs_stops_at_its_patchs_budget_and_the_run_goes_on(
     ]
 
 
+def test_a_test_that_names_the_changed_method_but_never_runs_it_is_no_evidence(
+    tmp_path: Path,
+) -> None:
+    """Selection reads names: a test that names ``Box.area`` is selected. The
+    patched tree's run watches the changed method's lines, and a test that
+    passes on both trees without executing them is counted apart, not as
+    pass-to-pass; one that calls it from a thread counts."""
+    tree = make_tree(tmp_path / "tree")
+    (tree / "tests" / "test_names_only.py").write_text(
+        "import threading\nfrom vllm.shapes import Box\n\n\n"
+        "def test_only_names_area():\n    assert callable(Box.area)\n\n\n"
+        "def test_calls_area_in_a_thread():\n    found = []\n"
+        "    worker = threading.Thread(target=lambda: found.append(Box(2, 2).area()))\n"
+        "    worker.start()\n    worker.join()\n    assert found == [4]\n"
+    )
+    env = ProofEnv(Path(sys.executable))
+    with ThreadPoolExecutor(2) as pool:
+        result = collect(submit(pool, env, tree, tree, [AREA], budget_s=60), 60)
+    assert [o.nodeid for o in result.not_reached] == [
+        "tests/test_names_only.py::test_only_names_area"
+    ]
+    passed = [o.nodeid for o in result.pass_to_pass]
+    assert "tests/test_names_only.py::test_calls_area_in_a_thread" in passed
+    assert "tests/test_shapes.py::test_reaches_area_through_describe" in passed
+    assert result.summary == "5 pass-to-pass, 1 pass without running the changed code"
+    assert result.json()["not_reached"] == [
+        "tests/test_names_only.py::test_only_names_area"
+    ]
+
+
+def test_the_lines_watched_are_the_changed_functions_bodies(tmp_path: Path) -> None:
+    """A function's or method's body as the tree has it (its ``def`` line runs
+    at import), each method of a changed class; a module-level statement is
+    not watched: it runs at whichever test imports the module first."""
+    from deepstack_patch.proof.executed import watched_lines
+
+    tree = make_tree(tmp_path / "tree")
+    units = [
+        AREA,
+        ChangedUnit("vllm/shapes.py", "function", "perimeter"),
+        ChangedUnit("vllm/shapes.py", "class", "Box"),
+        ChangedUnit("vllm/shapes.py", "module-statement", "LIMIT"),
+        ChangedUnit("vllm/shapes.py", "method", "Box.absent"),
+    ]
+    found = watched_lines(tree, units)
+    lines = SHAPES.splitlines()
+    spans = {(lines[a - 1].strip(), lines[b - 1].strip(), part.split("::")[1])
+             for a, b, part in found["vllm/shapes.py"]}  # fmt: skip
+    assert spans == {
+        ("return _area(self.w, self.h)", "return _area(self.w, self.h)", "Box.area"),
+        ("return 2 * (w + h)", "return 2 * (w + h)", "perimeter"),
+        ("self.w, self.h = w, h", "self.w, self.h = w, h", "Box"),
+        ("return _area(self.w, self.h)", "return _area(self.w, self.h)", "Box"),
+        ('return f"box of {self.area()}"', 'return f"box of {self.area()}"', "Box"),
+        ('return "box"', 'return "box"', "Box"),
+    }
+
+
 def test_a_shared_run_that_runs_out_of_time_says_the_whole_budget() -> None:
     """The shared run's time is the sum of its patches' budgets: a test it
     never reached says so, with both figures."""

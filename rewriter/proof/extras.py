@@ -228,6 +228,13 @@ def _refuse(extras: Extras, exc: DeepstackError, module: str = "") -> None:
         extras.refused[name] = f"{requirement} not installed: {exc.located}"
 
 
+#: What decides which wheels may go into an overlay (:func:`unfit_wheels`),
+#: in the overlay's key: an overlay built under other rules (compiled
+#: wheels let in, as they were for a day) is never taken for one built
+#: under these. Raise it when the rules change.
+OVERLAY_RULES = 2
+
+
 def overlay(
     base: ProofEnv,
     requirements: Sequence[str],
@@ -238,7 +245,7 @@ def overlay(
     from filelock import FileLock
 
     key = hashlib.sha256(
-        json.dumps([base.key, sorted(requirements)]).encode()
+        json.dumps([base.key, sorted(requirements), OVERLAY_RULES]).encode()
     ).hexdigest()[:16]
     root = envs_dir() / f"extras-{key}"
     marker = root / "complete"

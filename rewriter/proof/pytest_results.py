@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ SELECT_OPTION = "--deepstack-select"
 LIMIT_OPTION = "--deepstack-test-limit"
 #: What a test stopped at the limit fails with.
 RAN_PAST = "deepstack: the test ran past its time limit"
+#: A JSON object: file (relative to the rootdir) -> ``[first, last, part]``
+#: line ranges (``executed.py``); each test's result then says which parts
+#: it executed (``"reached"``).
+WATCH_OPTION = "--deepstack-watch"
 
 _results: dict[str, dict[str, Any]] = {}
 _config: Any = None
@@ -47,6 +52,7 @@ def pytest_addoption(parser: Any) -> None:
     parser.addoption(OPTION, default=None, help="write each test's result here")
     parser.addoption(SELECT_OPTION, default=None, help="run only these node ids")
     parser.addoption(LIMIT_OPTION, default=None, help="seconds a test may take")
+    parser.addoption(WATCH_OPTION, default=None, help="report these lines' parts")
 
 
 class RanPastLimit(Exception):
@@ -59,19 +65,71 @@ def _stop(_signum: int, _frame: Any) -> None:
 
 @_around
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
-    """SIGALRM (Unix, the main thread) stops a test at the limit, as
+    """The test within its limit, and traced where lines are watched.
+
+    SIGALRM (Unix, the main thread) stops a test at the limit, as
     pytest-timeout's signal method does; elsewhere tests run unlimited."""
     limit = item.config.getoption(LIMIT_OPTION)
-    if not limit or not hasattr(signal, "setitimer"):
-        yield
-        return
-    previous = signal.signal(signal.SIGALRM, _stop)
-    signal.setitimer(signal.ITIMER_REAL, float(limit))
+    timed = bool(limit) and hasattr(signal, "setitimer")
+    if timed:
+        previous = signal.signal(signal.SIGALRM, _stop)
+        signal.setitimer(signal.ITIMER_REAL, float(limit))
+    reached: set[str] = set()
+    tracing = _watched(item.config)
+    if tracing:
+        trace = _tracer(tracing, reached)
+        threading.settrace(trace)
+        sys.settrace(trace)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        if tracing:
+            sys.settrace(None)
+            threading.settrace(None)  # type: ignore[arg-type]
+            result = _results.get(item.nodeid)
+            if result is not None:
+                result["reached"] = sorted(reached)
+                _write(item.config)
+
+
+_watch: dict[str, list[tuple[int, int, str]]] | None = None
+
+
+def _watched(config: Any) -> dict[str, list[tuple[int, int, str]]]:
+    """The watched line ranges by the file's path as code objects name it
+    (the rootdir's path, and its real path)."""
+    global _watch
+    if _watch is None:
+        _watch = {}
+        path = config.getoption(WATCH_OPTION)
+        if path:
+            root = Path(str(config.rootpath))
+            for relpath, spans in json.loads(Path(path).read_text()).items():
+                ranges = [(int(a), int(b), str(part)) for a, b, part in spans]
+                for name in {str(root / relpath), os.path.realpath(root / relpath)}:
+                    _watch[name] = ranges
+    return _watch
+
+
+def _tracer(watch: dict[str, list[tuple[int, int, str]]], reached: set[str]) -> Any:
+    """A trace function that looks at lines only in the watched files' frames
+    (every other call returns at once) and adds the parts whose lines run."""
+
+    def lines(frame: Any, event: str, _arg: Any) -> Any:
+        if event == "line":
+            line = frame.f_lineno
+            for first, last, part in watch[frame.f_code.co_filename]:
+                if first <= line <= last:
+                    reached.add(part)
+        return lines
+
+    def calls(frame: Any, _event: str, _arg: Any) -> Any:
+        return lines if frame.f_code.co_filename in watch else None
+
+    return calls
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

@@ -36,10 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
+from deepstack_patch.proof.executed import parts_of, watched_lines
 from deepstack_patch.proof.failures import environment_cause, failure_summary
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.impact import ChangedUnit, Selection, select
-from deepstack_patch.proof.pytest_results import LIMIT_OPTION, SELECT_OPTION
+from deepstack_patch.proof.pytest_results import (
+    LIMIT_OPTION,
+    SELECT_OPTION,
+    WATCH_OPTION,
+)
 from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest
 
@@ -65,6 +70,9 @@ class TestOutcome:
     after: str
     #: Why it could not run, or how it failed ("" for a pass).
     reason: str = ""
+    #: False where the patched tree's run watched the lines of the changed
+    #: units the test reaches, and it executed none of them (executed.py).
+    reached: bool = True
 
     def json(self) -> dict[str, Any]:
         return {
@@ -86,6 +94,8 @@ class ReleaseTests:
     pass_to_fail: list[TestOutcome] = field(default_factory=list)
     fails_on_both: list[TestOutcome] = field(default_factory=list)
     could_not_run: list[TestOutcome] = field(default_factory=list)
+    #: Passed on both trees without executing the changed code: no evidence.
+    not_reached: list[TestOutcome] = field(default_factory=list)
     #: Why nothing was run ("" when the tests ran).
     not_run: str = ""
     seconds: float = 0.0
@@ -93,9 +103,11 @@ class ReleaseTests:
     @property
     def ran(self) -> int:
         """Tests that ran to an outcome on both trees."""
-        return sum(
-            map(len, (self.pass_to_pass, self.fail_to_pass, self.pass_to_fail))
-        ) + len(self.fails_on_both)
+        return (
+            sum(map(len, (self.pass_to_pass, self.fail_to_pass, self.pass_to_fail)))
+            + len(self.fails_on_both)
+            + len(self.not_reached)
+        )
 
     @property
     def problem(self) -> str:
@@ -119,6 +131,7 @@ class ReleaseTests:
             (len(self.fail_to_pass), "fail-to-pass"),
             (len(self.pass_to_fail), "pass-to-fail"),
             (len(self.fails_on_both), "fail on both"),
+            (len(self.not_reached), "pass without running the changed code"),
             (len(self.could_not_run), "could not run"),
         ]
         return ", ".join(f"{n} {label}" for n, label in counts if n) or "none run"
@@ -145,6 +158,7 @@ class ReleaseTests:
             "pass_to_fail": [o.json() for o in self.pass_to_fail],
             "fails_on_both": [o.json() for o in self.fails_on_both],
             "could_not_run": [o.json() for o in self.could_not_run],
+            "not_reached": [o.nodeid for o in self.not_reached],
         }
 
 
@@ -155,6 +169,8 @@ class Pending:
 
     selection: Selection
     runs: tuple[Future[TestRun], Future[TestRun]] | None = None
+    #: The changed units whose lines the tree's run watched (executed.py).
+    watched: frozenset[str] = frozenset()
 
 
 def submit(
@@ -209,14 +225,17 @@ def submit_together(
         for nodeid, parts in selection.tests.items():
             merged.setdefault(nodeid, []).extend(parts)
     timeout = budget_s * len(chosen)
+    # What the fixed code is: the patched tree's lines (executed.py).
+    watch = watched_lines(tree, (u for key in units for u in units[key]))
     # One test may take its patch's budget, no more: one that hangs would
     # take the time of every patch after it.
     runs = (
         pool.submit(_run, env, pristine, merged, timeout, spawn, budget_s),
-        pool.submit(_run, env, tree, merged, timeout, spawn, budget_s),
+        pool.submit(_run, env, tree, merged, timeout, spawn, budget_s, watch),
     )
+    watched = frozenset(parts_of(watch))
     return {
-        key: Pending(selection, runs if selection.tests else None)
+        key: Pending(selection, runs if selection.tests else None, watched)
         for key, selection in selections.items()
     }
 
@@ -241,6 +260,7 @@ def _run(
     budget_s: float,
     spawn: Spawn,
     limit: float,
+    watch: Mapping[str, list[tuple[int, int, str]]] | None = None,
 ) -> TestRun:
     # pytest is given the files, and our plugin keeps the selected tests: a
     # test file that cannot import (a package it lacks) then stops none of
@@ -252,6 +272,10 @@ def _run(
         options = [
             CONTINUE, f"{SELECT_OPTION}={wanted}", f"{LIMIT_OPTION}={limit:g}"
         ]  # fmt: skip
+        if watch:
+            lines = Path(scratch) / "watched.json"
+            lines.write_text(json.dumps(watch))
+            options.append(f"{WATCH_OPTION}={lines}")
         return run_pytest(
             env.python, tree, files, [], env=subprocess_env(tree),
             timeout=budget_s, spawn=spawn, options=options,
@@ -265,7 +289,7 @@ def collect(pending: Pending, budget_s: float) -> ReleaseTests:
         return ReleaseTests(selection, budget_s, not_run=selection.reason)
     before, after = (future.result() for future in pending.runs)
     result = ReleaseTests(selection, budget_s)
-    outcomes, seconds = _compared(selection, before, after, budget_s)
+    outcomes, seconds = _compared(selection, before, after, budget_s, pending.watched)
     result.seconds = seconds
     for outcome in outcomes:
         _bucket(result, outcome).append(outcome)
@@ -283,7 +307,7 @@ def kept_with(earlier: ReleaseTests, later: ReleaseTests) -> ReleaseTests:
         outcome.nodeid: outcome
         for outcome in [
             *earlier.pass_to_pass, *earlier.fail_to_pass,
-            *earlier.pass_to_fail, *earlier.fails_on_both,
+            *earlier.pass_to_fail, *earlier.fails_on_both, *earlier.not_reached,
         ]
     }  # fmt: skip
     if earlier.not_run:
@@ -309,7 +333,7 @@ def kept_with(earlier: ReleaseTests, later: ReleaseTests) -> ReleaseTests:
 def _outcomes(result: ReleaseTests) -> list[TestOutcome]:
     return [
         *result.pass_to_pass, *result.fail_to_pass, *result.pass_to_fail,
-        *result.fails_on_both, *result.could_not_run,
+        *result.fails_on_both, *result.could_not_run, *result.not_reached,
     ]  # fmt: skip
 
 
@@ -321,7 +345,7 @@ def _bucket(result: ReleaseTests, outcome: TestOutcome) -> list[TestOutcome]:
         case _, _, reason if reason.startswith(CANNOT_RUN):
             return result.could_not_run
         case "passed", "passed", _:
-            return result.pass_to_pass
+            return result.pass_to_pass if outcome.reached else result.not_reached
         case (("failed" | "error"), "passed", _):
             return result.fail_to_pass
         case "passed", ("failed" | "error"), _:
@@ -343,11 +367,18 @@ def compare(
 
 
 def _compared(
-    selection: Selection, before: TestRun, after: TestRun, budget_s: float
+    selection: Selection,
+    before: TestRun,
+    after: TestRun,
+    budget_s: float,
+    watched: frozenset[str] = frozenset(),
 ) -> tuple[list[TestOutcome], float]:
     """:func:`compare`, and the seconds the selected tests took on the
-    slower tree (pytest's durations: a run holds other patches' tests too)."""
+    slower tree (pytest's durations: a run holds other patches' tests too).
+    ``watched``: the changed units whose lines the tree's run watched."""
     sides = [_by_test(selection, run) for run in (before, after)]
+    mine = {part for parts in selection.tests.values() for part in parts}
+    mine |= {*selection.unreached}
     outcomes = []
     for nodeid in sorted({*sides[0], *sides[1]}):
         cases = [side.get(nodeid) for side in sides]
@@ -357,7 +388,8 @@ def _compared(
             reason = failure_summary(cases[1].message if cases[1] else "")
         elif not reason and outcome[0] in _FAILED:
             reason = failure_summary(cases[0].message if cases[0] else "")
-        outcomes.append(TestOutcome(nodeid, outcome[0], outcome[1], reason))
+        reached = _reached(selection, nodeid, cases[1], mine, watched)
+        outcomes.append(TestOutcome(nodeid, outcome[0], outcome[1], reason, reached))
     seconds = max(
         sum(case.seconds for case in side.values() if case is not None)
         for side in sides
@@ -382,6 +414,29 @@ def _by_test(selection: Selection, run: TestRun) -> dict[str, TestCase | None]:
             errors = [c for c in in_file.get(file, ()) if c.nodeid == file]
             found[nodeid] = errors[0] if errors else None
     return found
+
+
+def _reached(
+    selection: Selection,
+    nodeid: str,
+    case: TestCase | None,
+    mine: set[str],
+    watched: frozenset[str],
+) -> bool:
+    """Whether the test executed a changed unit of its patch on the tree, as
+    far as the run can tell: True where it did, or where a unit it reaches
+    (as selected) runs at import or was not watched."""
+    if case is None or case.reached is None:
+        return True
+    static = {
+        part
+        for key, parts in selection.tests.items()
+        if _is_case_of(nodeid, key)
+        for part in parts
+    }
+    if not static or not static <= watched:
+        return True
+    return bool(mine & set(case.reached))
 
 
 def _is_case_of(case: str, nodeid: str) -> bool:

@@ -22,6 +22,8 @@ class TestCase:
     outcome: str  # passed, failed, error, skipped
     message: str = ""
     seconds: float = 0.0
+    #: The changed units it executed (``executed.py``); None: not watched.
+    reached: tuple[str, ...] | None = None
 
     @property
     def file(self) -> str:
@@ -73,5 +75,9 @@ def read_results(path: Path) -> list[TestCase]:
             "again, run the tests with pytest directly to see why",
         ) from None
     return [
-        TestCase(r["nodeid"], r["outcome"], r["message"], r["seconds"]) for r in rows
-    ]
+        TestCase(
+            r["nodeid"], r["outcome"], r["message"], r["seconds"],
+            tuple(r["reached"]) if "reached" in r else None,
+        )
+        for r in rows
+    ]  # fmt: skip

@@ -81,6 +81,9 @@ class ChangedUnitTests:
     could_not_run: int = 0
     #: Why the ones that could not run could not, each once.
     reasons: tuple[str, ...] = ()
+    #: Passed before and after without executing the changed code (the run
+    #: watched its lines): no evidence for the fix, either way.
+    not_reached: int = 0
 
     @property
     def words(self) -> str:
@@ -90,6 +93,7 @@ class ChangedUnitTests:
             (self.fail_to_pass, "fail before and pass after"),
             (self.pass_to_fail, "pass before and fail after"),
             (self.fail_to_fail, "fail the same way before and after"),
+            (self.not_reached, "pass without running the changed code"),
             (self.could_not_run, "could not run"),
         )
         told = ", ".join(f"{n} {what}" for n, what in counts if n)
@@ -107,6 +111,7 @@ class ChangedUnitTests:
             fail_to_fail=len(release.fails_on_both),
             could_not_run=len(release.could_not_run),
             reasons=tuple(release.reasons()),
+            not_reached=len(release.not_reached),
         )
 
     def json(self) -> dict[str, Any]:
@@ -117,6 +122,7 @@ class ChangedUnitTests:
             "fail_to_fail": self.fail_to_fail,
             "could_not_run": self.could_not_run,
             "reasons": list(self.reasons),
+            "not_reached": self.not_reached,
         }
 
 
