@@ -553,6 +553,18 @@ def test_the_release_tests_stage_feeds_the_verdict_and_says_a_regression_once() 
     verdict.pristine_state = PatchState.NEEDED
     assert verdict.verdict.word == "no regression" and not verdict.problems
 
+    # Tests that passed without running the changed code are no evidence,
+    # and the verdict says they are why.
+    release.not_reached, release.pass_to_pass = release.pass_to_pass, []
+    verdict.unit_tests = ChangedUnitTests.of(release)
+    assert verdict.verdict.word == "not verified"
+    assert verdict.verdict.text == (
+        "not verified: no proof: no tests; tests of the changed units: 2 pass "
+        "without running the changed code, 1 could not run (no GPU)"
+    )
+    assert verdict.json()["verdict"]["changed_unit_tests"]["not_reached"] == 2
+    release.pass_to_pass, release.not_reached = release.not_reached, []
+
     release.pass_to_fail = [TestOutcome("tests/t.py::test_d", "passed", "failed", "E")]
     verdict.unit_tests = ChangedUnitTests.of(release)
     assert verdict.verdict.word == "failed"

@@ -366,9 +366,11 @@ class PatchVerdict:
         if "unshown" in kinds:
             # Why its own tests did not run, in the proof's first line.
             ran = not self._nothing_of_its_own_ran or not self.proof.message
-            return said(
-                NOT_VERIFIED, every if ran else self.proof.message.split("\n")[0]
-            )
+            why = every if ran else self.proof.message.split("\n")[0]
+            if self.unit_tests is not None and self.unit_tests.words != "none ran":
+                # Why the release's tests are no evidence either.
+                why += f"; tests of the changed units: {self.unit_tests.words}"
+            return said(NOT_VERIFIED, why)
         if self._nothing_of_its_own_ran and self._no_regression:
             assert self.unit_tests is not None
             return said(
