@@ -570,3 +570,53 @@ def test_the_release_tests_stage_feeds_the_verdict_and_says_a_regression_once() 
     assert verdict.verdict.word == "failed"
     assert release.problem in verdict.problems
     assert not [p for p in verdict.problems if "fail after it" in p]  # said once
+
+
+#: Imports both parsers and calls alpha's alone: gamma's module is imported,
+#: its changed function never runs.
+BOTH_TEST = """from vllm.parsers import gamma
+from vllm.parsers.alpha import render
+
+
+def test_alpha_only():
+    assert render() == "\\u00e9"
+    assert callable(gamma.render)
+"""
+
+
+def test_a_recorded_test_that_imports_a_changed_file_but_never_runs_it(
+    tmp_path: Path,
+) -> None:
+    """By import, the test covers both files it changes; run on the fixed tree
+    with their changed functions' lines watched, it ran alpha's alone. The
+    fix is partly proven, and gamma's test is told as one that passed
+    without running its changed code."""
+    from deepstack_patch.proof import envs, verify
+
+    before = make_tree(tmp_path / "pristine")
+    after = make_tree(tmp_path / "fixed")
+    paths = ("vllm/parsers/alpha.py", "vllm/parsers/gamma.py")
+    diff = "".join(git_diff(path, FILES[path], fixed(path)) for path in paths)
+    diff += git_diff("tests/parsers/test_both.py", "", BOTH_TEST)
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    made = derive_patch_from_text(diff, VllmTree.open(before), "acme#20")
+    write_derived(made.patch, folder)
+    series = assemble_series(SERIES, patches_from_folder(folder))
+    apply_tree(VllmTree.open(after), series, {"acme#20"}, WRITE)
+    report = verify.verify_tree(
+        VllmTree.open(after), series, {"acme#20"},
+        envs.ProofEnv(Path(sys.executable)), TARGETS,
+        pristine=VllmTree.open(before),
+    )  # fmt: skip
+    (both,) = report.verdicts
+    assert (both.pristine_proof.status, both.proof.status) == ("failed", "passed")
+    assert both.proof.watched == {
+        "vllm/parsers/alpha.py::render",
+        "vllm/parsers/gamma.py::render",
+    }
+    assert both.verdict.text == (
+        "partly proven: 1 of 2 changed files exercised (recorded tests: 1 "
+        "passed); not exercised: vllm/parsers/gamma.py (1 passed without "
+        "running its changed code)"
+    )

@@ -15,8 +15,12 @@ it, as test-impact tools select tests, statically, by import and by name:
   the parsers' registry, by name, and imports none of it.
 
 A changed file is exercised where at least one of its tests passed on the
-patched tree; its other tests' outcomes are counted with the words the
-proof's message uses (``could not run``, ``does not fit this release``...).
+patched tree and, where the run watched the lines of the file's changed
+functions (``executed.py``), ran one of them: a test that passed without
+running them counts as :data:`NOT_RUN_HERE`, and a test that ran them is
+the file's even where it neither imports it nor is named after it. Its
+other tests' outcomes are counted with the words the proof's message uses
+(``could not run``, ``does not fit this release``...).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from deepstack_patch.proof.recorded_tests import sort_cases
 from deepstack_patch.proof.results import TestCase
 
 NO_TEST = "no recorded test imports it or is named after it"
+#: A test that passed without running the file's changed functions.
+NOT_RUN_HERE = "passed without running its changed code"
 
 
 @dataclass(frozen=True)
@@ -67,14 +73,32 @@ def changed_files_exercised(
     recorded: Sequence[RecordedTest],
     cases: Sequence[TestCase],
     misfits: Mapping[str, str],
+    watched: frozenset[str] = frozenset(),
 ) -> list[ChangedFile]:
     """Each changed file with the outcomes, on the patched tree (``cases``),
-    of the recorded tests that test it (see the module docstring)."""
+    of the recorded tests that test it (see the module docstring);
+    ``watched``: the changed units whose lines the run watched."""
     found = []
     for path in changed_files:
+        mine = {part for part in watched if part.split("::")[0] == path}
         own_files = {test.path for test in recorded if covers(test, path)}
-        own_cases = [case for case in cases if case.file in own_files]
+        own_cases = [
+            case
+            for case in cases
+            if case.file in own_files or mine & set(case.reached or ())
+        ]
         sorted_cases = sort_cases(own_cases, False, misfits)
+        if mine:  # passed, but ran none of the file's watched code
+            sorted_cases[NOT_RUN_HERE] = [
+                case
+                for case in sorted_cases["passed"]
+                if case.reached is not None and not mine & set(case.reached)
+            ]
+            sorted_cases["passed"] = [
+                case
+                for case in sorted_cases["passed"]
+                if case not in sorted_cases[NOT_RUN_HERE]
+            ]
         outcomes = tuple(
             (label, len(told)) for label, told in sorted_cases.items() if told
         )

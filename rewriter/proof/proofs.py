@@ -58,6 +58,9 @@ class ProofResult:
     #: The test cases the proof ran, where it is a patch's recorded tests:
     #: what its verdict counts (a ``prove`` of the patch's own has none).
     cases: list[TestCase] = field(default_factory=list)
+    #: The changed units whose lines the run watched (``executed.py``): a
+    #: case's ``reached`` says which of them it ran.
+    watched: frozenset[str] = frozenset()
 
     def json(self) -> dict[str, Any]:
         return {"status": self.status, "message": self.message, "seconds": self.seconds}

@@ -34,6 +34,7 @@ Fail-to-pass is then the proof's: failing on the pristine tree, passing after
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -42,6 +43,7 @@ from pathlib import Path
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.tree import link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
+from deepstack_patch.proof.executed import parts_of, watched_lines
 from deepstack_patch.proof.failures import (
     environment_cause,
     failure_summary,
@@ -49,7 +51,9 @@ from deepstack_patch.proof.failures import (
     same_failure,
 )
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
+from deepstack_patch.proof.impact import units_of
 from deepstack_patch.proof.proofs import COULD_NOT_RUN, ProofResult, has_proof
+from deepstack_patch.proof.pytest_results import WATCH_OPTION
 from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest
 
@@ -149,12 +153,21 @@ def run_recorded_tests(
     selected = {
         nodeid: [patch.id] for test in patch.recorded_tests for nodeid in test.nodeids
     }
+    # On the fixed tree, whether each test ran the fix's code (executed.py).
+    watch = {} if pristine else watched_lines(copy, units_of(patch, ()))
+    options = []
+    if watch:
+        lines = copy / ".deepstack-watched.json"
+        lines.write_text(json.dumps(watch))
+        options.append(f"{WATCH_OPTION}={lines}")
     run = run_pytest(
-        env.python, copy, selected, [], env=subprocess_env(copy), spawn=spawn
-    )
+        env.python, copy, selected, [], env=subprocess_env(copy), spawn=spawn,
+        options=options,
+    )  # fmt: skip
     result = verdict(run, patch.id, pristine)
     result.message += left_out(patch)
     result.seconds = run.seconds
+    result.watched = frozenset(parts_of(watch))
     return result
 
 
@@ -263,6 +276,7 @@ def fit_to_release(
         judged = verdict(TestRun([], cases=result.cases), patch.id, pristine, misfits)
         judged.message += left_out(patch)
         judged.seconds = result.seconds
+        judged.watched = result.watched
         return judged
 
     return again(after, False), again(before, True) if before else None

@@ -200,7 +200,11 @@ class PatchVerdict:
             return []
         misfits = misfits_of(self.patch, self.proof, self.pristine_proof)
         return changed_files_exercised(
-            self.changed_files, self.patch.recorded_tests, self.proof.cases, misfits
+            self.changed_files,
+            self.patch.recorded_tests,
+            self.proof.cases,
+            misfits,
+            self.proof.watched,
         )
 
     @property
