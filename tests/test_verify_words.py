@@ -138,25 +138,40 @@ def make_tree(root: Path) -> Path:
 
 
 def verified(tmp_path: Path, pristine: bool = True) -> object:
-    from deepstack_patch.proof import envs, verify
-
     before = make_tree(tmp_path / "pristine")
     after = make_tree(tmp_path / "fixed")
+    report = derived_and_verified(
+        tmp_path, DIFFS, before, after, before if pristine else None
+    )
+    assert (after / "vllm/parsers/gamma.py").read_text() == PLAIN
+    return report
+
+
+def derived_and_verified(
+    tmp_path: Path,
+    diffs: dict[str, str],
+    base: Path,
+    fixed: Path,
+    pristine: Path | None,
+) -> object:
+    """Each diff derived on ``base`` into a patches folder, applied to
+    ``fixed``, and ``fixed`` verified (against ``pristine``): the report."""
+    from deepstack_patch.proof import envs, verify
+
     folder = tmp_path / "patches"
     folder.mkdir()
-    for patch_id, diff in DIFFS.items():
-        made = derive_patch_from_text(diff, VllmTree.open(before), patch_id)
+    for patch_id, diff in diffs.items():
+        made = derive_patch_from_text(diff, VllmTree.open(base), patch_id)
         write_derived(made.patch, folder)
     series = assemble_series(SERIES, patches_from_folder(folder))
-    apply_tree(VllmTree.open(after), series, set(DIFFS), WRITE)
-    assert (after / "vllm/parsers/gamma.py").read_text() == PLAIN
+    apply_tree(VllmTree.open(fixed), series, set(diffs), WRITE)
     return verify.verify_tree(
-        VllmTree.open(after),
+        VllmTree.open(fixed),
         series,
-        set(DIFFS),
+        set(diffs),
         envs.ProofEnv(Path(sys.executable)),
         TARGETS,
-        pristine=VllmTree.open(before) if pristine else None,
+        pristine=VllmTree.open(pristine) if pristine else None,
     )
 
 
@@ -491,7 +506,6 @@ CARRIED_FIXED = "from vllm.helpers import check\n\n\n" + REGION.replace(
 def test_a_fix_drifted_on_the_pristine_tree_tells_a_test_that_does_not_fit(
     tmp_path: Path,
 ) -> None:
-    from deepstack_patch.proof import envs, verify
 
     def tree(root: Path, helpers: str) -> Path:
         (root / "vllm").mkdir(parents=True)
@@ -509,20 +523,7 @@ def test_a_fix_drifted_on_the_pristine_tree_tells_a_test_that_does_not_fit(
     diff = git_diff("vllm/carried.py", CARRIED, CARRIED_FIXED) + git_diff(
         "tests/test_carried.py", "", SHM_TEST.replace("vllm.shm", "vllm.carried")
     )
-    folder = tmp_path / "patches"
-    folder.mkdir()
-    made = derive_patch_from_text(diff, VllmTree.open(base), "acme#13")
-    write_derived(made.patch, folder)
-    series = assemble_series(SERIES, patches_from_folder(folder))
-    apply_tree(VllmTree.open(fixed), series, {"acme#13"}, WRITE)
-    report = verify.verify_tree(
-        VllmTree.open(fixed),
-        series,
-        {"acme#13"},
-        envs.ProofEnv(Path(sys.executable)),
-        TARGETS,
-        pristine=VllmTree.open(pristine),
-    )
+    report = derived_and_verified(tmp_path, {"acme#13": diff}, base, fixed, pristine)
     (carried,) = report.verdicts
     assert carried.pristine_state is PatchState.DRIFTED
     assert carried.pristine_proof is None
@@ -591,24 +592,12 @@ def test_a_recorded_test_that_imports_a_changed_file_but_never_runs_it(
     with their changed functions' lines watched, it ran alpha's alone. The
     fix is partly proven, and gamma's test is told as one that passed
     without running its changed code."""
-    from deepstack_patch.proof import envs, verify
-
     before = make_tree(tmp_path / "pristine")
     after = make_tree(tmp_path / "fixed")
     paths = ("vllm/parsers/alpha.py", "vllm/parsers/gamma.py")
     diff = "".join(git_diff(path, FILES[path], fixed(path)) for path in paths)
     diff += git_diff("tests/parsers/test_both.py", "", BOTH_TEST)
-    folder = tmp_path / "patches"
-    folder.mkdir()
-    made = derive_patch_from_text(diff, VllmTree.open(before), "acme#20")
-    write_derived(made.patch, folder)
-    series = assemble_series(SERIES, patches_from_folder(folder))
-    apply_tree(VllmTree.open(after), series, {"acme#20"}, WRITE)
-    report = verify.verify_tree(
-        VllmTree.open(after), series, {"acme#20"},
-        envs.ProofEnv(Path(sys.executable)), TARGETS,
-        pristine=VllmTree.open(before),
-    )  # fmt: skip
+    report = derived_and_verified(tmp_path, {"acme#20": diff}, before, after, before)
     (both,) = report.verdicts
     assert (both.pristine_proof.status, both.proof.status) == ("failed", "passed")
     assert both.proof.watched == {
