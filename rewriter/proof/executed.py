@@ -19,9 +19,11 @@ that reaches such a unit keeps its static selection, as before.
 from __future__ import annotations
 
 import ast
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from deepstack_patch.proof.pytest_results import WATCH_OPTION
 from deepstack_patch.proof.reaching import ChangedUnit, read_text
 
 #: The kinds of unit whose lines run when called (the others at import).
@@ -49,6 +51,19 @@ def watched_lines(
             first, last = node.body[0].lineno, node.end_lineno or node.lineno
             watched.setdefault(unit.path, []).append((first, last, unit.part))
     return watched
+
+
+def watch_options(
+    watch: Mapping[str, Sequence[tuple[int, int, str]]], folder: Path
+) -> list[str]:
+    """pytest's options that hand ``watch`` (:func:`watched_lines`) to the
+    results plugin, through a file written in ``folder``; none where
+    nothing is watched."""
+    if not watch:
+        return []
+    path = folder / ".deepstack-watched.json"
+    path.write_text(json.dumps(watch))
+    return [f"{WATCH_OPTION}={path}"]
 
 
 def parts_of(watched: Mapping[str, Sequence[tuple[int, int, str]]]) -> set[str]:

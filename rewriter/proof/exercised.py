@@ -89,16 +89,11 @@ def changed_files_exercised(
         ]
         sorted_cases = sort_cases(own_cases, False, misfits)
         if mine:  # passed, but ran none of the file's watched code
-            sorted_cases[NOT_RUN_HERE] = [
-                case
-                for case in sorted_cases["passed"]
-                if case.reached is not None and not mine & set(case.reached)
-            ]
-            sorted_cases["passed"] = [
-                case
-                for case in sorted_cases["passed"]
-                if case not in sorted_cases[NOT_RUN_HERE]
-            ]
+            ran, missed = [], []
+            for case in sorted_cases["passed"]:
+                ran_it = case.reached is None or mine & set(case.reached)
+                (ran if ran_it else missed).append(case)
+            sorted_cases["passed"], sorted_cases[NOT_RUN_HERE] = ran, missed
         outcomes = tuple(
             (label, len(told)) for label, told in sorted_cases.items() if told
         )

@@ -34,7 +34,6 @@ Fail-to-pass is then the proof's: failing on the pristine tree, passing after
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -43,7 +42,7 @@ from pathlib import Path
 from deepstack_patch.engine.protocol import Patch
 from deepstack_patch.engine.tree import link_copy
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
-from deepstack_patch.proof.executed import parts_of, watched_lines
+from deepstack_patch.proof.executed import parts_of, watch_options, watched_lines
 from deepstack_patch.proof.failures import (
     environment_cause,
     failure_summary,
@@ -53,7 +52,6 @@ from deepstack_patch.proof.failures import (
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.impact import units_of
 from deepstack_patch.proof.proofs import COULD_NOT_RUN, ProofResult, has_proof
-from deepstack_patch.proof.pytest_results import WATCH_OPTION
 from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest
 
@@ -155,14 +153,9 @@ def run_recorded_tests(
     }
     # On the fixed tree, whether each test ran the fix's code (executed.py).
     watch = {} if pristine else watched_lines(copy, units_of(patch, ()))
-    options = []
-    if watch:
-        lines = copy / ".deepstack-watched.json"
-        lines.write_text(json.dumps(watch))
-        options.append(f"{WATCH_OPTION}={lines}")
     run = run_pytest(
         env.python, copy, selected, [], env=subprocess_env(copy), spawn=spawn,
-        options=options,
+        options=watch_options(watch, copy),
     )  # fmt: skip
     result = verdict(run, patch.id, pristine)
     result.message += left_out(patch)

@@ -36,15 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
-from deepstack_patch.proof.executed import parts_of, watched_lines
+from deepstack_patch.proof.executed import parts_of, watch_options, watched_lines
 from deepstack_patch.proof.failures import environment_cause, failure_summary
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.impact import ChangedUnit, Selection, select
-from deepstack_patch.proof.pytest_results import (
-    LIMIT_OPTION,
-    SELECT_OPTION,
-    WATCH_OPTION,
-)
+from deepstack_patch.proof.pytest_results import LIMIT_OPTION, SELECT_OPTION
 from deepstack_patch.proof.results import TestCase
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest
 
@@ -270,12 +266,9 @@ def _run(
         wanted = Path(scratch) / "selected.json"
         wanted.write_text(json.dumps(sorted(tests)))
         options = [
-            CONTINUE, f"{SELECT_OPTION}={wanted}", f"{LIMIT_OPTION}={limit:g}"
+            CONTINUE, f"{SELECT_OPTION}={wanted}", f"{LIMIT_OPTION}={limit:g}",
+            *watch_options(watch or {}, Path(scratch)),
         ]  # fmt: skip
-        if watch:
-            lines = Path(scratch) / "watched.json"
-            lines.write_text(json.dumps(watch))
-            options.append(f"{WATCH_OPTION}={lines}")
         return run_pytest(
             env.python, tree, files, [], env=subprocess_env(tree),
             timeout=budget_s, spawn=spawn, options=options,
