@@ -135,6 +135,36 @@ def test_what_cannot_be_given_says_why(tmp_path: Path) -> None:
     assert "verify installs nothing into it" in given.refused["multiprocess"]
 
 
+def test_a_module_is_looked_up_by_its_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``import cv2`` comes from opencv-python-headless: its pin is found by
+    that name, and a module of another name the release does not pin says
+    both names."""
+    import deepstack_patch.proof.extras as extras_module
+
+    tree = tmp_path / "tree"
+    path = tree / "requirements" / "test.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text("opencv-python-headless==4.13.0.90\n")
+    asked: list[list[str]] = []
+    monkeypatch.setattr(
+        extras_module,
+        "overlay",
+        lambda _base, requirements, _pins, _say=None: (
+            asked.append(requirements)
+            or ProofEnv(Path(sys.executable), root=tmp_path / "overlay", key="o")
+        ),
+    )
+    managed = ProofEnv(Path(sys.executable), root=tmp_path / "env", key="k")
+    extras = provide(managed, tree, ["cv2", "yaml"])
+    assert extras.installed == {"cv2": "opencv-python-headless==4.13.0.90"}
+    assert asked == [["opencv-python-headless==4.13.0.90"]]
+    assert extras.refused["yaml"].startswith(
+        "the release pins no test requirement named 'yaml' (pyyaml) "
+    )
+
+
 def test_a_pin_that_conflicts_with_the_environment_goes_in_unpinned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -30,7 +30,12 @@ it pulls, as pure-Python wheels at those pins:
   both trees on the CPU); with them, and the release's tests selected one
   import further for every patch, two of this repository's verify tests
   took 10 and 11 minutes (19 s and 79 s without both; which cost what was
-  not measured apart).
+  not measured apart). Tried again on 2026-11-30, once each test was
+  traced, for vLLM's own run-time requirements only (``watchfiles``,
+  ``opencv-python-headless`` for ``cv2``, from ``requirements/common.txt``):
+  no fix more with evidence (what they let run failed on both trees or
+  needed the network, a GPU or ``av``), and the batch's verify went from
+  8 min 51 s to 18 min 24 s (docs/verify.md).
 
 A package the release does not pin, a compiled one, or one the index
 lacks at the pin stays ``could not run``, and the reason says which. A pin that
@@ -69,6 +74,17 @@ from deepstack_patch.proof.envs import (
 PIN_FILES = ("requirements/test.txt", "requirements/test/cuda.txt")
 PIN_GLOB = "requirements/test/*.txt"
 
+#: Modules that come from a distribution of another name, for the ones
+#: vLLM's requirements name (pip maps a module to its distribution only
+#: once it is installed): ``import cv2`` is opencv-python-headless.
+DISTRIBUTION_OF = {
+    "cv2": "opencv-python-headless",
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "zmq": "pyzmq",
+    "google": "protobuf",
+}
+
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;#]+)")
 _MISSING = re.compile(r"the package '([\w.]+)' is not installed")
 
@@ -91,6 +107,11 @@ def release_pins(tree: Path) -> dict[str, str]:
                 case re.Match() as found:
                     pins.setdefault(normalized(found[1]), f"{found[1]}=={found[3]}")
     return pins
+
+
+def distribution(module: str) -> str:
+    """The normalized name of the distribution a top-level module comes from."""
+    return normalized(DISTRIBUTION_OF.get(module, module))
 
 
 def missing_packages(reasons: Iterable[str]) -> list[str]:
@@ -147,10 +168,14 @@ def provide(
     pins = release_pins(tree)
     asked = []
     for module in modules:
-        pin = pins.get(normalized(module))
+        name = distribution(module)
+        pin = pins.get(name)
         if pin is None:
+            called = repr(module)
+            if name != normalized(module):
+                called += f" ({name})"
             extras.refused[module] = (
-                f"the release pins no test requirement named {module!r} "
+                f"the release pins no test requirement named {called} "
                 f"({', '.join(PIN_FILES)}, {PIN_GLOB})"
             )
         else:
@@ -187,7 +212,7 @@ def provide(
 def _kept(pins: dict[str, str], extras: Extras) -> dict[str, str]:
     """The release's pins, less those of the packages that went in at their
     newest version beside the managed environment."""
-    unpinned = {normalized(module) for module in extras.unpinned}
+    unpinned = {distribution(module) for module in extras.unpinned}
     return {name: pin for name, pin in pins.items() if name not in unpinned}
 
 
@@ -207,7 +232,7 @@ def _beside_the_environment(
     never tried again."""
     if "conflict" not in refused.message.lower():
         return False
-    name = normalized(module)
+    name = distribution(module)
     without = {other: pin for other, pin in pins.items() if other != name}
     try:
         _dry_run(base, [name], without)
