@@ -317,7 +317,8 @@ def test_nothing_to_select_says_why(tmp_path: Path) -> None:
 
 
 def run_of(*cases: TestCase, error: str = "") -> TestRun:
-    return TestRun(command=[], cases=list(cases), error=error)
+    """A run on the CPU, as verify starts it (the tree's conftest.py not loaded)."""
+    return TestRun(command=["pytest", "--noconftest"], cases=list(cases), error=error)
 
 
 def test_each_test_is_compared_on_both_trees() -> None:
@@ -592,10 +593,13 @@ BROKEN = SHAPES.replace("return _area(self.w, self.h)", "return -1")
 KEPT = SHAPES.replace("return _area(self.w, self.h)", "return self.w * self.h")
 
 
-def verified(tmp_path: Path, fixed: str, budget: float = 60, extra: str = ""):
+def verified(
+    tmp_path: Path, fixed: str, budget: float = 60, extra: str = "", conftest: str = ""
+):
     """derive ``fixed`` on a pristine synthetic tree, apply it to a copy,
     verify the copy against the pristine tree: the report and the verdict.
-    ``extra``: one more test file, tests/test_extra.py, in both trees."""
+    ``extra``: one more test file, tests/test_extra.py, in both trees;
+    ``conftest``: their tests/conftest.py."""
     from deepstack_patch.proof import verify
 
     before = make_tree(tmp_path / "pristine")
@@ -603,6 +607,8 @@ def verified(tmp_path: Path, fixed: str, budget: float = 60, extra: str = ""):
     for tree in (before, after):
         if extra:
             (tree / "tests" / "test_extra.py").write_text(extra)
+        if conftest:
+            (tree / "tests" / "conftest.py").write_text(conftest)
     diff = git_diff("vllm/shapes.py", SHAPES, fixed)
     result = derive_patch_from_text(diff, VllmTree.open(before), "acme#7")
     folder = tmp_path / "patches"
@@ -736,6 +742,55 @@ def test_a_package_verify_cannot_add_says_why(tmp_path: Path) -> None:
     extras = document["environment"]["extras"]
     assert extras["installed"] == {} and extras["python"] is None
     assert "installs nothing" in extras["refused"]["deepstack_no_such_package"]
+
+
+#: A fixture of the tree's conftest.py, as vLLM's ``default_vllm_config``.
+CONFTEST = """\
+import pytest
+from vllm.shapes import Box
+
+
+@pytest.fixture
+def unit_box():
+    return Box(1, 1)
+"""
+NEEDS_FIXTURE = """\
+from vllm.shapes import Box
+
+
+def test_area_of_the_conftest_box(unit_box):
+    assert isinstance(unit_box, Box) and unit_box.area() == 1
+"""
+
+
+def test_a_test_that_needs_a_conftest_fixture_runs_again_with_it_loaded(
+    tmp_path: Path,
+) -> None:
+    """The tree's conftest.py is not loaded on the CPU; a selected test that
+    needs one of its fixtures runs once more with it loaded, and shows the
+    broken fix like the others. The other tests are not run again."""
+    _, verdict = verified(tmp_path, BROKEN, extra=NEEDS_FIXTURE, conftest=CONFTEST)
+    stage = verdict.release_tests
+    assert stage is not None and stage.could_not_run == []
+    assert "tests/test_extra.py::test_area_of_the_conftest_box" in {
+        o.nodeid for o in stage.pass_to_fail
+    }
+    assert len(stage.pass_to_fail) == 5
+
+
+def test_a_conftest_that_does_not_import_says_why_its_tests_could_not_run(
+    tmp_path: Path,
+) -> None:
+    broken = "import deepstack_no_such_package\n" + CONFTEST
+    _, verdict = verified(tmp_path, KEPT, extra=NEEDS_FIXTURE, conftest=broken)
+    stage = verdict.release_tests
+    assert stage is not None and len(stage.pass_to_pass) == 4
+    (needing,) = stage.could_not_run
+    assert needing.reason.startswith(
+        "could not run: it needs the fixture 'unit_box' of the tree's "
+        "conftest.py, which does not import here: ModuleNotFoundError: No "
+        "module named 'deepstack_no_such_package' (at "
+    )
 
 
 # -- a real release, in the managed proof environment ---------------------------

@@ -42,7 +42,7 @@ from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.impact import ChangedUnit, Selection, select
 from deepstack_patch.proof.pytest_results import LIMIT_OPTION, SELECT_OPTION
 from deepstack_patch.proof.results import TestCase
-from deepstack_patch.proof.tree_tests import TestRun, run_pytest
+from deepstack_patch.proof.tree_tests import NO_CONFTEST, TestRun, run_pytest
 
 #: Seconds each patch's tests may take on each tree (they run side by side):
 #: importing vLLM's tested modules takes 10-20 s on 2 cores, a parser's
@@ -51,6 +51,14 @@ DEFAULT_BUDGET_S = 120.0
 
 CONTINUE = "--continue-on-collection-errors"
 _MISSING_FIXTURE = re.compile(r"fixture '([\w]+)' not found")
+#: Why a test that needs a fixture of the tree's conftest.py could not run
+#: (:func:`with_conftest` runs it again with the file loaded).
+NEEDS_CONFTEST = "which verify does not load on the CPU (the tree's conftest.py)"
+_CONFTEST_IMPORT = re.compile(
+    r"ImportError while loading conftest '([^']+)'.*?^E\s+(\S.*?)$",
+    re.MULTILINE | re.DOTALL,
+)
+_MISSING_MODULE = re.compile(r"No module named '([\w]+)")
 _TIMED_OUT = re.compile(r"timed out after ([\d.]+) s")
 _FAILED = ("failed", "error")
 
@@ -195,12 +203,13 @@ def submit_together(
     budget_s: float,
     spawn: Spawn = run_subprocess,
     again: Mapping[str, ReleaseTests] | None = None,
+    conftest: bool = False,
 ) -> dict[str, Pending]:
     """Select each patch's tests (``units``: patch -> its changed units)
     and start them: every patch's in one pytest run per tree, within the
     sum of their budgets. ``again``: a patch's earlier run, whose tests that
     could not run are the only ones run now (:func:`kept_with` keeps the
-    others' outcomes).
+    others' outcomes). ``conftest``: with the tree's conftest.py loaded.
 
     One run per tree, not one per patch: each run imports torch and vLLM
     before its first test (10-20 s on 2 cores), and the patches of a batch
@@ -226,9 +235,11 @@ def submit_together(
     # One test may take its patch's budget, no more: one that hangs would
     # take the time of every patch after it.
     runs = (
-        pool.submit(_run, env, pristine, merged, timeout, spawn, budget_s),
-        pool.submit(_run, env, tree, merged, timeout, spawn, budget_s, watch),
-    )
+        pool.submit(_run, env, pristine, merged, timeout, spawn, budget_s, None,
+                    conftest),
+        pool.submit(_run, env, tree, merged, timeout, spawn, budget_s, watch,
+                    conftest),
+    )  # fmt: skip
     watched = frozenset(parts_of(watch))
     return {
         key: Pending(selection, runs if selection.tests else None, watched)
@@ -257,6 +268,7 @@ def _run(
     spawn: Spawn,
     limit: float,
     watch: Mapping[str, list[tuple[int, int, str]]] | None = None,
+    conftest: bool = False,
 ) -> TestRun:
     # pytest is given the files, and our plugin keeps the selected tests: a
     # test file that cannot import (a package it lacks) then stops none of
@@ -271,8 +283,76 @@ def _run(
         ]  # fmt: skip
         return run_pytest(
             env.python, tree, files, [], env=subprocess_env(tree),
-            timeout=budget_s, spawn=spawn, options=options,
+            timeout=budget_s, spawn=spawn, options=options, conftest=conftest,
         )  # fmt: skip
+
+
+@dataclass
+class ConftestRound:
+    """The round of :func:`with_conftest`: each patch's release tests with
+    it, or what kept the conftest from loading."""
+
+    #: patch -> its release tests, the round's outcomes kept with the earlier.
+    results: dict[str, ReleaseTests] = field(default_factory=dict)
+    #: Why the tree's conftest.py did not import ("" where it did).
+    error: str = ""
+    #: The top-level module it lacked, where that was why.
+    missing: str = ""
+
+
+def needs_conftest(result: ReleaseTests | None) -> bool:
+    """Whether a test of ``result`` could not run for a fixture of the tree's
+    conftest.py, not loaded."""
+    return result is not None and any(
+        NEEDS_CONFTEST in outcome.reason for outcome in result.could_not_run
+    )
+
+
+def with_conftest(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: Path,
+    pristine: Path,
+    units: Mapping[str, list[ChangedUnit]],
+    earlier: Mapping[str, ReleaseTests],
+    budget_s: float,
+    spawn: Spawn = run_subprocess,
+) -> ConftestRound:
+    """The tests of ``earlier`` (patch -> its release tests) that could not
+    run for a fixture of the tree's conftest.py, once more with it loaded:
+    vLLM's ``default_vllm_config`` only sets a default ``VllmConfig``, and
+    on 0.20.2 the whole file imports on the CPU. Only those tests run, and
+    :func:`kept_with` keeps every other outcome. Where the file does not
+    import here, nothing changes and the round says why."""
+    only = {
+        key: replace(result, could_not_run=[
+            o for o in result.could_not_run if NEEDS_CONFTEST in o.reason
+        ])
+        for key, result in earlier.items()
+        if needs_conftest(result)
+    }  # fmt: skip
+    found = ConftestRound()
+    if not only:
+        return found
+    pending = submit_together(
+        pool, env, tree, pristine, {key: units[key] for key in only}, budget_s,
+        spawn, again=only, conftest=True,
+    )  # fmt: skip
+    for key in only:
+        later = collect(pending[key], budget_s)
+        for run in (future.result() for future in pending[key].runs or ()):
+            if run.cases:
+                continue
+            # One run for every patch: nothing reported, nothing loaded.
+            failed = _CONFTEST_IMPORT.search(run.error)
+            found.error = (
+                f"{failed[2]} (at {failed[1]})" if failed else run.error.split("\n")[0]
+            )
+            missing = _MISSING_MODULE.search(found.error)
+            found.missing = missing[1] if missing else ""
+            return found
+        found.results[key] = kept_with(earlier[key], later)
+    return found
 
 
 def collect(pending: Pending, budget_s: float) -> ReleaseTests:
@@ -460,10 +540,13 @@ def _cannot_run(
         cause = environment_cause(case.message)
         if case.outcome in _FAILED and cause:
             return CANNOT_RUN + cause
-        missing = _MISSING_FIXTURE.search(case.message)
-        if case.outcome == "error" and missing:
-            return CANNOT_RUN + (
-                f"it needs the fixture {missing[1]!r}, which verify does not load "
-                "on the CPU (the tree's conftest.py)"
+    for case, run in zip(cases, runs, strict=True):
+        missing = _MISSING_FIXTURE.search(case.message) if case else None
+        if case and case.outcome == "error" and missing:
+            why = (
+                NEEDS_CONFTEST
+                if NO_CONFTEST in run.command
+                else "which neither the test file nor the tree's conftest.py defines"
             )
+            return f"{CANNOT_RUN}it needs the fixture {missing[1]!r}, {why}"
     return ""

@@ -108,6 +108,10 @@ def select_tests(
     return selected, absent
 
 
+#: pytest's option that leaves every conftest.py unloaded.
+NO_CONFTEST = "--noconftest"
+
+
 def pytest_command(
     python: Path,
     tree: Path,
@@ -116,17 +120,21 @@ def pytest_command(
     *,
     gpu: bool = False,
     options: Sequence[str] = (),
+    conftest: bool = False,
 ) -> list[str]:
     """pytest on the tree's own tests, its plugin writing ``results``.
 
     On CPU the tree's conftest.py is not loaded (``--noconftest``): it imports
-    much of vLLM's GPU stack. The GPU stage runs in an environment with the
-    full wheel, so it keeps the tree's conftest and fixtures.
+    much of vLLM's GPU stack, and its autouse fixtures run around every
+    test. ``conftest``: load it all the same (the release tests' round for
+    the tests that need its fixtures, release_tests.py). The GPU stage runs
+    in an environment with the full wheel, so it keeps the tree's conftest
+    and fixtures.
     """
     command = [str(python), "-m", "pytest"]
     command += ["-p", "no:cacheprovider", "-o", "addopts=", "-rs", "-q"]
-    if not gpu:
-        command.append("--noconftest")
+    if not gpu and not conftest:
+        command.append(NO_CONFTEST)
     command += [*options, *plugin_args(results), "--rootdir", str(tree), *nodeids]
     return command
 
@@ -142,13 +150,15 @@ def run_pytest(
     timeout: float = TIMEOUT_S,
     spawn: Spawn = run_subprocess,
     options: Sequence[str] = (),
+    conftest: bool = False,
 ) -> TestRun:
     nodeids = sorted(selected)
     with tempfile.TemporaryDirectory(prefix="deepstack-pytest-") as scratch:
         results = Path(scratch) / "results.json"
         command = pytest_command(
-            python, tree, nodeids, results, gpu=gpu, options=options
-        )
+            python, tree, nodeids, results, gpu=gpu, options=options,
+            conftest=conftest,
+        )  # fmt: skip
         run = TestRun(command=command, selected=selected, absent=absent)
         if not nodeids:
             return run
