@@ -586,6 +586,26 @@ def test_a_file_that_cannot_import_stops_none_of_the_others(tmp_path: Path) -> N
     )
 
 
+def test_a_file_that_skips_itself_says_why_its_tests_did_not_run(
+    tmp_path: Path,
+) -> None:
+    """A test file that skips at import (vLLM's CUDA-only files do) is one
+    skipped report, not a test pytest did not report."""
+    tree = make_tree(tmp_path / "tree")
+    (tree / "tests" / "test_cuda_only.py").write_text(
+        "import pytest\nfrom vllm.shapes import Box\n\n"
+        'pytest.skip(reason="only on CUDA", allow_module_level=True)\n\n\n'
+        "def test_needs_cuda():\n    assert Box(1, 1).area() == 1\n"
+    )
+    env = ProofEnv(Path(sys.executable))
+    with ThreadPoolExecutor(2) as pool:
+        result = collect(submit(pool, env, tree, tree, [AREA], budget_s=60), 60)
+    assert len(result.pass_to_pass) == 4
+    (skipped,) = result.could_not_run
+    assert skipped.nodeid == "tests/test_cuda_only.py::test_needs_cuda"
+    assert skipped.reason == CANNOT_RUN + "skipped (only on CUDA)"
+
+
 #: A fix that changes ``Box.area``'s value: the tests that hold the old one
 #: pass on the pristine tree and fail after.
 BROKEN = SHAPES.replace("return _area(self.w, self.h)", "return -1")

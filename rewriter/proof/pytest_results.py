@@ -184,10 +184,13 @@ def pytest_runtest_logreport(report: Any) -> None:
 
 
 def pytest_collectreport(report: Any) -> None:
-    if report.failed:  # a module that does not import: its tests never ran
+    # A module that does not import, or that skips itself at import
+    # (``pytest.skip(..., allow_module_level=True)``, as vLLM's CUDA-only
+    # files do): its tests never ran, and this says why.
+    if report.failed or report.skipped:
         _results[report.nodeid] = {
             "nodeid": report.nodeid,
-            "outcome": "error",
+            "outcome": "error" if report.failed else "skipped",
             "message": _message(report),
             "seconds": 0.0,
         }
