@@ -18,7 +18,8 @@ of their time budgets. Each selected test
 - **could not run**, with the reason: it skipped (it needs CUDA, say), the
   proof environment lacks a package or the network (``failures.py``), it
   needs a fixture of the tree's ``conftest.py`` (not loaded on the CPU:
-  ``tree_tests.py``), or the budget ran out before it ran.
+  ``tree_tests.py``; :func:`with_conftest` runs those tests once more with
+  it loaded), or the budget ran out before it ran.
 
 A patch whose pristine state is ``applied`` (upstream already has the fix)
 runs nothing: both trees hold the same code. Nothing here names a fix.
