@@ -764,6 +764,43 @@ def test_a_package_verify_cannot_add_says_why(tmp_path: Path) -> None:
     assert "installs nothing" in extras["refused"]["deepstack_no_such_package"]
 
 
+#: A test that fails the first time it runs on the fixed tree only, as a
+#: distributed test can beside another run (shared memory, ports).
+UNSTEADY = """\
+from pathlib import Path
+
+from vllm.shapes import Box
+
+
+def test_area_unlucky_once():
+    here = Path(__file__).parent
+    unlucky = here.parent.name == "fixed" and not (here / "ran").exists()
+    (here / "ran").touch()
+    assert Box(1, 1).area() == 1 and not unlucky
+"""
+
+
+def test_a_test_that_differs_only_once_is_neither_regression_nor_fix(
+    tmp_path: Path,
+) -> None:
+    """A test that passed on one tree and failed on the other is run again
+    alone, one tree after the other; where it does not do the same again it
+    could not run, and says both outcomes. A steady one stays (the broken
+    fix's tests above stay pass-to-fail)."""
+    report, verdict = verified(tmp_path, KEPT, extra=UNSTEADY)
+    stage = verdict.release_tests
+    assert stage is not None and stage.pass_to_fail == []
+    assert len(stage.pass_to_pass) == 4
+    (unsteady,) = stage.could_not_run
+    assert unsteady.nodeid == "tests/test_extra.py::test_area_unlucky_once"
+    assert unsteady.reason == (
+        "could not run: beside the other tests it passed on the pristine tree "
+        "and failed after the fix; run again alone, passed and passed: its "
+        "outcome depends on what runs beside it"
+    )
+    assert stage.problem == ""
+
+
 #: A fixture of the tree's conftest.py, as vLLM's ``default_vllm_config``.
 CONFTEST = """\
 import pytest

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -78,6 +78,8 @@ class TestOutcome:
     #: False where the patched tree's run watched the lines of the changed
     #: units the test reaches, and it executed none of them (executed.py).
     reached: bool = True
+    #: True where it ran with the tree's conftest.py loaded (with_conftest).
+    conftest: bool = False
 
     def json(self) -> dict[str, Any]:
         return {
@@ -340,7 +342,9 @@ def with_conftest(
         spawn, again=only, conftest=True,
     )  # fmt: skip
     for key in only:
-        later = collect(pending[key], budget_s)
+        later = _outcomes_mapped(
+            collect(pending[key], budget_s), lambda o: replace(o, conftest=True)
+        )
         for run in (future.result() for future in pending[key].runs or ()):
             if run.cases:
                 continue
@@ -354,6 +358,101 @@ def with_conftest(
             return found
         found.results[key] = kept_with(earlier[key], later)
     return found
+
+
+def confirmed(
+    env: ProofEnv,
+    tree: Path,
+    pristine: Path,
+    results: Mapping[str, ReleaseTests],
+    budget_s: float,
+    spawn: Spawn = run_subprocess,
+) -> dict[str, ReleaseTests]:
+    """``results`` (patch -> its release tests), each test that passed on one
+    tree and failed on the other run again before it counts: alone, with
+    the other such tests only, on the pristine tree and then on the tree,
+    one after the other. The first runs share a process with every other
+    selected test, and the two trees' runs go at once: two copies of a
+    distributed test share ``/dev/shm`` and the ports, and an earlier test
+    can leave state behind (vllm#48879's shared-memory tests passed on
+    0.20.2 and failed with the fix beside the batch, and do the same on
+    both trees alone). A test whose outcomes are not the same again is
+    neither a regression nor a fix shown: it could not run, and says both."""
+    differing = {
+        outcome.nodeid: outcome
+        for result in results.values()
+        for outcome in [*result.pass_to_fail, *result.fail_to_pass]
+    }
+    if not differing:
+        return dict(results)
+    timeout = budget_s * len({key for key, r in results.items() if _differs(r)})
+    again: dict[str, tuple[str, ...]] = {}
+    # As they ran: with the tree's conftest.py loaded, or not.
+    for conftest in (False, True):
+        tests = {n: [] for n, o in differing.items() if o.conftest == conftest}
+        if not tests:
+            continue
+        # One tree after the other: the first runs went at once.
+        runs = [
+            _run(env, root, tests, timeout, spawn, budget_s, None, conftest)
+            for root in (pristine, tree)
+        ]
+        for nodeid in tests:
+            again[nodeid] = tuple(
+                next((c.outcome for c in run.cases if c.nodeid == nodeid), "")
+                for run in runs
+            )
+    unsteady = {
+        nodeid: outcome
+        for nodeid, outcome in differing.items()
+        if [o == "passed" for o in again[nodeid]]
+        != [outcome.before == "passed", outcome.after == "passed"]
+    }
+    return {
+        key: _without_unsteady(result, unsteady, again)
+        for key, result in results.items()
+    }
+
+
+def _outcomes_mapped(
+    result: ReleaseTests, change: Callable[[TestOutcome], TestOutcome]
+) -> ReleaseTests:
+    """``result`` with ``change`` made to each of its tests' outcomes."""
+    return replace(result, **{
+        bucket: [change(outcome) for outcome in getattr(result, bucket)]
+        for bucket in BUCKETS
+    })  # fmt: skip
+
+
+def _differs(result: ReleaseTests) -> bool:
+    return bool(result.pass_to_fail or result.fail_to_pass)
+
+
+def _without_unsteady(
+    result: ReleaseTests,
+    unsteady: Mapping[str, TestOutcome],
+    again: Mapping[str, tuple[str, ...]],
+) -> ReleaseTests:
+    """``result`` with each test of ``unsteady`` moved to could not run."""
+    if not any(o.nodeid in unsteady for o in result.pass_to_fail + result.fail_to_pass):
+        return result
+    moved = [
+        replace(outcome, reason=(
+            f"{CANNOT_RUN}beside the other tests it {outcome.before or 'did not run'} "
+            f"on the pristine tree and {outcome.after or 'did not run'} after the "
+            f"fix; run again alone, {again[outcome.nodeid][0] or 'not reported'} "
+            f"and {again[outcome.nodeid][1] or 'not reported'}: its outcome "
+            "depends on what runs beside it"
+        ))
+        for outcome in result.pass_to_fail + result.fail_to_pass
+        if outcome.nodeid in unsteady
+    ]  # fmt: skip
+    return replace(
+        result,
+        pass_to_fail=[o for o in result.pass_to_fail if o.nodeid not in unsteady],
+        fail_to_pass=[o for o in result.fail_to_pass if o.nodeid not in unsteady],
+        could_not_run=[*result.could_not_run, *moved],
+    )
 
 
 def collect(pending: Pending, budget_s: float) -> ReleaseTests:
@@ -404,11 +503,15 @@ def kept_with(earlier: ReleaseTests, later: ReleaseTests) -> ReleaseTests:
     return result
 
 
+#: The fields of ReleaseTests that hold compared tests.
+BUCKETS = (
+    "pass_to_pass", "fail_to_pass", "pass_to_fail", "fails_on_both",
+    "could_not_run", "not_reached",
+)  # fmt: skip
+
+
 def _outcomes(result: ReleaseTests) -> list[TestOutcome]:
-    return [
-        *result.pass_to_pass, *result.fail_to_pass, *result.pass_to_fail,
-        *result.fails_on_both, *result.could_not_run, *result.not_reached,
-    ]  # fmt: skip
+    return [outcome for bucket in BUCKETS for outcome in getattr(result, bucket)]
 
 
 def _bucket(result: ReleaseTests, outcome: TestOutcome) -> list[TestOutcome]:

@@ -365,6 +365,11 @@ def verify_tree(
         extras = _with_conftest(
             env, tree, pristine, verdicts, extras, test_budget, jobs, progress
         )
+        if pristine is not None:
+            _confirm_differing(
+                extras.env if extras and extras.env else env,
+                tree, pristine, verdicts, test_budget, progress,
+            )  # fmt: skip
     for verdict in verdicts:
         if verdict.proof and verdict.proof.cases:
             # A recorded test written for a later release: not the fix's.
@@ -583,6 +588,32 @@ def _with_conftest(
             _conftest_note(outcome, found.error) for outcome in stage.could_not_run
         ]
     return extras
+
+
+def _confirm_differing(
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree,
+    verdicts: list[PatchVerdict],
+    budget: float,
+    progress: Progress,
+) -> None:
+    """The release tests that passed on one tree and failed on the other,
+    run again alone before they count (release_tests.confirmed)."""
+    from deepstack_patch.proof.release_tests import confirmed
+
+    results = {v.patch.id: v.release_tests for v in verdicts if v.release_tests}
+    differing = sum(len(r.pass_to_fail) + len(r.fail_to_pass) for r in results.values())
+    if not differing:
+        return
+    progress(
+        f"release tests: {differing} that passed on one tree and failed on the "
+        "other, again alone, one tree after the other"
+    )
+    checked = confirmed(env, tree.root, pristine.root, results, budget)
+    for verdict in verdicts:
+        if verdict.patch.id in checked:
+            verdict.release_tests = checked[verdict.patch.id]
 
 
 def _conftest_note(outcome: Any, error: str) -> Any:
