@@ -401,20 +401,27 @@ def test_each_test_is_compared_on_both_trees() -> None:
 # -- running them, with this interpreter ----------------------------------------
 
 
+def run_beside(tmp_path: Path, name: str, text: str, budget_s: float = 60):
+    """The release tests of ``Box.area`` on a synthetic tree with one more
+    test file, tests/``name``, the same tree as pristine and fixed."""
+    tree = make_tree(tmp_path / "tree")
+    (tree / "tests" / name).write_text(text)
+    env = ProofEnv(Path(sys.executable))
+    with ThreadPoolExecutor(2) as pool:
+        pending = submit(pool, env, tree, tree, [AREA], budget_s=budget_s)
+        return collect(pending, budget_s)
+
+
 def test_the_budget_stops_a_run_and_keeps_what_finished(tmp_path: Path) -> None:
     """The results are written after each test: a run stopped at its budget
     still tells the tests that finished; the rest could not run."""
-    tree = make_tree(tmp_path / "tree")
-    (tree / "tests" / "test_slow.py").write_text(
+    slow = (
         "import time\nfrom vllm.shapes import Box\n\n\n"
         "def test_a_fast():\n    assert Box(1, 1).area() == 1\n\n\n"
         "def test_b_slow():\n    time.sleep(600)\n    assert Box(1, 1).area() == 1\n"
     )
-    env = ProofEnv(Path(sys.executable))
-    with ThreadPoolExecutor(2) as pool:
-        # Enough for pytest to start and run the fast one on a loaded machine.
-        pending = submit(pool, env, tree, tree, [AREA], budget_s=20)
-        result = collect(pending, 20)
+    # Enough for pytest to start and run the fast one on a loaded machine.
+    result = run_beside(tmp_path, "test_slow.py", slow, budget_s=20)
     assert "tests/test_slow.py::test_a_fast" in [o.nodeid for o in result.pass_to_pass]
     (late,) = [o for o in result.could_not_run if "test_b_slow" in o.nodeid]
     assert late.reason == CANNOT_RUN + "the time budget (20 s) ran out before it ran"
@@ -566,14 +573,11 @@ def test_a_shared_run_that_runs_out_of_time_says_the_whole_budget() -> None:
 def test_a_file_that_cannot_import_stops_none_of_the_others(tmp_path: Path) -> None:
     """pytest ends a session at a collection error unless told otherwise: a
     test file short of a package could not run, the others run."""
-    tree = make_tree(tmp_path / "tree")
-    (tree / "tests" / "test_needs.py").write_text(
+    needing = (
         "import deepstack_no_such_package\nfrom vllm.shapes import Box\n\n\n"
         "def test_needs():\n    assert Box(1, 1).area() == 1\n"
     )
-    env = ProofEnv(Path(sys.executable))
-    with ThreadPoolExecutor(2) as pool:
-        result = collect(submit(pool, env, tree, tree, [AREA], budget_s=60), 60)
+    result = run_beside(tmp_path, "test_needs.py", needing)
     assert len(result.pass_to_pass) == 4
     (needs,) = result.could_not_run
     assert (needs.nodeid, needs.before, needs.after) == (
@@ -591,15 +595,12 @@ def test_a_file_that_skips_itself_says_why_its_tests_did_not_run(
 ) -> None:
     """A test file that skips at import (vLLM's CUDA-only files do) is one
     skipped report, not a test pytest did not report."""
-    tree = make_tree(tmp_path / "tree")
-    (tree / "tests" / "test_cuda_only.py").write_text(
+    cuda_only = (
         "import pytest\nfrom vllm.shapes import Box\n\n"
         'pytest.skip(reason="only on CUDA", allow_module_level=True)\n\n\n'
         "def test_needs_cuda():\n    assert Box(1, 1).area() == 1\n"
     )
-    env = ProofEnv(Path(sys.executable))
-    with ThreadPoolExecutor(2) as pool:
-        result = collect(submit(pool, env, tree, tree, [AREA], budget_s=60), 60)
+    result = run_beside(tmp_path, "test_cuda_only.py", cuda_only)
     assert len(result.pass_to_pass) == 4
     (skipped,) = result.could_not_run
     assert skipped.nodeid == "tests/test_cuda_only.py::test_needs_cuda"
