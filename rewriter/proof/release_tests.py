@@ -18,8 +18,8 @@ of their time budgets. Each selected test
 - **could not run**, with the reason: it skipped (it needs CUDA, say), the
   proof environment lacks a package or the network (``failures.py``), it
   needs a fixture of the tree's ``conftest.py`` (not loaded on the CPU:
-  ``tree_tests.py``; :func:`with_conftest` runs those tests once more with
-  it loaded), or the budget ran out before it ran.
+  ``tree_tests.py``; ``rounds.py`` runs those tests once more with it
+  loaded), or the budget ran out before it ran.
 
 A patch whose pristine state is ``applied`` (upstream already has the fix)
 runs nothing: both trees hold the same code. Nothing here names a fix.
@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,13 +53,8 @@ DEFAULT_BUDGET_S = 120.0
 CONTINUE = "--continue-on-collection-errors"
 _MISSING_FIXTURE = re.compile(r"fixture '([\w]+)' not found")
 #: Why a test that needs a fixture of the tree's conftest.py could not run
-#: (:func:`with_conftest` runs it again with the file loaded).
+#: (``rounds.py`` runs it again with the file loaded).
 NEEDS_CONFTEST = "which verify does not load on the CPU (the tree's conftest.py)"
-_CONFTEST_IMPORT = re.compile(
-    r"ImportError while loading conftest '([^']+)'.*?^E\s+(\S.*?)$",
-    re.MULTILINE | re.DOTALL,
-)
-_MISSING_MODULE = re.compile(r"No module named '([\w]+)")
 _TIMED_OUT = re.compile(r"timed out after ([\d.]+) s")
 _FAILED = ("failed", "error")
 
@@ -238,9 +233,9 @@ def submit_together(
     # One test may take its patch's budget, no more: one that hangs would
     # take the time of every patch after it.
     runs = (
-        pool.submit(_run, env, pristine, merged, timeout, spawn, budget_s, None,
+        pool.submit(run_selected, env, pristine, merged, timeout, spawn, budget_s, None,
                     conftest),
-        pool.submit(_run, env, tree, merged, timeout, spawn, budget_s, watch,
+        pool.submit(run_selected, env, tree, merged, timeout, spawn, budget_s, watch,
                     conftest),
     )  # fmt: skip
     watched = frozenset(parts_of(watch))
@@ -263,7 +258,7 @@ def _could_not_run(selection: Selection, earlier: ReleaseTests) -> dict[str, lis
     }
 
 
-def _run(
+def run_selected(
     env: ProofEnv,
     tree: Path,
     tests: Mapping[str, list[str]],
@@ -288,171 +283,6 @@ def _run(
             env.python, tree, files, [], env=subprocess_env(tree),
             timeout=budget_s, spawn=spawn, options=options, conftest=conftest,
         )  # fmt: skip
-
-
-@dataclass
-class ConftestRound:
-    """The round of :func:`with_conftest`: each patch's release tests with
-    it, or what kept the conftest from loading."""
-
-    #: patch -> its release tests, the round's outcomes kept with the earlier.
-    results: dict[str, ReleaseTests] = field(default_factory=dict)
-    #: Why the tree's conftest.py did not import ("" where it did).
-    error: str = ""
-    #: The top-level module it lacked, where that was why.
-    missing: str = ""
-
-
-def needs_conftest(result: ReleaseTests | None) -> bool:
-    """Whether a test of ``result`` could not run for a fixture of the tree's
-    conftest.py, not loaded."""
-    return result is not None and any(
-        NEEDS_CONFTEST in outcome.reason for outcome in result.could_not_run
-    )
-
-
-def with_conftest(
-    pool: ThreadPoolExecutor,
-    env: ProofEnv,
-    tree: Path,
-    pristine: Path,
-    units: Mapping[str, list[ChangedUnit]],
-    earlier: Mapping[str, ReleaseTests],
-    budget_s: float,
-    spawn: Spawn = run_subprocess,
-) -> ConftestRound:
-    """The tests of ``earlier`` (patch -> its release tests) that could not
-    run for a fixture of the tree's conftest.py, once more with it loaded:
-    vLLM's ``default_vllm_config`` only sets a default ``VllmConfig``, and
-    on 0.20.2 the whole file imports on the CPU. Only those tests run, and
-    :func:`kept_with` keeps every other outcome. Where the file does not
-    import here, nothing changes and the round says why."""
-    only = {
-        key: replace(result, could_not_run=[
-            o for o in result.could_not_run if NEEDS_CONFTEST in o.reason
-        ])
-        for key, result in earlier.items()
-        if needs_conftest(result)
-    }  # fmt: skip
-    found = ConftestRound()
-    if not only:
-        return found
-    pending = submit_together(
-        pool, env, tree, pristine, {key: units[key] for key in only}, budget_s,
-        spawn, again=only, conftest=True,
-    )  # fmt: skip
-    for key in only:
-        later = _outcomes_mapped(
-            collect(pending[key], budget_s), lambda o: replace(o, conftest=True)
-        )
-        for run in (future.result() for future in pending[key].runs or ()):
-            if run.cases:
-                continue
-            # One run for every patch: nothing reported, nothing loaded.
-            failed = _CONFTEST_IMPORT.search(run.error)
-            found.error = (
-                f"{failed[2]} (at {failed[1]})" if failed else run.error.split("\n")[0]
-            )
-            missing = _MISSING_MODULE.search(found.error)
-            found.missing = missing[1] if missing else ""
-            return found
-        found.results[key] = kept_with(earlier[key], later)
-    return found
-
-
-def confirmed(
-    env: ProofEnv,
-    tree: Path,
-    pristine: Path,
-    results: Mapping[str, ReleaseTests],
-    budget_s: float,
-    spawn: Spawn = run_subprocess,
-) -> dict[str, ReleaseTests]:
-    """``results`` (patch -> its release tests), each test that passed on one
-    tree and failed on the other run again before it counts: alone, with
-    the other such tests only, on the pristine tree and then on the tree,
-    one after the other. The first runs share a process with every other
-    selected test, and the two trees' runs go at once: two copies of a
-    distributed test share ``/dev/shm`` and the ports, and an earlier test
-    can leave state behind (vllm#48879's shared-memory tests passed on
-    0.20.2 and failed with the fix beside the batch, and do the same on
-    both trees alone). A test whose outcomes are not the same again is
-    neither a regression nor a fix shown: it could not run, and says both."""
-    differing = {
-        outcome.nodeid: outcome
-        for result in results.values()
-        for outcome in [*result.pass_to_fail, *result.fail_to_pass]
-    }
-    if not differing:
-        return dict(results)
-    timeout = budget_s * len({key for key, r in results.items() if _differs(r)})
-    again: dict[str, tuple[str, ...]] = {}
-    # As they ran: with the tree's conftest.py loaded, or not.
-    for conftest in (False, True):
-        tests = {n: [] for n, o in differing.items() if o.conftest == conftest}
-        if not tests:
-            continue
-        # One tree after the other: the first runs went at once.
-        runs = [
-            _run(env, root, tests, timeout, spawn, budget_s, None, conftest)
-            for root in (pristine, tree)
-        ]
-        for nodeid in tests:
-            again[nodeid] = tuple(
-                next((c.outcome for c in run.cases if c.nodeid == nodeid), "")
-                for run in runs
-            )
-    unsteady = {
-        nodeid: outcome
-        for nodeid, outcome in differing.items()
-        if [o == "passed" for o in again[nodeid]]
-        != [outcome.before == "passed", outcome.after == "passed"]
-    }
-    return {
-        key: _without_unsteady(result, unsteady, again)
-        for key, result in results.items()
-    }
-
-
-def _outcomes_mapped(
-    result: ReleaseTests, change: Callable[[TestOutcome], TestOutcome]
-) -> ReleaseTests:
-    """``result`` with ``change`` made to each of its tests' outcomes."""
-    return replace(result, **{
-        bucket: [change(outcome) for outcome in getattr(result, bucket)]
-        for bucket in BUCKETS
-    })  # fmt: skip
-
-
-def _differs(result: ReleaseTests) -> bool:
-    return bool(result.pass_to_fail or result.fail_to_pass)
-
-
-def _without_unsteady(
-    result: ReleaseTests,
-    unsteady: Mapping[str, TestOutcome],
-    again: Mapping[str, tuple[str, ...]],
-) -> ReleaseTests:
-    """``result`` with each test of ``unsteady`` moved to could not run."""
-    if not any(o.nodeid in unsteady for o in result.pass_to_fail + result.fail_to_pass):
-        return result
-    moved = [
-        replace(outcome, reason=(
-            f"{CANNOT_RUN}beside the other tests it {outcome.before or 'did not run'} "
-            f"on the pristine tree and {outcome.after or 'did not run'} after the "
-            f"fix; run again alone, {again[outcome.nodeid][0] or 'not reported'} "
-            f"and {again[outcome.nodeid][1] or 'not reported'}: its outcome "
-            "depends on what runs beside it"
-        ))
-        for outcome in result.pass_to_fail + result.fail_to_pass
-        if outcome.nodeid in unsteady
-    ]  # fmt: skip
-    return replace(
-        result,
-        pass_to_fail=[o for o in result.pass_to_fail if o.nodeid not in unsteady],
-        fail_to_pass=[o for o in result.fail_to_pass if o.nodeid not in unsteady],
-        could_not_run=[*result.could_not_run, *moved],
-    )
 
 
 def collect(pending: Pending, budget_s: float) -> ReleaseTests:

@@ -64,6 +64,7 @@ from deepstack_patch.proof.recorded_tests import (
 )
 from deepstack_patch.proof.release_tests import DEFAULT_BUDGET_S, Pending, kept_with
 from deepstack_patch.proof.release_tests import collect as collect_release_tests
+from deepstack_patch.proof.rounds import confirm_differing, conftest_round
 from deepstack_patch.proof.runtime_stage import runtime_stages
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
 from deepstack_patch.proof.verdicts import ChangedUnitTests, PatchVerdict
@@ -362,11 +363,11 @@ def verify_tree(
         extras = _with_extras(
             env, tree, pristine, verdicts, Path(scratch), test_budget, jobs, progress
         )
-        extras = _with_conftest(
+        extras = conftest_round(
             env, tree, pristine, verdicts, extras, test_budget, jobs, progress
         )
         if pristine is not None:
-            _confirm_differing(
+            confirm_differing(
                 extras.env if extras and extras.env else env,
                 tree, pristine, verdicts, test_budget, progress,
             )  # fmt: skip
@@ -531,100 +532,6 @@ def _rerun(
                 )
 
     return finish
-
-
-def _with_conftest(
-    env: ProofEnv,
-    tree: VllmTree,
-    pristine: VllmTree | None,
-    verdicts: list[PatchVerdict],
-    extras: Extras | None,
-    budget: float,
-    jobs: int,
-    progress: Progress,
-) -> Extras | None:
-    """The release tests that could not run for a fixture of the tree's
-    conftest.py, once more with it loaded (release_tests.with_conftest), in
-    the environment the rounds of packages left; where the file does not
-    import for a package that environment lacks, that package is added as
-    a test's would be (extras.py) and they run once again. Where it still
-    does not import, each of those tests says why."""
-    from deepstack_patch.proof.extras import provide
-    from deepstack_patch.proof.impact import units_of
-    from deepstack_patch.proof.release_tests import needs_conftest, with_conftest
-
-    wanting = [v for v in verdicts if needs_conftest(v.release_tests)]
-    if pristine is None or not wanting:
-        return extras
-    units = {
-        v.patch.id: units_of(v.patch, v.changed_files, v.changed_symbols)
-        for v in wanting
-    }
-    earlier = {v.patch.id: v.release_tests for v in wanting if v.release_tests}
-    for _ in range(2):
-        progress(
-            f"{', '.join(earlier)}: the tests that need the tree's conftest.py "
-            "again, with it loaded"
-        )
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            found = with_conftest(
-                pool, extras.env if extras and extras.env else env, tree.root,
-                pristine.root, units, earlier, budget,
-            )  # fmt: skip
-        if not found.error:
-            for verdict in wanting:
-                verdict.release_tests = found.results[verdict.patch.id]
-            return extras
-        progress(f"the tree's conftest.py does not import here: {found.error}")
-        if not found.missing or (extras and found.missing in extras.refused):
-            break
-        extras = provide(env, tree.root, [found.missing], progress, earlier=extras)
-        if found.missing not in extras.installed:
-            break
-    for verdict in wanting:
-        stage = verdict.release_tests
-        assert stage is not None
-        stage.could_not_run = [
-            _conftest_note(outcome, found.error) for outcome in stage.could_not_run
-        ]
-    return extras
-
-
-def _confirm_differing(
-    env: ProofEnv,
-    tree: VllmTree,
-    pristine: VllmTree,
-    verdicts: list[PatchVerdict],
-    budget: float,
-    progress: Progress,
-) -> None:
-    """The release tests that passed on one tree and failed on the other,
-    run again alone before they count (release_tests.confirmed)."""
-    from deepstack_patch.proof.release_tests import confirmed
-
-    results = {v.patch.id: v.release_tests for v in verdicts if v.release_tests}
-    differing = sum(len(r.pass_to_fail) + len(r.fail_to_pass) for r in results.values())
-    if not differing:
-        return
-    progress(
-        f"release tests: {differing} that passed on one tree and failed on the "
-        "other, again alone, one tree after the other"
-    )
-    checked = confirmed(env, tree.root, pristine.root, results, budget)
-    for verdict in verdicts:
-        if verdict.patch.id in checked:
-            verdict.release_tests = checked[verdict.patch.id]
-
-
-def _conftest_note(outcome: Any, error: str) -> Any:
-    from dataclasses import replace
-
-    from deepstack_patch.proof.release_tests import NEEDS_CONFTEST
-
-    if NEEDS_CONFTEST not in outcome.reason:
-        return outcome
-    why = f" of the tree's conftest.py, which does not import here: {error}"
-    return replace(outcome, reason=outcome.reason.replace(f", {NEEDS_CONFTEST}", why))
 
 
 def _say_refused(verdicts: list[PatchVerdict], extras: Extras) -> None:
