@@ -851,6 +851,20 @@ def test_a_conftest_that_does_not_import_says_why_its_tests_could_not_run(
     )
 
 
+def test_a_fixture_the_conftest_does_not_define_says_so(tmp_path: Path) -> None:
+    """Loaded, the tree's conftest.py lacks the fixture too: the reason no
+    longer says verify did not load it."""
+    lacking = NEEDS_FIXTURE.replace("unit_box", "no_such_box")
+    _, verdict = verified(tmp_path, KEPT, extra=lacking, conftest=CONFTEST)
+    stage = verdict.release_tests
+    assert stage is not None and len(stage.pass_to_pass) == 4
+    (needing,) = stage.could_not_run
+    assert needing.reason == (
+        "could not run: it needs the fixture 'no_such_box', which neither the "
+        "test file nor the tree's conftest.py defines"
+    )
+
+
 # -- a real release, in the managed proof environment ---------------------------
 
 KV_CACHE_UTILS = "vllm/v1/core/kv_cache_utils.py"
