@@ -58,8 +58,12 @@ class ConftestRound:
     results: dict[str, ReleaseTests] = field(default_factory=dict)
     #: Why the tree's conftest.py did not import ("" where it did).
     error: str = ""
-    #: The top-level module it lacked, where that was why.
-    missing: str = ""
+
+    @property
+    def missing(self) -> str:
+        """The top-level module it lacked, where that was why ("" else)."""
+        found = _MISSING_MODULE.search(self.error)
+        return found[1] if found else ""
 
 
 def needs_conftest(result: ReleaseTests | None) -> bool:
@@ -93,30 +97,28 @@ def with_conftest(
         for key, result in earlier.items()
         if needs_conftest(result)
     }  # fmt: skip
-    found = ConftestRound()
     if not only:
-        return found
+        return ConftestRound()
     pending = submit_together(
         pool, env, tree, pristine, {key: units[key] for key in only}, budget_s,
         spawn, again=only, conftest=True,
     )  # fmt: skip
-    for key in only:
-        later = _outcomes_mapped(
-            collect(pending[key], budget_s), lambda o: replace(o, conftest=True)
-        )
-        for run in (future.result() for future in pending[key].runs or ()):
-            if run.cases:
-                continue
-            # One run for every patch: nothing reported, nothing loaded.
+    # One run per tree for every patch: where one reported nothing, the
+    # conftest did not load, and no patch's tests ran.
+    shared = next((one.runs for one in pending.values() if one.runs), ())
+    for run in (future.result() for future in shared):
+        if not run.cases:
             failed = _CONFTEST_IMPORT.search(run.error)
-            found.error = (
+            why = (
                 f"{failed[2]} (at {failed[1]})" if failed else run.error.split("\n")[0]
             )
-            missing = _MISSING_MODULE.search(found.error)
-            found.missing = missing[1] if missing else ""
-            return found
-        found.results[key] = kept_with(earlier[key], later)
-    return found
+            return ConftestRound(error=why)
+    return ConftestRound({
+        key: kept_with(earlier[key], _outcomes_mapped(
+            collect(pending[key], budget_s), lambda o: replace(o, conftest=True)
+        ))
+        for key in only
+    })  # fmt: skip
 
 
 def confirmed(
@@ -245,8 +247,8 @@ def conftest_round(
         )
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             found = with_conftest(
-                pool, extras.env if extras and extras.env else env, tree.root,
-                pristine.root, units, earlier, budget,
+                pool, _tests_env(env, extras), tree.root, pristine.root, units,
+                earlier, budget,
             )  # fmt: skip
         if not found.error:
             for verdict in wanting:
@@ -270,25 +272,35 @@ def conftest_round(
 def confirm_differing(
     env: ProofEnv,
     tree: VllmTree,
-    pristine: VllmTree,
+    pristine: VllmTree | None,
     verdicts: list[PatchVerdict],
+    extras: Extras | None,
     budget: float,
     progress: Progress,
 ) -> None:
     """The release tests that passed on one tree and failed on the other,
-    run again alone before they count (:func:`confirmed`)."""
+    run again alone before they count (:func:`confirmed`), in the
+    environment the rounds of packages left."""
     results = {v.patch.id: v.release_tests for v in verdicts if v.release_tests}
     differing = sum(len(r.pass_to_fail) + len(r.fail_to_pass) for r in results.values())
-    if not differing:
+    if pristine is None or not differing:
         return
     progress(
         f"release tests: {differing} that passed on one tree and failed on the "
         "other, again alone, one tree after the other"
     )
-    checked = confirmed(env, tree.root, pristine.root, results, budget)
+    checked = confirmed(
+        _tests_env(env, extras), tree.root, pristine.root, results, budget
+    )
     for verdict in verdicts:
         if verdict.patch.id in checked:
             verdict.release_tests = checked[verdict.patch.id]
+
+
+def _tests_env(env: ProofEnv, extras: Extras | None) -> ProofEnv:
+    """Where the later rounds run: the overlay the rounds of packages built,
+    else the proof environment."""
+    return extras.env if extras is not None and extras.env else env
 
 
 def _conftest_note(outcome: TestOutcome, error: str) -> TestOutcome:

@@ -366,11 +366,7 @@ def verify_tree(
         extras = conftest_round(
             env, tree, pristine, verdicts, extras, test_budget, jobs, progress
         )
-        if pristine is not None:
-            confirm_differing(
-                extras.env if extras and extras.env else env,
-                tree, pristine, verdicts, test_budget, progress,
-            )  # fmt: skip
+        confirm_differing(env, tree, pristine, verdicts, extras, test_budget, progress)
     for verdict in verdicts:
         if verdict.proof and verdict.proof.cases:
             # A recorded test written for a later release: not the fix's.
