@@ -990,3 +990,25 @@ def test_a_later_round_runs_only_the_tests_that_could_not_run(tmp_path: Path) ->
         "tests/test_module_object.py::test_reaches_area_by_attribute",
         "tests/test_shapes.py::test_reaches_area",
     ]
+
+
+def test_a_later_round_adds_its_seconds_as_the_first_round_gives_them(
+    tmp_path: Path,
+) -> None:
+    """A round's seconds are to a tenth, and so is their sum with the
+    earlier round's: the text said ``(26.700000000000003 s)``."""
+    from deepstack_patch.proof.release_tests import (
+        ReleaseTests,
+        TestOutcome,
+        kept_with,
+    )
+
+    selection = select(make_tree(tmp_path), [AREA])
+    earlier = ReleaseTests(selection, budget_s=1.0)
+    earlier.pass_to_pass = [
+        TestOutcome("tests/test_shapes.py::test_a", "passed", "passed")
+    ]
+    earlier.seconds = 0.1
+    later = ReleaseTests(selection, budget_s=1.0)
+    later.seconds = 0.2
+    assert kept_with(earlier, later).seconds == 0.3

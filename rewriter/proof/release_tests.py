@@ -322,7 +322,7 @@ def kept_with(earlier: ReleaseTests, later: ReleaseTests) -> ReleaseTests:
             else replace(later, selection=earlier.selection)
         )
     result = ReleaseTests(earlier.selection, later.budget_s)
-    result.seconds = earlier.seconds + later.seconds
+    result.seconds = round(earlier.seconds + later.seconds, 1)
     redone = {o.nodeid for o in _outcomes(later)}
     for outcome in [
         *ran.values(),
