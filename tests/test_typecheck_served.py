@@ -280,3 +280,45 @@ def test_a_file_that_is_not_utf8_is_left_to_ty_check(
     # ty check cannot read it either: the check says ty could not run.
     assert isinstance(served, typecheck.CheckerFailed)
     assert str(served) == str(run)
+
+
+@pytest.mark.parametrize("way", ["served", "ty check", "ahead"])
+@pytest.mark.parametrize("asks", [False, True])
+def test_a_file_is_checked_as_it_is_only_where_its_answer_as_fixed_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str, asks: bool
+) -> None:
+    """A check that needs its file's diagnostics as it is only to excuse new
+    ones (``needs_before``) is asked about them once its file as fixed is
+    answered, and given ``[]`` where it says no: whichever way it runs."""
+    root = toy(tmp_path / "tree")
+    old = USER + "\n\nMISSING = Pool.absent\n"  # a diagnostic of its own
+    (root / "vllm" / "user.py").write_text(old)
+    fixed = old.replace("pool.take(1)", "pool.take(2)")
+    told: list[list[typecheck.Diagnostic]] = []
+
+    def needs_before(after: list[typecheck.Diagnostic]) -> bool:
+        told.append(after)
+        return asks
+
+    check = typecheck.Check(
+        "vllm/user.py",
+        {"vllm/user.py": old.encode()},
+        {"vllm/user.py": fixed.encode()},
+        lambda _relpath, _appears: True,
+        needs_before=needs_before,
+    )
+    monkeypatch.setattr(typecheck, "SERVED", way == "served")
+    if way == "ahead":
+        ahead = typecheck.ChecksAhead.start(root)
+        assert ahead is not None
+        try:
+            number = ahead.ask(check)
+            (found,) = ahead.answers([number]).values()  # type: ignore[list-item]
+        finally:
+            ahead.close()
+    else:
+        (found,) = typecheck.diagnostics_of(root, [check])
+    before, after = found  # type: ignore[misc]
+    assert told == [after]
+    assert any("absent" in d.message for d in after)
+    assert before == (after if asks else [])

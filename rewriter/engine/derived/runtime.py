@@ -473,15 +473,17 @@ def typed_problem(
     # The other files as the earlier patches of the series leave them,
     # and the files this patch adds.
     others = {r: b for r, b in context.overlay.items() if r != path}
+    lines = _written_lines(raw, fixed)
     check = typecheck.Check(
         path,
         {**others, path: raw},
         {**others, **{p: t for p, t in added.items() if p != path}, path: fixed},
         functools.partial(closure.reads_file, reads),
+        needs_before=functools.partial(_any_new_on, lines),
     )
     if context.defer_checks:
         sources = _sources_now(context, package)
-        conclude = functools.partial(_concluded, patch, units, path, raw, fixed)
+        conclude = functools.partial(_concluded, patch, units, path, lines, fixed)
         checks.defer(key, check, lambda found: conclude(sources, found))
         return ""
     (found,) = typecheck.diagnostics_of(context.root, [check])
@@ -489,7 +491,7 @@ def typed_problem(
         context.unsettled = True
         return _could_not_check(path, found)
     problem, names, kept = _concluded(
-        patch, units, path, raw, fixed, _sources(context, package), found
+        patch, units, path, lines, fixed, _sources(context, package), found
     )
     if kept:
         verdicts.store(key, problem, names)
@@ -501,19 +503,29 @@ def _could_not_check(path: str, failed: typecheck.CheckerFailed) -> str:
     return f"the type checker could not check the fixed {path}: {failed}"
 
 
+def _any_new_on(lines: set[int], after: list[typecheck.Diagnostic]) -> bool:
+    """Whether ty's diagnostics on the fixed file hold a "cannot run" one on
+    the fix's ``lines``: only such a one needs the file's diagnostics as it
+    is (:func:`_concluded` reads them to excuse it), so only then is the
+    file checked as it is (``typecheck.Check.needs_before``)."""
+    return any(d.line in lines and _cannot_run(d) for d in after)
+
+
 def _concluded(
     patch: DerivedPatch,
     units: Sequence[Unit],
     path: str,
-    raw: bytes,
+    lines: set[int],
     fixed: bytes,
     sources: outside.Sources,
     found: tuple[list[typecheck.Diagnostic], list[typecheck.Diagnostic]],
 ) -> tuple[str, list[str], bool]:
-    """What ty's diagnostics on ``path`` as it is and as fixed (``found``)
-    mean: the first new "cannot run" one on the fix's lines, worded (empty
-    where none), the attribute names ty said a type lacks where that type
-    is an open interface or a mixin's (there at run time), sorted, and
+    """What ty's diagnostics on ``path`` as it is and as fixed (``found``;
+    as it is ``[]``, not checked, where :func:`_any_new_on` found nothing
+    on ``lines``, the fixed file's lines the fix wrote) mean: the first new
+    "cannot run" one on the fix's lines, worded (empty where none), the
+    attribute names ty said a type lacks where that type is an open
+    interface or a mixin's (there at run time), sorted, and
     whether the verdict may be kept across runs. It may not where an
     attribute ty says is missing was excused, or looked for in the classes
     that mix ``self``'s class in: the cache key is the checked file's
@@ -522,7 +534,6 @@ def _concluded(
     attribute of a concrete class (``ToyConfig.strict``) is the closure's
     alone, and kept."""
     before, after = found
-    lines = _written_lines(raw, fixed)
     # ty sees this file as fixed, so what the patch defines here is there
     # already; only its other files are seen as the tree has them.
     own = _defined_by_patch(patch, outside=path)
