@@ -323,6 +323,14 @@ def test_does_not_fit_is_what_the_release_lacks_and_the_fix_does_not_change() ->
     attribute = "E   AttributeError: 'X' object has no attribute 'engine'"
     added = "E   AttributeError: <module 'vllm.region'> has no attribute 'check'"
     wrong = "E   AssertionError: assert 41 == 42"
+    absent = (
+        "E   AssertionError: assert False\n"
+        "E    +  where False = hasattr(<X object at 0x7f>, 'prev_step')"
+    )
+    present = (
+        "E   AssertionError: assert not True\n"
+        "E    +  where True = hasattr(<X object at 0x7f>, 'prev_step')"
+    )
     name = "E   ImportError: cannot import name 'y' from 'vllm.z' (/tmp/a/vllm/z.py)"
     offline = "E   ModuleNotFoundError: No module named 'multiprocess'"
     after = ProofResult(
@@ -333,6 +341,8 @@ def test_does_not_fit_is_what_the_release_lacks_and_the_fix_does_not_change() ->
             case("t.py::attribute", "failed", attribute),
             case("t.py::added", "failed", added),
             case("t.py::wrong", "failed", wrong),
+            case("t.py::absent", "failed", absent),
+            case("t.py::present", "failed", present),
             case("t.py::name", "error", name),
             case("t.py::offline", "error", offline),
             case("t.py::passes", "passed"),
@@ -344,6 +354,7 @@ def test_does_not_fit_is_what_the_release_lacks_and_the_fix_does_not_change() ->
     assert misfits_of(derived, after) == {
         "t.py::lacks": f"an argument ('engine_id') {lacking}",
         "t.py::attribute": f"an attribute ('engine') {lacking}",
+        "t.py::absent": f"an attribute ('prev_step') {lacking}",
         "t.py::name": f"a name ('y') {lacking}",
     }
     # A patch that does not say what it changes: only a test that fails the
