@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from deepstack_patch.engine.apply import apply_tree
-from deepstack_patch.engine.derived import DerivedPatch, typecheck
+from deepstack_patch.engine.derived import DerivedPatch, tyfolders
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.tree import VllmTree
@@ -258,7 +258,7 @@ def test_the_type_checker_s_folder_never_writes_through_into_the_tree(
         {"vllm/a.py": "A = 1\n", "vllm/sub/b.py": "B = 1\n", "vllm/sub/c.py": ""},
     )
     out = tmp_path / "out"
-    typecheck._overlay(
+    tyfolders.overlay(
         tree.root, out, {"vllm/sub/b.py": b"B = 2\n", "vllm/a.py": b"A = 2\n"}
     )
     assert (out / "vllm/sub").is_dir() and not (out / "vllm/sub").is_symlink()

@@ -1,5 +1,5 @@
 """The folders ty runs in are laid over again from one run to the next
-(engine/derived/typecheck.py, ``_Folder``): each must read, for ty, as the
+(engine/derived/tyfolders.py, ``Folder``): each must read, for ty, as the
 folder a fresh overlay of the same files makes: the same files with the
 same bytes, the same folders, and no folder the tree lacks left behind by
 an earlier run (a namespace package ty would find)."""
@@ -10,7 +10,7 @@ import os
 import random
 from pathlib import Path
 
-from deepstack_patch.engine.derived.typecheck import _Folder, _overlay
+from deepstack_patch.engine.derived.tyfolders import Folder, overlay
 
 TREE = {
     "vllm/__init__.py": b"",
@@ -53,7 +53,7 @@ def test_a_folder_laid_over_again_is_a_fresh_overlay(tmp_path: Path) -> None:
         (root / relpath).parent.mkdir(parents=True, exist_ok=True)
         (root / relpath).write_bytes(raw)
     chance = random.Random(41)  # every run lays one file at least: its own
-    folder = _Folder(root, tmp_path / "reused")
+    folder = Folder(root, tmp_path / "reused")
     for run in range(60):
         files = {
             relpath: f"# run {run}\n".encode() * chance.randint(1, 2)
@@ -61,5 +61,5 @@ def test_a_folder_laid_over_again_is_a_fresh_overlay(tmp_path: Path) -> None:
         }
         folder.lay(files)
         fresh = tmp_path / f"fresh{run}"
-        _overlay(root, fresh, files)
+        overlay(root, fresh, files)
         assert listing(folder.out) == listing(fresh), (run, sorted(files))

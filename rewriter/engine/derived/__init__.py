@@ -18,8 +18,9 @@ The package's modules, in the order a fix travels through them:
   target, and the other modules that takes reading; :mod:`.declared`, the
   names a module ``__getattr__`` declares (``vllm.envs``);
 - :mod:`.runtime`: only code whose attributes are there at run time (ty on
-  the fixed file, run and cached by :mod:`.typecheck`; attribute names the
-  release defines or reads somewhere; :mod:`.outside`, the attributes
+  the fixed file, run and cached by :mod:`.typecheck`, through
+  :mod:`.tyserver` or in folders of links, :mod:`.tyfolders`; attribute
+  names the release defines or reads somewhere; :mod:`.outside`, the attributes
   there at run time from outside vLLM);
 - :mod:`.entries`: an entry of a large literal or a keyword of a long call
   as an edit of its own, found by its key whatever the other entries hold;

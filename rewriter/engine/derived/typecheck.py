@@ -14,7 +14,8 @@ between two states only inside function bodies no other module can see
 (:mod:`.interface`), the states agree on it. The runs are states told to a
 few ``ty server`` processes in turn (:mod:`.tyserver`), which keep what
 they inferred from one state to the next; a state that holds a file the
-tree lacks (a module a fix adds) runs ``ty check`` in a folder of links.
+tree lacks (a module a fix adds) runs ``ty check`` in a folder of links
+(:mod:`.tyfolders`).
 
 A plan does not wait for its pass's end, though: each check it puts off
 goes at once to servers that check it while the plan goes on
@@ -42,6 +43,7 @@ from pathlib import Path
 
 from deepstack_patch.engine.derived import tyserver
 from deepstack_patch.engine.derived.interface import same_interface
+from deepstack_patch.engine.derived.tyfolders import Folder
 
 #: The Python version the target is checked for (vLLM's oldest supported).
 PYTHON_VERSION = "3.10"
@@ -385,7 +387,7 @@ def _run(
     by side."""
     found: dict[tuple[int, str], list[Diagnostic] | CheckerFailed] = {}
 
-    def start(view: _View, folder: _Folder) -> subprocess.Popen[bytes]:
+    def start(view: _View, folder: Folder) -> subprocess.Popen[bytes]:
         folder.lay(view.files)
         paths = sorted({side.path for side in view.sides})
         command = [
@@ -404,8 +406,8 @@ def _run(
     # A few folders, each laid over again for the next run it takes: a
     # folder of links per run cost a fifth of a first status of 40
     # derived fixes (27,000 links made and removed on 0.20.2).
-    free = [_Folder(root, work / f"view{n}") for n in range(_RUNS_AT_ONCE)]
-    running: list[tuple[_View, subprocess.Popen[bytes], _Folder]] = []
+    free = [Folder(root, work / f"view{n}") for n in range(_RUNS_AT_ONCE)]
+    running: list[tuple[_View, subprocess.Popen[bytes], Folder]] = []
     waiting = list(views)
     while waiting or running:
         while waiting and free:
@@ -520,79 +522,6 @@ _DIAGNOSTIC = re.compile(
 
 #: How many runs of ty at once (each uses every core it finds).
 _RUNS_AT_ONCE = max(2, os.cpu_count() or 2)
-
-
-class _Folder:
-    """A folder ty runs in: the tree's package, with some files laid over
-    it (:func:`_overlay`); laid over again for another run, it changes only
-    the files the two runs lay differently."""
-
-    def __init__(self, root: Path, out: Path) -> None:
-        self.root, self.out = root, out
-        self.laid: dict[str, bytes] | None = None
-
-    def lay(self, files: Mapping[str, bytes]) -> None:
-        if self.laid is None:
-            _overlay(self.root, self.out, files)
-        else:
-            for relpath in sorted(self.laid.keys() - files.keys()):
-                _restore(self.root, self.out, relpath)
-            changed = {
-                relpath: raw
-                for relpath, raw in files.items()
-                if self.laid.get(relpath) != raw
-            }
-            _overlay(self.root, self.out, changed, fresh=False)
-        self.laid = dict(files)
-
-
-def _restore(root: Path, out: Path, relpath: str) -> None:
-    """``out``'s ``relpath`` as the tree has it again: a link to the tree's
-    file, or nothing where the tree has none (and no folder the tree lacks
-    that held it)."""
-    target = out / relpath
-    target.unlink()
-    if (root / relpath).exists() or (root / relpath).is_symlink():
-        target.symlink_to(root / relpath)
-        return
-    folder = target.parent
-    while folder != out and not (root / folder.relative_to(out)).exists():
-        if any(folder.iterdir()):
-            break
-        folder.rmdir()
-        folder = folder.parent
-
-
-def _overlay(
-    root: Path, out: Path, files: Mapping[str, bytes], *, fresh: bool = True
-) -> None:
-    """``out`` as the tree's package with each of ``files`` (relative path
-    -> bytes) holding its bytes: every folder on the way to one is made, with
-    links to its other entries (a few hundred links a folder at most); at
-    the tree's root, only the folders on the way (the package)."""
-    if fresh:
-        out.mkdir(parents=True)
-    made = {out}
-    for relpath, text in sorted(files.items()):
-        parts = relpath.split("/")
-        source, target = root, out
-        for part in parts[:-1]:
-            source, target = source / part, target / part
-            if target in made:
-                continue
-            if not fresh and target.is_dir() and not target.is_symlink():
-                made.add(target)  # made for an earlier run: its links stand
-                continue
-            if target.is_symlink():  # linked with its parent's entries
-                target.unlink()
-            target.mkdir()
-            made.add(target)
-            for entry in sorted(os.listdir(source)) if source.is_dir() else []:
-                (target / entry).symlink_to(source / entry)
-        file = target / parts[-1]
-        if file.is_symlink():  # never written through, into the tree
-            file.unlink()
-        file.write_bytes(text)
 
 
 def _ty_binary() -> str:
