@@ -29,6 +29,9 @@ from deepstack_patch.output import documents
 from deepstack_patch.output.junit import junit_xml
 from deepstack_patch.patches import SERIES
 from deepstack_patch.proof import (
+    baselines as baselines_module,
+)
+from deepstack_patch.proof import (
     envs,
     gpu,
     proofs,
@@ -645,7 +648,7 @@ def test_companion_pristine_proof_runs_with_its_fix_applied_alone(
     found = verify._verdicts(pristine, series, {p.id for p in series}, pristine)
     assert [v.pristine_state for v in found] == [PatchState.NEEDED] * 4
 
-    baselines = verify.companion_baselines(
+    baselines = baselines_module.companion_baselines(
         pristine, series, found, tmp_path / "scratch", ["base", "fix", "repair"]
     )
 
@@ -674,7 +677,7 @@ def test_no_baseline_where_the_fix_is_not_needed_on_the_pristine_tree(
         PatchState.NEEDED,
     ]
     assert (
-        verify.companion_baselines(
+        baselines_module.companion_baselines(
             pristine, series, found, tmp_path / "scratch", ["fix", "repair"]
         )
         == []

@@ -291,8 +291,7 @@ def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
     nothing new is asked for, or EXTRA_ROUNDS rounds were made."""
     from types import SimpleNamespace
 
-    import deepstack_patch.proof.extras as extras_module
-    import deepstack_patch.proof.verify as verify_module
+    import deepstack_patch.proof.rounds as rounds_module
     from deepstack_patch.proof.extras import Extras
     from deepstack_patch.proof.release_tests import ReleaseTests, TestOutcome
 
@@ -350,9 +349,9 @@ def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
 
         return finish
 
-    monkeypatch.setattr(extras_module, "provide", provide)
-    monkeypatch.setattr(verify_module, "_rerun", rerun)
-    monkeypatch.setattr(verify_module, "EXTRA_ROUNDS", rounds)
+    monkeypatch.setattr(rounds_module, "provide", provide)
+    monkeypatch.setattr(rounds_module, "_rerun", rerun)
+    monkeypatch.setattr(rounds_module, "EXTRA_ROUNDS", rounds)
     verdicts = [
         verdict("acme#1", "uvicorn"),
         verdict("acme#2", "uvicorn", "ray"),
@@ -360,7 +359,7 @@ def test_a_package_that_shows_only_once_another_is_in_gets_another_round(
     ]
     said: list[str] = []
     managed = ProofEnv(Path(sys.executable), root=tmp_path / "env", key="k")
-    extras = verify_module._with_extras(
+    extras = rounds_module.extras_rounds(
         managed, SimpleNamespace(root=tmp_path), None, verdicts, tmp_path, 1.0, 2,
         said.append,
     )  # fmt: skip

@@ -8,7 +8,7 @@ padded step rejected, a startup error) on the pristine tree and on the tree,
 with the trees' own code compiled from their files (``measure.py``), in one
 subprocess of an interpreter that has torch (``evidence_runner.py``). A
 companion is measured on the pristine tree with the fixes that name it
-applied alone, as verify proves it (``verify.companion_baselines``).
+applied alone, as verify proves it (``baselines.companion_baselines``).
 
 With ``--device cuda`` and no GPU the run is skipped with the reason: it is
 not a failure, the measurements need hardware this machine lacks.
@@ -137,8 +137,8 @@ def gpu_evidence(
     building: Progress | None = None,
 ) -> EvidenceReport:
     """Everything ``verify --gpu-evidence`` does short of writing the output."""
+    from deepstack_patch.proof.baselines import companion_baselines
     from deepstack_patch.proof.gpu import detect_gpu
-    from deepstack_patch.proof.verify import companion_baselines
 
     started = time.monotonic()
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -243,6 +243,17 @@ def submit_together(
         key: Pending(selection, runs if selection.tests else None, watched)
         for key, selection in selections.items()
     }
+
+
+def say_together(runs: dict[str, Pending], progress: Callable[[str], None]) -> None:
+    """Tell that the patches' selected tests run at once, one run per tree."""
+    chosen = [pending for pending in runs.values() if pending.runs is not None]
+    if len(chosen) > 1:
+        tests = {nodeid for pending in chosen for nodeid in pending.selection.tests}
+        progress(
+            f"release tests: {len(tests)} of {len(chosen)} patches, "
+            "in one pytest run on each tree"
+        )
 
 
 def _could_not_run(selection: Selection, earlier: ReleaseTests) -> dict[str, list[str]]:

@@ -1,6 +1,11 @@
-"""The release tests' later rounds, after the first run of every patch's
-selected tests and the rounds of added packages (``verify.py``):
+"""The later rounds of verify's tests, after the first run of every patch's
+recorded and selected tests (``verify.py``):
 
+- **added packages** (:func:`extras_rounds`): where a recorded or selected
+  test could not run for a package the proof environment lacks, that
+  package at the release's pin in an overlay of the environment
+  (``extras.py``), and those patches' tests run again with it, round after
+  round, for what a round's runs still lack;
 - **the tree's conftest.py**: the tests that could not run for one of its
   fixtures (not loaded on the CPU: ``tree_tests.py``) run once more with
   it loaded; where it does not import for a package the environment
@@ -11,7 +16,8 @@ selected tests and the rounds of added packages (``verify.py``):
   as a regression or as a fix shown.
 
 Each keeps what the earlier runs showed (``release_tests.kept_with``) and
-only moves what the new run says. Nothing here names a fix.
+only moves what the new run says (recorded tests that ran on both trees
+keep what they showed). Nothing here names a fix.
 """
 
 from __future__ import annotations
@@ -21,24 +27,32 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.proof.envs import ProofEnv
-from deepstack_patch.proof.extras import Extras, provide
+from deepstack_patch.proof.extras import Extras, missing_packages, provide
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.impact import ChangedUnit, units_of
+from deepstack_patch.proof.proofs import COULD_NOT_RUN
+from deepstack_patch.proof.recorded_tests import (
+    proven_by_recorded_tests,
+    recorded_proof,
+)
 from deepstack_patch.proof.release_tests import (
     BUCKETS,
     CANNOT_RUN,
     NEEDS_CONFTEST,
+    Pending,
     ReleaseTests,
     TestOutcome,
     collect,
     kept_with,
     run_selected,
+    say_together,
     submit_together,
 )
-from deepstack_patch.proof.verdicts import PatchVerdict
+from deepstack_patch.proof.verdicts import PatchVerdict, proof_runs_on
 
 Progress = Callable[[str], None]
 
@@ -47,6 +61,172 @@ _CONFTEST_IMPORT = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 _MISSING_MODULE = re.compile(r"No module named '([\w]+)")
+
+
+#: Rounds of added packages after the first run of the tests, at most: a
+#: package can show only once another is in (0.20.2's tests asked for
+#: ``uvicorn`` once ``anthropic`` was added, then for ``watchfiles``), so
+#: each round asks again for what the last one's runs still lack, until
+#: nothing new is asked for.
+EXTRA_ROUNDS = 4
+
+
+def extras_rounds(
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdicts: list[PatchVerdict],
+    scratch: Path,
+    budget: float,
+    jobs: int,
+    progress: Progress,
+) -> Extras | None:
+    """Where a recorded or selected test could not run for a package the
+    proof environment lacks: that package at the release's pin, in an
+    overlay of the environment (``extras.py``), and those patches' tests run
+    again with it, round after round (at most EXTRA_ROUNDS); what could not be given
+    says why."""
+
+    def reasons(verdict: PatchVerdict) -> list[str]:
+        found = [
+            proof.message
+            for proof in (verdict.proof, verdict.pristine_proof)
+            if proof is not None and proof.status == COULD_NOT_RUN
+        ]
+        if verdict.release_tests is not None:
+            found += [o.reason for o in verdict.release_tests.could_not_run]
+        return found
+
+    extras: Extras | None = None
+    asked: set[str] = set()
+    for _ in range(EXTRA_ROUNDS):
+        wanting = {v.patch.id: missing_packages(reasons(v)) for v in verdicts}
+        new = list(
+            dict.fromkeys(
+                m for found in wanting.values() for m in found if m not in asked
+            )
+        )
+        if not new:
+            break
+        asked.update(new)
+        progress(f"tests could not run without: {', '.join(new)}")
+        # The overlay holds what the earlier rounds added as well (a test
+        # that needed those still needs them), as they decided it.
+        extras = provide(env, tree.root, new, progress, earlier=extras)
+        for module in new:
+            if module in extras.refused:
+                progress(f"{module}: not added: {extras.refused[module]}")
+            if module in extras.unpinned:
+                progress(
+                    f"{module}: added at its newest version beside the "
+                    f"environment: {extras.unpinned[module]}"
+                )
+        if extras.env is None:
+            break
+        added = set(new) & set(extras.installed)
+        again = [v for v in verdicts if set(wanting[v.patch.id]) & added]
+        for verdict in again:
+            progress(f"{verdict.patch.id}: its tests again, with "
+                     f"{', '.join(extras.installed.values())}")  # fmt: skip
+        # Every patch's runs at once, as in the first round.
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            finish = _rerun(
+                pool, extras.env, tree, pristine, again, scratch, budget, progress
+            )
+            finish()
+    if extras is not None:
+        _say_refused(verdicts, extras)
+    return extras
+
+
+def _rerun(
+    pool: ThreadPoolExecutor,
+    env: ProofEnv,
+    tree: VllmTree,
+    pristine: VllmTree | None,
+    verdicts: list[PatchVerdict],
+    scratch: Path,
+    budget: float,
+    progress: Progress,
+) -> Callable[[], None]:
+    """The patches' recorded tests and release tests once more, in ``env``,
+    started in ``pool`` (the release tests of all of them in one run per
+    tree); what sets their results on the verdicts."""
+    release: dict[str, Pending] = {}
+    earlier = {v.patch.id: v for v in verdicts if v.release_tests is not None}
+    if pristine is not None and earlier:
+        release = submit_together(
+            pool, env, tree.root, pristine.root,
+            {
+                patch_id: units_of(v.patch, v.changed_files, v.changed_symbols)
+                for patch_id, v in earlier.items()
+            },
+            budget,
+            again={patch_id: v.release_tests for patch_id, v in earlier.items()},
+        )  # fmt: skip
+        say_together(release, progress)
+    proofs = {}
+    for verdict in verdicts:
+        patch = verdict.patch
+        # Recorded tests that ran on both trees keep what they showed (see
+        # kept_with): only those that could not run on one run again.
+        again = proven_by_recorded_tests(patch) and not all(
+            proof is not None and proof.status != COULD_NOT_RUN
+            for proof in (verdict.proof, verdict.pristine_proof)
+        )
+        after = before = None
+        if again and proof_runs_on(verdict.state):
+            after = pool.submit(recorded_proof, env, tree.root, patch, scratch)
+        if again and pristine is not None and proof_runs_on(verdict.pristine_state):
+            before = pool.submit(
+                recorded_proof, env, pristine.root, patch, scratch, pristine=True
+            )
+        proofs[patch.id] = after, before
+
+    def finish() -> None:
+        for verdict in verdicts:
+            after, before = proofs[verdict.patch.id]
+            if after is not None:
+                verdict.proof = after.result()[verdict.patch.id]
+            if before is not None:
+                verdict.pristine_proof = before.result()[verdict.patch.id]
+            if verdict.patch.id in release:
+                later = collect(release[verdict.patch.id], budget)
+                first = verdict.release_tests
+                verdict.release_tests = (
+                    later if first is None else kept_with(first, later)
+                )
+
+    return finish
+
+
+def _say_refused(verdicts: list[PatchVerdict], extras: Extras) -> None:
+    """Each test still short of a package says why it was not added."""
+    if not extras.refused:
+        return
+    notes = [f"{module}: not added: {why}" for module, why in extras.refused.items()]
+    for verdict in verdicts:
+        for proof in (verdict.proof, verdict.pristine_proof):
+            if proof is not None and proof.status == COULD_NOT_RUN:
+                proof.message += "".join(
+                    f"\n{note}"
+                    for module, note in zip(extras.refused, notes, strict=True)
+                    if f"the package '{module}' is not installed" in proof.message
+                )
+        if verdict.release_tests is not None:
+            verdict.release_tests.could_not_run = [
+                _with_note(o, extras.refused)
+                for o in verdict.release_tests.could_not_run
+            ]
+
+
+def _with_note(outcome: Any, refused: dict[str, str]) -> Any:
+    from dataclasses import replace
+
+    for module, why in refused.items():
+        if f"the package '{module}' is not installed" in outcome.reason:
+            return replace(outcome, reason=f"{outcome.reason} ({why})")
+    return outcome
 
 
 @dataclass

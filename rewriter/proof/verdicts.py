@@ -65,6 +65,12 @@ def status_words(status: str) -> str:
     return status.replace("-", " ") if status == COULD_NOT_RUN else status
 
 
+def proof_runs_on(state: PatchState | None) -> bool:
+    """Whether a patch in ``state`` on a tree has its proof and tests run
+    there: where it is needed (the pristine tree) or applied."""
+    return state in (PatchState.NEEDED, PatchState.APPLIED)
+
+
 @dataclass(frozen=True)
 class ChangedUnitTests:
     """The tree's own tests of the units a patch changes, each run on the

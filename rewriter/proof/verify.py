@@ -37,21 +37,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deepstack_patch.engine.apply import WRITE, apply_tree
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.plan import plan_tree
 from deepstack_patch.engine.protocol import Patch, PatchState
 from deepstack_patch.engine.series import patch_sources
 from deepstack_patch.engine.targets import Targets
-from deepstack_patch.engine.tree import VllmTree, link_copy
+from deepstack_patch.engine.tree import VllmTree
+from deepstack_patch.proof.baselines import pristine_runs, proven_on_baselines
 from deepstack_patch.proof.envs import ProofEnv, subprocess_env
 from deepstack_patch.proof.extras import Extras
 from deepstack_patch.proof.forkserver import ForkServer
 from deepstack_patch.proof.gpu import GpuStage, gpu_stage
 from deepstack_patch.proof.imports import changed_modules, import_stage, run_imports
 from deepstack_patch.proof.proofs import (
-    COULD_NOT_RUN,
     ProofResult,
     has_proof,
     run_proofs,
@@ -60,14 +59,22 @@ from deepstack_patch.proof.recorded_tests import (
     fit_to_release,
     no_proof_reason,
     proven_by_recorded_tests,
-    run_recorded_tests,
+    recorded_proof,
 )
-from deepstack_patch.proof.release_tests import DEFAULT_BUDGET_S, Pending, kept_with
+from deepstack_patch.proof.release_tests import DEFAULT_BUDGET_S, Pending, say_together
 from deepstack_patch.proof.release_tests import collect as collect_release_tests
-from deepstack_patch.proof.rounds import confirm_differing, conftest_round
+from deepstack_patch.proof.rounds import (
+    confirm_differing,
+    conftest_round,
+    extras_rounds,
+)
 from deepstack_patch.proof.runtime_stage import runtime_stages
 from deepstack_patch.proof.tree_tests import TestRun, run_pytest, select_tests
-from deepstack_patch.proof.verdicts import ChangedUnitTests, PatchVerdict
+from deepstack_patch.proof.verdicts import (
+    ChangedUnitTests,
+    PatchVerdict,
+    proof_runs_on,
+)
 
 Progress = Callable[[str], None]
 
@@ -199,10 +206,6 @@ def pristine_tree(
     return pristine
 
 
-def _provable(state: PatchState | None) -> bool:
-    return state in (PatchState.NEEDED, PatchState.APPLIED)
-
-
 def _verdicts(
     tree: VllmTree,
     series: Sequence[Patch],
@@ -236,7 +239,7 @@ def _verdicts(
     for verdict in verdicts:
         patch = verdict.patch
         proven = has_proof(patch) or proven_by_recorded_tests(patch)
-        if _provable(verdict.state) and not proven:
+        if proof_runs_on(verdict.state) and not proven:
             verdict.proof = ProofResult(patch.id, "missing", no_proof_reason(patch))
     return verdicts
 
@@ -253,7 +256,7 @@ def _set_runtime_stages(
     derived = [
         v
         for v in verdicts
-        if getattr(v.patch, "reads_tree", False) and _provable(v.state)
+        if getattr(v.patch, "reads_tree", False) and proof_runs_on(v.state)
     ]
     if not derived:
         return
@@ -269,7 +272,7 @@ def _set_runtime_stages(
 
 def _changed_files(report: Any) -> list[str]:
     """The files where the patch is needed or applied: the ones it changes."""
-    return sorted({loc.path for loc in report.locations if _provable(loc.state)})
+    return sorted({loc.path for loc in report.locations if proof_runs_on(loc.state)})
 
 
 def _changed_symbols(report: Any) -> list[tuple[str, str]]:
@@ -279,7 +282,7 @@ def _changed_symbols(report: Any) -> list[tuple[str, str]]:
         {
             (loc.path, loc.finding.symbol)
             for loc in report.locations
-            if _provable(loc.state)
+            if proof_runs_on(loc.state)
         }
     )
 
@@ -314,7 +317,7 @@ def verify_tree(
         to_prove, before_ids = _proofs_to_run(verdicts)
         sources = patch_sources(series)  # patches from elsewhere: their files
         prove = functools.partial(run_proofs, spawn=forks.run, sources=sources)
-        applicable = [v.patch.id for v in verdicts if _provable(v.state)]
+        applicable = [v.patch.id for v in verdicts if proof_runs_on(v.state)]
         tests, absent = select_tests(
             tree.root, targets, applicable, "cpu", tree.version
         )
@@ -322,7 +325,7 @@ def verify_tree(
         scratch = stack.enter_context(
             tempfile.TemporaryDirectory(prefix="deepstack-baseline-")
         )
-        baselines, before_ids = _companion_baselines(
+        baselines, before_ids = proven_on_baselines(
             pristine, series, verdicts, Path(scratch), before_ids
         )
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -331,7 +334,7 @@ def verify_tree(
             after = pool.submit(prove, env, tree.root, to_prove)
             before_futures = [
                 pool.submit(prove, env, root, ids)
-                for root, ids in _pristine_runs(
+                for root, ids in pristine_runs(
                     pristine, before_ids, baselines, progress
                 )
             ]
@@ -360,7 +363,7 @@ def verify_tree(
             verdict.proof = proofs.get(verdict.patch.id, verdict.proof)
             verdict.pristine_proof = proofs_before.get(verdict.patch.id)
             verdict.tests = cpu_run.cases_of(verdict.patch.id)
-        extras = _with_extras(
+        extras = extras_rounds(
             env, tree, pristine, verdicts, Path(scratch), test_budget, jobs, progress
         )
         extras = conftest_round(
@@ -389,176 +392,6 @@ def verify_tree(
     )
 
 
-#: Rounds of added packages after the first run of the tests, at most: a
-#: package can show only once another is in (0.20.2's tests asked for
-#: ``uvicorn`` once ``anthropic`` was added, then for ``watchfiles``), so
-#: each round asks again for what the last one's runs still lack, until
-#: nothing new is asked for.
-EXTRA_ROUNDS = 4
-
-
-def _with_extras(
-    env: ProofEnv,
-    tree: VllmTree,
-    pristine: VllmTree | None,
-    verdicts: list[PatchVerdict],
-    scratch: Path,
-    budget: float,
-    jobs: int,
-    progress: Progress,
-) -> Extras | None:
-    """Where a recorded or selected test could not run for a package the
-    proof environment lacks: that package at the release's pin, in an
-    overlay of the environment (``extras.py``), and those patches' tests run
-    again with it, round after round (at most EXTRA_ROUNDS); what could not be given
-    says why."""
-    from deepstack_patch.proof.extras import missing_packages, provide
-
-    def reasons(verdict: PatchVerdict) -> list[str]:
-        found = [
-            proof.message
-            for proof in (verdict.proof, verdict.pristine_proof)
-            if proof is not None and proof.status == COULD_NOT_RUN
-        ]
-        if verdict.release_tests is not None:
-            found += [o.reason for o in verdict.release_tests.could_not_run]
-        return found
-
-    extras: Extras | None = None
-    asked: set[str] = set()
-    for _ in range(EXTRA_ROUNDS):
-        wanting = {v.patch.id: missing_packages(reasons(v)) for v in verdicts}
-        new = list(
-            dict.fromkeys(
-                m for found in wanting.values() for m in found if m not in asked
-            )
-        )
-        if not new:
-            break
-        asked.update(new)
-        progress(f"tests could not run without: {', '.join(new)}")
-        # The overlay holds what the earlier rounds added as well (a test
-        # that needed those still needs them), as they decided it.
-        extras = provide(env, tree.root, new, progress, earlier=extras)
-        for module in new:
-            if module in extras.refused:
-                progress(f"{module}: not added: {extras.refused[module]}")
-            if module in extras.unpinned:
-                progress(
-                    f"{module}: added at its newest version beside the "
-                    f"environment: {extras.unpinned[module]}"
-                )
-        if extras.env is None:
-            break
-        added = set(new) & set(extras.installed)
-        again = [v for v in verdicts if set(wanting[v.patch.id]) & added]
-        for verdict in again:
-            progress(f"{verdict.patch.id}: its tests again, with "
-                     f"{', '.join(extras.installed.values())}")  # fmt: skip
-        # Every patch's runs at once, as in the first round.
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            finish = _rerun(
-                pool, extras.env, tree, pristine, again, scratch, budget, progress
-            )
-            finish()
-    if extras is not None:
-        _say_refused(verdicts, extras)
-    return extras
-
-
-def _rerun(
-    pool: ThreadPoolExecutor,
-    env: ProofEnv,
-    tree: VllmTree,
-    pristine: VllmTree | None,
-    verdicts: list[PatchVerdict],
-    scratch: Path,
-    budget: float,
-    progress: Progress,
-) -> Callable[[], None]:
-    """The patches' recorded tests and release tests once more, in ``env``,
-    started in ``pool`` (the release tests of all of them in one run per
-    tree); what sets their results on the verdicts."""
-    from deepstack_patch.proof.impact import units_of
-    from deepstack_patch.proof.release_tests import submit_together
-
-    release: dict[str, Pending] = {}
-    earlier = {v.patch.id: v for v in verdicts if v.release_tests is not None}
-    if pristine is not None and earlier:
-        release = submit_together(
-            pool, env, tree.root, pristine.root,
-            {
-                patch_id: units_of(v.patch, v.changed_files, v.changed_symbols)
-                for patch_id, v in earlier.items()
-            },
-            budget,
-            again={patch_id: v.release_tests for patch_id, v in earlier.items()},
-        )  # fmt: skip
-        _say_together(release, progress)
-    proofs = {}
-    for verdict in verdicts:
-        patch = verdict.patch
-        # Recorded tests that ran on both trees keep what they showed (see
-        # kept_with): only those that could not run on one run again.
-        again = proven_by_recorded_tests(patch) and not all(
-            proof is not None and proof.status != COULD_NOT_RUN
-            for proof in (verdict.proof, verdict.pristine_proof)
-        )
-        after = before = None
-        if again and _provable(verdict.state):
-            after = pool.submit(_recorded_proof, env, tree.root, patch, scratch)
-        if again and pristine is not None and _provable(verdict.pristine_state):
-            before = pool.submit(
-                _recorded_proof, env, pristine.root, patch, scratch, pristine=True
-            )
-        proofs[patch.id] = after, before
-
-    def finish() -> None:
-        for verdict in verdicts:
-            after, before = proofs[verdict.patch.id]
-            if after is not None:
-                verdict.proof = after.result()[verdict.patch.id]
-            if before is not None:
-                verdict.pristine_proof = before.result()[verdict.patch.id]
-            if verdict.patch.id in release:
-                later = collect_release_tests(release[verdict.patch.id], budget)
-                first = verdict.release_tests
-                verdict.release_tests = (
-                    later if first is None else kept_with(first, later)
-                )
-
-    return finish
-
-
-def _say_refused(verdicts: list[PatchVerdict], extras: Extras) -> None:
-    """Each test still short of a package says why it was not added."""
-    if not extras.refused:
-        return
-    notes = [f"{module}: not added: {why}" for module, why in extras.refused.items()]
-    for verdict in verdicts:
-        for proof in (verdict.proof, verdict.pristine_proof):
-            if proof is not None and proof.status == COULD_NOT_RUN:
-                proof.message += "".join(
-                    f"\n{note}"
-                    for module, note in zip(extras.refused, notes, strict=True)
-                    if f"the package '{module}' is not installed" in proof.message
-                )
-        if verdict.release_tests is not None:
-            verdict.release_tests.could_not_run = [
-                _with_note(o, extras.refused)
-                for o in verdict.release_tests.could_not_run
-            ]
-
-
-def _with_note(outcome: Any, refused: dict[str, str]) -> Any:
-    from dataclasses import replace
-
-    for module, why in refused.items():
-        if f"the package '{module}' is not installed" in outcome.reason:
-            return replace(outcome, reason=f"{outcome.reason} ({why})")
-    return outcome
-
-
 def _recorded_runs(
     pool: ThreadPoolExecutor,
     env: ProofEnv,
@@ -577,15 +410,15 @@ def _recorded_runs(
         patch = verdict.patch
         if not proven_by_recorded_tests(patch):
             continue
-        trees = [(tree, False)] if _provable(verdict.state) else []
-        if pristine is not None and _provable(verdict.pristine_state):
+        trees = [(tree, False)] if proof_runs_on(verdict.state) else []
+        if pristine is not None and proof_runs_on(verdict.pristine_state):
             trees.append((pristine, True))
         for on, is_pristine in trees:
             where = "pristine " if is_pristine else ""
             progress(f"recorded tests of {patch.id} on {where}{on.root}")
             runs[is_pristine].append(
                 pool.submit(
-                    _recorded_proof, env, on.root, patch, scratch,
+                    recorded_proof, env, on.root, patch, scratch,
                     pristine=is_pristine, spawn=spawn,
                 )
             )  # fmt: skip
@@ -616,31 +449,21 @@ def _release_test_runs(
             verdict.patch, verdict.changed_files, verdict.changed_symbols
         )
         for verdict in verdicts
-        if _provable(verdict.state) and verdict.pristine_state is PatchState.NEEDED
+        if proof_runs_on(verdict.state) and verdict.pristine_state is PatchState.NEEDED
     }
     runs = submit_together(pool, env, tree.root, pristine.root, units, budget, spawn)
     for patch_id, pending in runs.items():
         progress(
             f"release tests of {patch_id}: {len(pending.selection.tests)} selected"
         )
-    _say_together(runs, progress)
+    say_together(runs, progress)
     return runs
-
-
-def _say_together(runs: dict[str, Pending], progress: Progress) -> None:
-    chosen = [pending for pending in runs.values() if pending.runs is not None]
-    if len(chosen) > 1:
-        tests = {nodeid for pending in chosen for nodeid in pending.selection.tests}
-        progress(
-            f"release tests: {len(tests)} of {len(chosen)} patches, "
-            "in one pytest run on each tree"
-        )
 
 
 def _import_stage_of(verdict: PatchVerdict) -> list[tuple[str, str]]:
     """The modules a patch without a proof of its own changes (its import
     stage, ``imports.py``); none for a patch with one, or not here."""
-    if has_proof(verdict.patch) or not _provable(verdict.state):
+    if has_proof(verdict.patch) or not proof_runs_on(verdict.state):
         return []
     return changed_modules(verdict.changed_files)
 
@@ -680,12 +503,6 @@ def _set_import_stages(
             verdict.imports = import_stage(modules, on_tree, on_pristine)
 
 
-def _recorded_proof(*args: Any, **kwargs: Any) -> dict[str, ProofResult]:
-    """:func:`run_recorded_tests` as :func:`run_proofs` answers."""
-    result = run_recorded_tests(*args, **kwargs)
-    return {result.patch_id: result}
-
-
 def _results(futures: list[Future[dict[str, ProofResult]]]) -> dict[str, ProofResult]:
     return {i: r for future in futures for i, r in future.result().items()}
 
@@ -693,115 +510,12 @@ def _results(futures: list[Future[dict[str, ProofResult]]]) -> dict[str, ProofRe
 def _proofs_to_run(verdicts: list[PatchVerdict]) -> tuple[list[str], list[str]]:
     """The patches whose proof runs on the tree, and on its pristine release."""
     return [
-        v.patch.id for v in verdicts if _provable(v.state) and has_proof(v.patch)
+        v.patch.id for v in verdicts if proof_runs_on(v.state) and has_proof(v.patch)
     ], [
         v.patch.id
         for v in verdicts
-        if _provable(v.pristine_state) and has_proof(v.patch)
+        if proof_runs_on(v.pristine_state) and has_proof(v.patch)
     ]
-
-
-def _companion_baselines(
-    pristine: VllmTree | None,
-    series: Sequence[Patch],
-    verdicts: list[PatchVerdict],
-    scratch: Path,
-    before_ids: list[str],
-) -> tuple[list[Baseline], list[str]]:
-    """The baselines companions are proven on (see :func:`companion_baselines`),
-    each named in its verdicts, and the proofs left for the pristine tree."""
-    if pristine is None:
-        return [], before_ids
-    baselines = companion_baselines(pristine, series, verdicts, scratch, before_ids)
-    for baseline in baselines:
-        for verdict in verdicts:
-            if verdict.patch.id in baseline.proves:
-                verdict.pristine_baseline = baseline.applied
-    on_baselines = {i for baseline in baselines for i in baseline.proves}
-    return baselines, [i for i in before_ids if i not in on_baselines]
-
-
-def _pristine_runs(
-    pristine: VllmTree | None,
-    before_ids: list[str],
-    baselines: list[Baseline],
-    progress: Progress,
-) -> list[tuple[Path, list[str]]]:
-    """The trees the pristine proofs run on, with the proofs of each."""
-    if pristine is None:
-        return []
-    progress(f"proofs on pristine {pristine.root}: {', '.join(before_ids)}")
-    runs = [(pristine.root, before_ids)]
-    for baseline in baselines:
-        progress(
-            f"proofs on pristine + {', '.join(baseline.applied)}: "
-            f"{', '.join(baseline.proves)}"
-        )
-        runs.append((baseline.tree.root, list(baseline.proves)))
-    return runs
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """The tree companions' pristine proofs run on: pristine plus ``applied``."""
-
-    tree: VllmTree
-    #: The fixes (and their requirements) applied alone, in series order.
-    applied: tuple[str, ...]
-    #: The companions proven here.
-    proves: list[str]
-
-
-def companion_baselines(
-    pristine: VllmTree,
-    series: Sequence[Patch],
-    verdicts: Sequence[PatchVerdict],
-    scratch: Path,
-    provable: Sequence[str],
-) -> list[Baseline]:
-    """For each companion among ``provable``: the pristine tree (hard-linked
-    into ``scratch``) with the selected fixes that name it applied, where they
-    are needed, without it.
-
-    A companion's bug is what its fix exposes (vllm#43617 makes buffers built
-    on the meta device reach the decoder): on a release where the fix is
-    needed, the pristine tree hides it and the proof passes there. Its
-    fail-to-pass is judged against what the fix alone would ship instead.
-    """
-    pristine_states = {v.patch.id: v.pristine_state for v in verdicts}
-    by_id = {patch.id: patch for patch in series}
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for companion_id in provable:
-        fixes = [
-            patch.id
-            for patch in series
-            if companion_id in patch.companions
-            and pristine_states.get(patch.id) is PatchState.NEEDED
-        ]
-        if not fixes:
-            continue
-        needed = set(fixes)
-        pending = list(fixes)
-        while pending:  # the fixes' own requirements that are needed, too
-            for required in by_id[pending.pop()].requires:
-                if (
-                    required not in needed
-                    and pristine_states.get(required) is PatchState.NEEDED
-                ):
-                    needed.add(required)
-                    pending.append(required)
-        applied = tuple(patch.id for patch in series if patch.id in needed)
-        groups.setdefault(applied, []).append(companion_id)
-    baselines = []
-    for number, (applied, companions) in enumerate(groups.items()):
-        root = link_copy(pristine.root, scratch / f"baseline-{number}")
-        tree = VllmTree.open(root)
-        # The series holds only these fixes: applying a fix without its
-        # companion is refused everywhere else, and rightly so.
-        alone = [by_id[patch_id] for patch_id in applied]
-        apply_tree(tree, alone, set(applied), WRITE)
-        baselines.append(Baseline(tree, applied, companions))
-    return baselines
 
 
 def learned_preload(env: ProofEnv, version: str) -> Path | None:
@@ -840,7 +554,7 @@ def verify_installed(
         verdict.apply_command = (
             f"deepstack-patch apply --installed --python {tree.installed.python}"
         )
-        if _provable(verdict.state) and proven_by_recorded_tests(verdict.patch):
+        if proof_runs_on(verdict.state) and proven_by_recorded_tests(verdict.patch):
             verdict.proof = ProofResult(
                 verdict.patch.id,
                 "missing",
@@ -848,7 +562,7 @@ def verify_installed(
                 f"in an installed vLLM: verify --release {tree.version} "
                 "--against-pristine runs them",
             )
-    provable = [v.patch for v in verdicts if _provable(v.state)]
+    provable = [v.patch for v in verdicts if proof_runs_on(v.state)]
     cpu_run, stage = prove_installed(
         tree.installed, env, verdicts, provable, targets,
         gpu=gpu, jobs=jobs, progress=progress,
