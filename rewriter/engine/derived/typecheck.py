@@ -104,7 +104,7 @@ class Check:
     #: Whether the file as it is needs checking, given its diagnostics as
     #: fixed: a verdict that reads the file's old diagnostics only to excuse
     #: new ones on the fix's lines needs none where there are none (about
-    #: half of a batch's ty work). None: always. Where it says no, the
+    #: half the files a batch checks). None: always. Where it says no, the
     #: check's diagnostics before are ``[]``, not checked.
     needs_before: Callable[[list[Diagnostic]], bool] | None = None
 
@@ -151,8 +151,8 @@ def diagnostics_of(root: Path, checks: Sequence[Check]) -> list[Checked]:
         # Every file as fixed, and as it is where a check always asks; then
         # as it is where a check asks it of its answer as fixed.
         sides = _sides(checks)
-        always = [s for s in sides if not checks[s.check].needs_before]
-        check([side for side in sides if side.state == "after" or side in always])
+        always = {n for n, one in enumerate(checks) if not one.needs_before}
+        check([s for s in sides if s.state == "after" or s.check in always])
         check(
             [
                 side
@@ -206,7 +206,9 @@ class ChecksAhead:
             return None
         number, self._count = self._count, self._count + 1
         self._checks[number] = check
-        for side in sides:  # one server, the state as it is, then as fixed
+        # One server: the state as it is (where the check always asks for
+        # it), then as fixed.
+        for side in sides:
             if side.state == "after" or not check.needs_before:
                 self._servers.ask((number, side.state), side.files, side.path, number)
         return number
