@@ -24,21 +24,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.proof.envs import ProofEnv
 from deepstack_patch.proof.extras import Extras, missing_packages, provide
 from deepstack_patch.proof.forkserver import Spawn, run_subprocess
 from deepstack_patch.proof.impact import ChangedUnit, units_of
-from deepstack_patch.proof.proofs import COULD_NOT_RUN
-from deepstack_patch.proof.recorded_tests import (
-    proven_by_recorded_tests,
-    recorded_proof,
-)
+from deepstack_patch.proof.proofs import COULD_NOT_RUN, ProofResult
+from deepstack_patch.proof.recorded_tests import recorded_proof
 from deepstack_patch.proof.release_tests import (
     BUCKETS,
     CANNOT_RUN,
@@ -52,7 +48,7 @@ from deepstack_patch.proof.release_tests import (
     say_together,
     submit_together,
 )
-from deepstack_patch.proof.verdicts import PatchVerdict, proof_runs_on
+from deepstack_patch.proof.verdicts import PatchVerdict, recorded_tests_trees
 
 Progress = Callable[[str], None]
 
@@ -84,8 +80,8 @@ def extras_rounds(
     """Where a recorded or selected test could not run for a package the
     proof environment lacks: that package at the release's pin, in an
     overlay of the environment (``extras.py``), and those patches' tests run
-    again with it, round after round (at most EXTRA_ROUNDS); what could not be given
-    says why."""
+    again with it, round after round (at most EXTRA_ROUNDS); what could not
+    be given says why."""
 
     def reasons(verdict: PatchVerdict) -> list[str]:
         found = [
@@ -165,31 +161,31 @@ def _rerun(
             again={patch_id: v.release_tests for patch_id, v in earlier.items()},
         )  # fmt: skip
         say_together(release, progress)
-    proofs = {}
+    # patch -> {is_pristine: its recorded tests' run on that tree}
+    proofs: dict[str, dict[bool, Future[dict[str, ProofResult]]]] = {}
     for verdict in verdicts:
         patch = verdict.patch
         # Recorded tests that ran on both trees keep what they showed (see
         # kept_with): only those that could not run on one run again.
-        again = proven_by_recorded_tests(patch) and not all(
+        ran = all(
             proof is not None and proof.status != COULD_NOT_RUN
             for proof in (verdict.proof, verdict.pristine_proof)
         )
-        after = before = None
-        if again and proof_runs_on(verdict.state):
-            after = pool.submit(recorded_proof, env, tree.root, patch, scratch)
-        if again and pristine is not None and proof_runs_on(verdict.pristine_state):
-            before = pool.submit(
-                recorded_proof, env, pristine.root, patch, scratch, pristine=True
+        trees = [] if ran else recorded_tests_trees(verdict, tree, pristine)
+        proofs[patch.id] = {
+            is_pristine: pool.submit(
+                recorded_proof, env, on.root, patch, scratch, pristine=is_pristine
             )
-        proofs[patch.id] = after, before
+            for on, is_pristine in trees
+        }
 
     def finish() -> None:
         for verdict in verdicts:
-            after, before = proofs[verdict.patch.id]
-            if after is not None:
-                verdict.proof = after.result()[verdict.patch.id]
-            if before is not None:
-                verdict.pristine_proof = before.result()[verdict.patch.id]
+            runs = proofs[verdict.patch.id]
+            if False in runs:
+                verdict.proof = runs[False].result()[verdict.patch.id]
+            if True in runs:
+                verdict.pristine_proof = runs[True].result()[verdict.patch.id]
             if verdict.patch.id in release:
                 later = collect(release[verdict.patch.id], budget)
                 first = verdict.release_tests
@@ -204,14 +200,12 @@ def _say_refused(verdicts: list[PatchVerdict], extras: Extras) -> None:
     """Each test still short of a package says why it was not added."""
     if not extras.refused:
         return
-    notes = [f"{module}: not added: {why}" for module, why in extras.refused.items()]
     for verdict in verdicts:
         for proof in (verdict.proof, verdict.pristine_proof):
             if proof is not None and proof.status == COULD_NOT_RUN:
                 proof.message += "".join(
-                    f"\n{note}"
-                    for module, note in zip(extras.refused, notes, strict=True)
-                    if f"the package '{module}' is not installed" in proof.message
+                    f"\n{module}: not added: {why}"
+                    for module, why in _refused_in(proof.message, extras.refused)
                 )
         if verdict.release_tests is not None:
             verdict.release_tests.could_not_run = [
@@ -220,13 +214,20 @@ def _say_refused(verdicts: list[PatchVerdict], extras: Extras) -> None:
             ]
 
 
-def _with_note(outcome: Any, refused: dict[str, str]) -> Any:
-    from dataclasses import replace
+def _refused_in(text: str, refused: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The refused packages ``text`` says a test lacks, each with why it was
+    not added, in ``refused``'s order."""
+    named = set(missing_packages([text]))
+    return [(module, why) for module, why in refused.items() if module in named]
 
-    for module, why in refused.items():
-        if f"the package '{module}' is not installed" in outcome.reason:
-            return replace(outcome, reason=f"{outcome.reason} ({why})")
-    return outcome
+
+def _with_note(outcome: TestOutcome, refused: Mapping[str, str]) -> TestOutcome:
+    found = _refused_in(outcome.reason, refused)
+    return (
+        replace(outcome, reason=f"{outcome.reason} ({found[0][1]})")
+        if found
+        else outcome
+    )
 
 
 @dataclass

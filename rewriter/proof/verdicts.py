@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepstack_patch.engine.protocol import Patch, PatchState
+from deepstack_patch.engine.tree import VllmTree
 from deepstack_patch.proof.exercised import ChangedFile, changed_files_exercised
 from deepstack_patch.proof.imports import ImportStage
 from deepstack_patch.proof.proofs import COULD_NOT_RUN, ProofResult
@@ -69,6 +70,21 @@ def proof_runs_on(state: PatchState | None) -> bool:
     """Whether a patch in ``state`` on a tree has its proof and tests run
     there: where it is needed (the pristine tree) or applied."""
     return state in (PatchState.NEEDED, PatchState.APPLIED)
+
+
+def recorded_tests_trees(
+    verdict: PatchVerdict, tree: VllmTree, pristine: VllmTree | None
+) -> list[tuple[VllmTree, bool]]:
+    """The trees a patch proven by its recorded tests has them run on, each
+    with whether it is the pristine one: the tree and the pristine tree,
+    each where the patch's state there lets it run (:func:`proof_runs_on`);
+    none for another patch."""
+    if not proven_by_recorded_tests(verdict.patch):
+        return []
+    trees = [(tree, False)] if proof_runs_on(verdict.state) else []
+    if pristine is not None and proof_runs_on(verdict.pristine_state):
+        trees.append((pristine, True))
+    return trees
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ from deepstack_patch.proof.verdicts import (
     ChangedUnitTests,
     PatchVerdict,
     proof_runs_on,
+    recorded_tests_trees,
 )
 
 Progress = Callable[[str], None]
@@ -408,12 +409,7 @@ def _recorded_runs(
     runs: dict[bool, list[Future[dict[str, ProofResult]]]] = {False: [], True: []}
     for verdict in verdicts:
         patch = verdict.patch
-        if not proven_by_recorded_tests(patch):
-            continue
-        trees = [(tree, False)] if proof_runs_on(verdict.state) else []
-        if pristine is not None and proof_runs_on(verdict.pristine_state):
-            trees.append((pristine, True))
-        for on, is_pristine in trees:
+        for on, is_pristine in recorded_tests_trees(verdict, tree, pristine):
             where = "pristine " if is_pristine else ""
             progress(f"recorded tests of {patch.id} on {where}{on.root}")
             runs[is_pristine].append(

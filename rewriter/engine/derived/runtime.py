@@ -508,7 +508,14 @@ def _any_new_on(lines: set[int], after: list[typecheck.Diagnostic]) -> bool:
     the fix's ``lines``: only such a one needs the file's diagnostics as it
     is (:func:`_concluded` reads them to excuse it), so only then is the
     file checked as it is (``typecheck.Check.needs_before``)."""
-    return any(d.line in lines and _cannot_run(d) for d in after)
+    return any(_cannot_run_on(d, lines) for d in after)
+
+
+def _cannot_run_on(diagnostic: typecheck.Diagnostic, lines: set[int]) -> bool:
+    """A "cannot run" diagnostic on one of the fix's ``lines``: the only kind
+    a verdict weighs (:func:`_concluded`), and so the only kind that asks
+    for the file as it is (:func:`_any_new_on`)."""
+    return diagnostic.line in lines and _cannot_run(diagnostic)
 
 
 def _concluded(
@@ -545,7 +552,7 @@ def _concluded(
         if old[identity] > 0:
             old[identity] -= 1
             continue
-        if diagnostic.line not in lines or not _cannot_run(diagnostic):
+        if not _cannot_run_on(diagnostic, lines):
             continue
         missing = _MISSING.search(diagnostic.message)
         if _of_open_interface(diagnostic, sources) or _of_mixin(

@@ -158,7 +158,7 @@ def diagnostics_of(root: Path, checks: Sequence[Check]) -> list[Checked]:
                 side
                 for side in sides
                 if side.state == "before"
-                and checks[side.check].needs_before
+                and side.check not in always
                 and checks[side.check].asks_before(found[side.check, "after"])
             ]
         )
