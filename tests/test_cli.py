@@ -494,6 +494,59 @@ def test_whether_a_tree_is_vllm_is_decided_by_the_series_given(tmp_path: Path) -
         plan_tree(tree, others)
 
 
+def test_a_plan_leaves_what_it_made_counted_old_and_nothing_frozen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan runs without the cycle collector. After it, what it made and
+    still holds is counted old at once (else the first collection after it
+    walks it all: a third of a second after a first status of 40 derived
+    fixes), and nothing stays frozen: a full collection still finds any
+    cycle among it."""
+    import gc
+
+    from deepstack_patch.engine.plan import plan_tree
+    from deepstack_patch.engine.tree import VllmTree
+
+    tree = VllmTree.open(make_tree(tmp_path / "tree", granite.BEFORE))
+    held: list[object] = []
+    (patch,) = [p for p in SERIES if p.id == "vllm#40917"]
+    recognise = patch.recognise
+
+    def holding(*args: object) -> object:  # trees and caches a plan keeps
+        held.extend([n] for n in range(10_000))
+        return recognise(*args)
+
+    monkeypatch.setattr(patch, "recognise", holding)
+    monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
+    assert gc.isenabled()
+    gc.collect()
+    assert plan_tree(tree, [patch]).needed
+    old = {id(o) for o in gc.get_objects(generation=2)}
+    assert held and all(id(o) in old for o in held)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_the_command_line_leaves_the_last_collection_out(tmp_path: Path) -> None:
+    """Python's exit walks every object still held to collect it (a second
+    after a first status of 40 derived fixes): the command line freezes
+    them first, and ``atexit`` handlers still run after it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+        "sys.argv = ['deepstack-patch', '--version']\n"
+        "from deepstack_patch.entry import main\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "frozen True"
+
+
 def test_status_installed_names_the_install_once(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -232,6 +232,12 @@ def _without_cycle_collection() -> Iterator[None]:
     try:
         yield
     finally:
+        # What the plan made and still holds would all be young, and the
+        # first collection after it would walk it all (a third of a second
+        # after a first status of 40 derived fixes): counted old at once,
+        # it waits for a full collection, which finds any cycle among it.
+        gc.freeze()
+        gc.unfreeze()
         if enabled:
             gc.enable()
 
