@@ -275,3 +275,40 @@ def test_a_name_found_defined_stands_while_a_file_that_defines_it_stands(
     again = states(status(tree, [FIX_READS]))["local#reads"]
     assert len(plans_made) > made
     assert again.startswith("drifted") and "`ceiling`" in again, again
+
+
+def test_words_asked_after_the_package_was_read_are_looked_for_too() -> None:
+    """The package is read, and the words asked so far looked for, while ty
+    finishes the checks a pass put off (``PlanMemo.prepare``); a check
+    concluded after that may ask for more. What is kept is what one look
+    at the end finds: every word's witnesses and the files holding it."""
+    from types import SimpleNamespace
+
+    package = {
+        "vllm/a.py": b"ceiling = 1\nwidth = 2\n",
+        "vllm/b.py": b"x.ceiling\n",
+        "vllm/c.py": b"depth = 3\n",
+        "vllm/fixed.py": b"depth = 4\nwidth = 5\n",  # a patch's own file
+    }
+
+    def defines(word: bytes):  # type: ignore[no-untyped-def]
+        return lambda raw: word + b" =" in raw
+
+    context = SimpleNamespace(
+        mentioned={b"ceiling": defines(b"ceiling")}, scanned_for={b"x."}
+    )
+    scans = plan_memo._Scans(package, {"vllm/fixed.py"})
+    scans.look_for(context.mentioned, context.scanned_for)
+    # Asked at the pass's end: a name defined nowhere but in the patch's file.
+    context.mentioned[b"width"] = defines(b"width")
+    context.mentioned[b"absent"] = defines(b"absent")
+    context.scanned_for.add(b"depth")
+    later = plan_memo._Searched.of(scans, context)  # type: ignore[arg-type]
+    at_once = plan_memo._Searched.of(
+        plan_memo._Scans(package, {"vllm/fixed.py"}),
+        context,  # type: ignore[arg-type]
+    )
+    assert later == at_once
+    assert later.witnesses == {b"ceiling": ["vllm/a.py"], b"width": ["vllm/a.py"]}
+    assert later.words == {b"x.", b"depth", b"absent"}
+    assert scans.holding[b"depth"] == {"vllm/c.py", "vllm/fixed.py"}

@@ -191,6 +191,10 @@ def plan_tree(
                     tree, series, selected, rewrite, progress, cache,
                     rewriting=selected - restated,
                 )  # fmt: skip
+            if memo is not None and context.deferred:
+                # What a kept plan reads of the package is read while ty
+                # finishes the checks this pass put off.
+                memo.prepare(context)
             # Every piece of work is run, so none is left behind.
             again = [work.run() for work in context.deferred.values()]
             if not any(again):

@@ -57,8 +57,8 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepstack_patch.engine.cache import write_atomically
@@ -132,6 +132,8 @@ class PlanMemo:
         #: The series' globs (those outside ``vllm/`` are matched again).
         self.patterns = patterns
         self.before: Manifest | None = None
+        #: What :meth:`prepare` read and looked for, for :meth:`store`.
+        self._scans: _Scans | None = None
 
     @classmethod
     def for_plan(
@@ -260,6 +262,24 @@ class PlanMemo:
             return None
         return changed
 
+    def prepare(self, context: TreeContext) -> _Scans | None:
+        """The part of :meth:`store` its reports do not change, done while
+        ty finishes the checks the plan put off (the plan's thread would
+        wait for them): the package's bytes read, and the words the plan's
+        searches asked for so far looked for in them (a check concluded
+        later may ask for more: :meth:`store` looks for those). None where
+        a file is no longer the bytes the manifest recorded."""
+        if self._scans is not None or self.before is None:
+            return self._scans
+        package = _package_bytes(self.before)
+        if package is None:
+            return None
+        globbed = {pattern: self.tree.glob([pattern]) for pattern in self.patterns}
+        scans = _Scans(package, {f for found in globbed.values() for f in found})
+        scans.look_for(context.mentioned, context.scanned_for)
+        self._scans = scans
+        return scans
+
     def store(
         self, reports: Sequence[PatchReport], context: TreeContext, started: float
     ) -> None:
@@ -282,11 +302,11 @@ class PlanMemo:
             for relpath in {*context.probed, *candidates}
             if not relpath.startswith("vllm/")
         }
-        package = _package_bytes(before)
-        if package is None:
+        scans = self._scans or self.prepare(context)
+        if scans is None:
             return
-        searched = _Searched.of(package, candidates, context)
-        read = _read_by(before, package, {*context.probed, *candidates}, searched.words)
+        searched = _Searched.of(scans, context)
+        read = _read_by(before, scans, {*context.probed, *candidates}, searched.words)
         entries = dict(before.entries)
         for relpath in sorted(outside):
             entry = _entry(self.tree.root / relpath, None, None)
@@ -324,6 +344,44 @@ class PlanMemo:
 
 
 @dataclass
+class _Scans:
+    """The package's bytes (of every file the manifest hashed), and what
+    was found in them for each word a search of the whole package asked
+    for, kept from :meth:`PlanMemo.prepare` to :meth:`PlanMemo.store`."""
+
+    package: dict[str, bytes]
+    #: The files the series' globs matched: they vouch for no name.
+    candidates: set[str]
+    #: A name looked up as defined anywhere: the first files outside the
+    #: candidates that hold its evidence (at most :data:`_WITNESSES`).
+    witnesses: dict[bytes, list[str]] = field(default_factory=dict)
+    #: A word: every file that holds it.
+    holding: dict[bytes, set[str]] = field(default_factory=dict)
+
+    def look_for(
+        self,
+        mentioned: dict[bytes, Callable[[bytes], bool]],
+        words: Iterable[bytes],
+    ) -> None:
+        """Look for each of ``mentioned``'s names and of ``words`` not
+        looked for yet (each alone: what one finds depends on no other)."""
+        for word, evidence_in in mentioned.items():
+            if word in self.witnesses:
+                continue
+            found = self.witnesses[word] = []
+            for relpath, raw in sorted(self.package.items()):
+                if relpath not in self.candidates and evidence_in(raw):
+                    found.append(relpath)
+                    if len(found) == _WITNESSES:
+                        break
+        for word in words:
+            if word not in self.holding:
+                self.holding[word] = {
+                    relpath for relpath, raw in self.package.items() if word in raw
+                }
+
+
+@dataclass
 class _Searched:
     """What the plan's searches of the whole package depend on, on disk.
 
@@ -338,26 +396,14 @@ class _Searched:
     witnesses: dict[bytes, list[str]]
 
     @classmethod
-    def of(
-        cls, package: dict[str, bytes], candidates: set[str], context: TreeContext
-    ) -> _Searched:
-        """What ``context``'s searches depend on in ``package`` (the bytes
-        of the files the manifest hashed, :func:`_package_bytes`)."""
-        witnesses: dict[bytes, list[str]] = {w: [] for w in context.mentioned}
-        for relpath, raw in sorted(package.items()):
-            if relpath in candidates:
-                continue
-            wanted = [w for w, found in witnesses.items() if len(found) < _WITNESSES]
-            if not wanted:
-                break
-            for word in wanted:
-                if context.mentioned[word](raw):
-                    witnesses[word].append(relpath)
+    def of(cls, scans: _Scans, context: TreeContext) -> _Searched:
+        """What ``context``'s searches depend on in ``scans``'s package."""
+        scans.look_for(context.mentioned, ())
+        witnesses = {word: scans.witnesses[word] for word in context.mentioned}
         unwitnessed = {word for word, found in witnesses.items() if not found}
-        return cls(
-            {*context.scanned_for, *unwitnessed},
-            {word: found for word, found in witnesses.items() if found},
-        )
+        words = {*context.scanned_for, *unwitnessed}
+        scans.look_for({}, words)
+        return cls(words, {word: found for word, found in witnesses.items() if found})
 
 
 #: How many files vouch for a name found defined: all of them changed at
@@ -383,20 +429,21 @@ def _package_bytes(manifest: Manifest) -> dict[str, bytes] | None:
 
 
 def _read_by(
-    manifest: Manifest, package: dict[str, bytes], probed: set[str], words: set[bytes]
+    manifest: Manifest, scans: _Scans, probed: set[str], words: set[bytes]
 ) -> set[str]:
     """The files under ``vllm/`` whose bytes the plan depends on: those it
     read by path (``probed``: what the checks asked about, the patches'
     files, what ty reads), those a search of the whole package looked into
     (every such search looks only at files holding one of its ``words``),
-    and the files kept by ``lstat`` alone (not in ``package``)."""
+    and the files kept by ``lstat`` alone (not in the package)."""
     read = {relpath for relpath in probed if relpath in manifest.entries}
-    for relpath, entry in manifest.entries.items():
-        if relpath in read or entry.signature[4] != "f":
-            continue
-        raw = package.get(relpath)
-        if raw is None or any(word in raw for word in words):
-            read.add(relpath)
+    read.update(
+        relpath
+        for relpath, entry in manifest.entries.items()
+        if entry.signature[4] == "f" and relpath not in scans.package
+    )
+    for word in words:
+        read |= scans.holding[word]
     return read
 
 
