@@ -315,3 +315,30 @@ def test_a_cycle_of_imports_is_worked_out_once_and_never_stale(
         assert set(found) == _walked(later, path), path
     assert "vllm.spare" in again.closure("vllm/a/one.py", [later["vllm/a/one.py"]])
     assert "vllm.spare" not in index.closure("vllm/a/one.py", [files["vllm/a/one.py"]])
+
+
+def test_a_closure_carried_through_states_never_asked_is_the_fresh_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An index takes the closures of the one before it whose components
+    still stand, made again only where asked for, with the state of every
+    module changed since: also across states in which nobody asked."""
+    files = {
+        "vllm/__init__.py": b"",
+        "vllm/one.py": b"from vllm.two import x\n",
+        "vllm/two.py": b"from vllm.three import y\nx = 1\n",
+        "vllm/three.py": b"y = 1\n",
+    }
+    source = [files["vllm/one.py"]]
+    monkeypatch.setattr(closure, "_LAST", [])
+    first = closure.ModuleIndex(files).closure("vllm/one.py", source)
+    # Two fixes, one state each; the closure is asked for only after both.
+    middle = {**files, "vllm/three.py": b"y = 2\n"}
+    closure.ModuleIndex(middle)
+    last = {**middle, "vllm/two.py": b"from vllm.three import y\nx = 3\n"}
+    carried = closure.ModuleIndex(last).closure("vllm/one.py", source)
+    monkeypatch.setattr(closure, "_LAST", [])
+    fresh = closure.ModuleIndex(last).closure("vllm/one.py", source)
+    assert dict(carried) == dict(fresh) != dict(first)
+    assert closure.digest_of(carried) == closure.digest_of(fresh)
+    assert carried["vllm.three"] != first["vllm.three"]  # changed in the middle

@@ -94,6 +94,10 @@ class ModuleIndex:
         self._init_files: dict[str, str] = {}
         #: Each closure made, by the components it joins (see closure).
         self._closures: dict[frozenset[int], Closure] = {}
+        #: Each closure an earlier index made whose components all stand
+        #: here, with the modules changed since: made again only where
+        #: asked for (most are not, and a copy is 4,500 modules).
+        self._earlier: dict[frozenset[int], tuple[Closure, frozenset[str]]] = {}
         #: How many files were scanned (not found in the cache): measured.
         self.scanned = 0
         if _LAST:
@@ -125,18 +129,20 @@ class ModuleIndex:
         }
         if self.files.keys() != last.files.keys():
             return  # a package on the way may have gained or lost an __init__
-        # Each closure whose components all stand: its modules' states,
-        # those of the changed modules new. (A component that no longer
-        # stands may be gone, and its id another's: never looked up.)
+        # Each closure whose components all stand, to be made again with
+        # the states of the modules changed since it was made (see
+        # closure). A component that no longer stands may be gone, and its
+        # id another's: its closures are never looked up.
         standing = {id(r) for r in self._reach.values()}
-        for key, found in last._closures.items():
-            if key <= standing:
-                kept = Closure(found)
-                kept.files = found.files  # the same modules: the same files
-                kept.order = found.order
-                for module in changed & kept.keys():
-                    kept[module] = self._state(module)
-                self._closures[key] = kept
+        since_last = frozenset(changed)
+        self._earlier = {
+            key: (found, since | since_last)
+            for key, (found, since) in (
+                *((key, (found, frozenset())) for key, found in last._closures.items()),
+                *last._earlier.items(),
+            )
+            if key <= standing
+        }
 
     def closure(self, path: str, sources: Iterable[bytes | str]) -> dict[str, str]:
         """Each module ty can reach from the file ``path`` whose code is
@@ -158,6 +164,13 @@ class ModuleIndex:
             if not any(part <= other for other in parts):
                 parts.append(part)
         key = frozenset(map(id, parts))  # each kept in self._reach: its id stands
+        if key not in self._closures and key in self._earlier:
+            found, since = self._earlier.pop(key)
+            kept = self._closures[key] = Closure(found)
+            kept.files = found.files  # the same modules: the same files
+            kept.order = found.order
+            for module in since & kept.keys():
+                kept[module] = self._state(module)
         if key not in self._closures:  # most files share vLLM's one cycle
             reached = frozenset().union(*parts)
             self._closures[key] = Closure(
