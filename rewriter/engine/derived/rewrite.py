@@ -131,6 +131,15 @@ class _Text:
     def __init__(self, code: str, newline: str) -> None:
         self.code = code
         self.newline = newline
+        self._parsed: tuple[str, ast.Module] | None = None
+
+    def tree(self) -> ast.Module:
+        """The text's module, parsed once for each text it holds: a unit is
+        tried whole, then edit by edit on the same text (no reader changes
+        the tree)."""
+        if self._parsed is None or self._parsed[0] is not self.code:
+            self._parsed = self.code, ast.parse(self.code)
+        return self._parsed[1]
 
     def apply(
         self,
@@ -149,7 +158,7 @@ class _Text:
                 self.code = _Imports(module).edited(compiled, details).code
             return
         lines = code_lines(self.code)
-        tree = ast.parse(self.code)
+        tree = self.tree()
         walk = _Walk(compiled, renaming)
         if compiled.edit.kind == "header":
             self.header(lines, walk.statement(tree.body), walk)
@@ -186,7 +195,7 @@ class _Text:
         lines = code_lines(self.code)
         walk = _Walk(edits[0], {})
         try:
-            node = walk.step(walk.block(ast.parse(self.code).body, at), at)
+            node = walk.step(walk.block(self.tree().body, at), at)
         except RewriteRefused:
             return False
         first = regions.first_line(node) - 1
@@ -259,7 +268,7 @@ class _Text:
         original = self.code
         self.replace(lines, region, out)
         try:
-            written = signature.of(walk.statement(ast.parse(self.code).body))
+            written = signature.of(walk.statement(self.tree().body))
         except (SyntaxError, RewriteRefused):
             written = None
         if written != expected:
@@ -408,7 +417,7 @@ class _Text:
         if add != set(inserted) - set(removed) or drop != set(removed) - set(inserted):
             return False
         lines = code_lines(self.code)
-        body = ast.parse(self.code).body
+        body = self.tree().body
         leading = _leading(body)
         shapes_of = ShapeCache()
         if compiled.removed:
