@@ -396,10 +396,21 @@ def bound_in(nodes: Iterable[ast.AST], *, nested: bool) -> set[str]:
     """The names ``nodes`` bind; with ``nested``, also inside the functions,
     classes and lambdas among them (else only their names, and what their
     ``global`` statements declare)."""
+    # Every node of a class thousands of lines long is visited (a fix in a
+    # method of vLLM's model runner): a name, a constant or an operator,
+    # most of them, is told by its type before the match, and children
+    # are read off the node's fields, not through ast.iter_child_nodes.
     found: set[str] = set()
     stack = list(nodes)
     while stack:
         node = stack.pop()
+        kind = type(node)
+        if kind is ast.Name:
+            if type(node.ctx) is not ast.Load:  # type: ignore[attr-defined]
+                found.add(node.id)  # type: ignore[attr-defined]
+            continue
+        if kind is ast.Constant or kind in _BIND_NOTHING:
+            continue
         match node:
             case (
                 ast.FunctionDef(name=name)
@@ -414,8 +425,6 @@ def bound_in(nodes: Iterable[ast.AST], *, nested: bool) -> set[str]:
                     continue
             case ast.Lambda() if not nested:
                 continue
-            case ast.Name(id=name, ctx=ast.Store() | ast.Del()):
-                found.add(name)
             case ast.arg(arg=name):
                 found.add(name)
             case ast.alias(name=name, asname=asname) if name != "*":
@@ -429,8 +438,24 @@ def bound_in(nodes: Iterable[ast.AST], *, nested: bool) -> set[str]:
                 found.add(name)
             case ast.Global(names=names) | ast.Nonlocal(names=names):
                 found.update(names)
-        stack.extend(ast.iter_child_nodes(node))
+        for field in kind._fields:
+            value = getattr(node, field, None)
+            if type(value) is list:
+                stack.extend([item for item in value if isinstance(item, ast.AST)])
+            elif isinstance(value, ast.AST):
+                stack.append(value)
     return found
+
+
+#: Nodes that hold nothing (a name's context, an operator): they bind nothing.
+_BIND_NOTHING = frozenset(
+    kind
+    for kind in vars(ast).values()
+    if isinstance(kind, type)
+    and issubclass(
+        kind, (ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop)
+    )
+)
 
 
 def statements_in(nodes: Iterable[ast.AST]) -> Iterator[ast.stmt]:
