@@ -952,6 +952,10 @@ def test_each_kind_drifts_named_alike_on_the_whole_and_the_partial_release(
         (b"x = " + b"a" * 200 + b".limit\n", True),  # far into a long line
         (b"limit" + b" " * 100 + b"= 3\n", False),  # evidence out of reach: refused
         (b"limit" + b" " * 63 + b"==3\n", False),  # a lookahead cut at the window
+        # Inside longer names only, or beside one that is its own word.
+        (b"x.limits = obj.unlimit\n", False),
+        (b"unlimited = 1; x.limit_ = 2; y.limit\n", True),
+        (b"speedlimit = 1\n", False),
     ],
 )
 def test_a_name_is_mentioned_as_the_whole_search_says_or_refused(

@@ -342,6 +342,11 @@ def _scanning_for(word: bytes) -> None:
 #: How far around an occurrence of the word its evidence is looked for.
 _AROUND = 64
 
+#: The bytes a pattern's ``\b`` counts as a word's (ASCII, as for bytes).
+_WORD_BYTES = frozenset(
+    b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+)
+
 
 def _evidence_in(raw: bytes, word: bytes, evidence: re.Pattern[bytes]) -> bool:
     """``evidence.search(raw)``, looked for around each occurrence of
@@ -353,6 +358,17 @@ def _evidence_in(raw: bytes, word: bytes, evidence: re.Pattern[bytes]) -> bool:
     yes)."""
     start = raw.find(word)
     while start >= 0:
+        # Inside a longer name (``pts`` in ``prompts``): evidence never
+        # holds this occurrence (each form has a non-word byte before the
+        # name and a boundary after it), and the window around it is
+        # searched where another occurrence is reached. A name as common
+        # as a part of other names was a tenth of a status's lookups.
+        after = start + len(word)
+        if (start and raw[start - 1] in _WORD_BYTES) or (
+            after < len(raw) and raw[after] in _WORD_BYTES
+        ):
+            start = raw.find(word, start + 1)
+            continue
         end = min(len(raw), start + len(word) + _AROUND)
         found = evidence.search(raw, max(0, start - _AROUND), end)
         if found is not None and (
