@@ -216,18 +216,21 @@ def test_a_later_state_of_the_overlay_hashes_none_of_the_files_it_shares(
     assert hashed == [rewritten["vllm/one.py"]]
 
 
+#: A package whose first module reads the second, which reads the third.
+CHAIN = {
+    "vllm/__init__.py": b"",
+    "vllm/one.py": b"from vllm.two import x\n",
+    "vllm/two.py": b"from vllm.three import y\nx = 1\n",
+    "vllm/three.py": b"y = 1\n",
+}
+
+
 def test_a_later_state_takes_only_what_its_unchanged_modules_worked_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A new index takes the last one's work on each module whose files did
     not change, and answers as an index made from nothing would."""
-    files = {
-        "vllm/__init__.py": b"",
-        "vllm/one.py": b"from vllm.two import x\n",
-        "vllm/two.py": b"from vllm.three import y\nx = 1\n",
-        "vllm/three.py": b"y = 1\n",
-        "vllm/four.py": b"z = 1\n",
-    }
+    files = {**CHAIN, "vllm/four.py": b"z = 1\n"}
     source = [files["vllm/one.py"]]
     monkeypatch.setattr(closure, "_LAST", [])
     closure.ModuleIndex(files).digest("vllm/one.py", source)
@@ -323,12 +326,7 @@ def test_a_closure_carried_through_states_never_asked_is_the_fresh_one(
     """An index takes the closures of the one before it whose components
     still stand, made again only where asked for, with the state of every
     module changed since: also across states in which nobody asked."""
-    files = {
-        "vllm/__init__.py": b"",
-        "vllm/one.py": b"from vllm.two import x\n",
-        "vllm/two.py": b"from vllm.three import y\nx = 1\n",
-        "vllm/three.py": b"y = 1\n",
-    }
+    files = CHAIN
     source = [files["vllm/one.py"]]
     monkeypatch.setattr(closure, "_LAST", [])
     first = closure.ModuleIndex(files).closure("vllm/one.py", source)
