@@ -365,12 +365,19 @@ class _Scans:
     ) -> None:
         """Look for each of ``mentioned``'s names and of ``words`` not
         looked for yet (each alone: what one finds depends on no other)."""
+        in_order = None
         for word, evidence_in in mentioned.items():
             if word in self.witnesses:
                 continue
+            if in_order is None:  # sorted once for every word
+                in_order = sorted(
+                    (relpath, raw)
+                    for relpath, raw in self.package.items()
+                    if relpath not in self.candidates
+                )
             found = self.witnesses[word] = []
-            for relpath, raw in sorted(self.package.items()):
-                if relpath not in self.candidates and evidence_in(raw):
+            for relpath, raw in in_order:
+                if evidence_in(raw):
                     found.append(relpath)
                     if len(found) == _WITNESSES:
                         break
