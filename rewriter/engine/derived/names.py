@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import ast
 import builtins
-import collections
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +49,7 @@ from deepstack_patch.engine.derived.match import (
     with_block,
 )
 from deepstack_patch.engine.derived.never import imports_alone, is_there
+from deepstack_patch.engine.derived.shapes import statements_in
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import PatchState
 from deepstack_patch.engine.source import SourceFile
@@ -456,23 +456,6 @@ _BIND_NOTHING = frozenset(
         kind, (ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop)
     )
 )
-
-
-def statements_in(nodes: Iterable[ast.AST]) -> Iterator[ast.stmt]:
-    """Every statement among ``nodes`` and inside them, nested blocks and
-    definitions included. Statements hold statements only in their blocks
-    (an expression holds none), so this passes over the expressions that
-    ``ast.walk`` visits one by one: a tenth of the nodes of a model file.
-    In ``ast.walk``'s order (breadth first, fields in order)."""
-    todo = collections.deque(nodes)
-    while todo:
-        node = todo.popleft()
-        if isinstance(node, ast.stmt):
-            yield node
-        for _, value in ast.iter_fields(node):
-            match value:
-                case [ast.stmt() | ast.excepthandler() | ast.match_case(), *_]:
-                    todo.extend(value)
 
 
 def imports_in(nodes: Iterable[ast.AST]) -> list[ast.stmt]:

@@ -12,6 +12,7 @@ the statements a fix removes or inserts always by their shape.
 from __future__ import annotations
 
 import ast
+import collections
 import copy
 import io
 import tokenize
@@ -44,6 +45,23 @@ def without_docstring(block: Sequence[ast.stmt]) -> list[ast.stmt]:
     if block and is_docstring(block[0]):
         return list(block[1:])
     return list(block)
+
+
+def statements_in(nodes: Iterable[ast.AST]) -> Iterator[ast.stmt]:
+    """Every statement among ``nodes`` and inside them, nested blocks and
+    definitions included. Statements hold statements only in their blocks
+    (an expression holds none), so this passes over the expressions that
+    ``ast.walk`` visits one by one: a tenth of the nodes of a model file.
+    In ``ast.walk``'s order (breadth first, fields in order)."""
+    todo = collections.deque(nodes)
+    while todo:
+        node = todo.popleft()
+        if isinstance(node, ast.stmt):
+            yield node
+        for _, value in ast.iter_fields(node):
+            match value:
+                case [ast.stmt() | ast.excepthandler() | ast.match_case(), *_]:
+                    todo.extend(value)
 
 
 def is_compound(node: ast.stmt) -> bool:

@@ -526,10 +526,12 @@ def _docstring(block: Sequence[ast.stmt]) -> list[ast.stmt]:
 
 def _documentation(node: ast.AST) -> list[str | None]:
     """The docstrings of the definitions in ``node``, exactly as written
-    (what two statements of the same code may still differ in)."""
+    (what two statements of the same code may still differ in). A
+    definition is a statement: only statements are walked, in
+    ``ast.walk``'s order."""
     return [
         ast.get_docstring(inner, clean=False)
-        for inner in ast.walk(node)
+        for inner in shapes.statements_in([node])
         if isinstance(inner, shapes.DEFINITIONS)
     ]
 
