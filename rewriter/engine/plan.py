@@ -191,7 +191,7 @@ def plan_tree(
                     tree, series, selected, rewrite, progress, cache,
                     rewriting=selected - restated,
                 )  # fmt: skip
-            if memo is not None and context.deferred:
+            if memo is not None and context.deferred and not context.unsettled:
                 # What a kept plan reads of the package is read while ty
                 # finishes the checks this pass put off.
                 memo.prepare(context)
