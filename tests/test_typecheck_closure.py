@@ -319,6 +319,26 @@ def test_a_cycle_of_imports_is_worked_out_once_and_never_stale(
     assert "vllm.spare" in again.closure("vllm/a/one.py", [later["vllm/a/one.py"]])
     assert "vllm.spare" not in index.closure("vllm/a/one.py", [files["vllm/a/one.py"]])
 
+    # An import added of a module the cycle reached already (vllm.config,
+    # of the cycle itself): what each module reaches stays, the same
+    # answer, as the walk's.
+    monkeypatch.setattr(closure, "_LAST", [index])
+    added = {
+        **files,
+        "vllm/logger.py": b"from vllm.envs import LEVEL\nimport vllm.config\nlog = 1\n",
+    }
+    grown = closure.ModuleIndex(added)
+    assert grown._reach["vllm.config"] is index._reach["vllm.config"]
+    for path in ("vllm/a/one.py", "vllm/a/two.py", "vllm/spare.py"):
+        assert set(grown.closure(path, [added[path]])) == _walked(added, path), path
+    # An import dropped breaks the cycle: vllm/logger.py reaches no more.
+    dropped = {**files, "vllm/logger.py": b"log = 1\n"}
+    broken = closure.ModuleIndex(dropped)
+    for path in ("vllm/a/one.py", "vllm/a/two.py", "vllm/envs.py"):
+        found = broken.closure(path, [dropped[path]])
+        assert set(found) == _walked(dropped, path), path
+    assert "vllm.envs" not in broken.closure("vllm/logger.py", [b"log = 1\n"])
+
 
 def test_a_closure_carried_through_states_never_asked_is_the_fresh_one(
     monkeypatch: pytest.MonkeyPatch,

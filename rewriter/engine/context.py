@@ -74,6 +74,11 @@ class TreeContext:
     #: Every path of the tree asked about here (read, looked for): what a
     #: plan kept whole must find as it was (:mod:`.plan_memo`).
     probed: set[str] = field(default_factory=set)
+    #: What ty may read where it checks a file for a typed check (a closure
+    #: of modules, :mod:`.derived.closure`), by the closure's id: part of
+    #: ``probed``, its files joined once where a kept plan needs them (the
+    #: checks of a batch share a few closures of 5,000 modules each).
+    closures: dict[int, Mapping[str, str]] = field(default_factory=dict)
     #: The words the checks looked for across the whole package (a file
     #: without any of them answered none of those searches): what lets a
     #: kept plan stand an edit to a file it never read (:mod:`.plan_memo`).

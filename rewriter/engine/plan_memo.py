@@ -63,6 +63,7 @@ from pathlib import Path
 
 from deepstack_patch.engine.cache import write_atomically
 from deepstack_patch.engine.context import TreeContext
+from deepstack_patch.engine.derived import closure
 from deepstack_patch.engine.kept_reports import report_document, reports_of
 from deepstack_patch.engine.protocol import Patch, PatchReport
 from deepstack_patch.engine.recognition_cache import RecognitionCache
@@ -297,16 +298,17 @@ class PlanMemo:
             return
         globbed = {pattern: self.tree.glob([pattern]) for pattern in self.patterns}
         candidates = {f for found in globbed.values() for f in found}
+        probed = {*context.probed, *closure.files_read(context.closures.values())}
         outside = {
             relpath
-            for relpath in {*context.probed, *candidates}
+            for relpath in {*probed, *candidates}
             if not relpath.startswith("vllm/")
         }
         scans = self._scans or self.prepare(context)
         if scans is None:
             return
         searched = _Searched.of(scans, context)
-        read = _read_by(before, scans, {*context.probed, *candidates}, searched.words)
+        read = _read_by(before, scans, {*probed, *candidates}, searched.words)
         entries = dict(before.entries)
         for relpath in sorted(outside):
             entry = _entry(self.tree.root / relpath, None, None)

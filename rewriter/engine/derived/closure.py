@@ -116,9 +116,7 @@ class ModuleIndex:
         # A fix rewrites code, seldom imports: a changed module whose edges
         # are the same leaves what every module reaches as it was. (A module
         # ``last`` never walked is in nothing ``last`` worked out.)
-        rewired = {
-            m for m in changed if m in last._edges and self._next(m) != last._edges[m]
-        }
+        rewired = {m for m in changed if m in last._edges and self._rewires(m, last)}
         self._reach = (
             {m: r for m, r in last._reach.items() if r.isdisjoint(rewired)}
             if rewired
@@ -145,6 +143,18 @@ class ModuleIndex:
             if standing is None or key <= standing
         }
 
+    def _rewires(self, module: str, last: ModuleIndex) -> bool:
+        """Whether ``module``'s edges here may change what a module reaches
+        in ``last``. Not where it only gained edges to modules it reached
+        there already (a fix's new import, as a rule, of a module of vLLM's
+        one cycle): each stands for a path there was, so every module
+        reaches what it did. One it lost may shrink what some reach."""
+        now, then = self._next(module), last._edges[module]
+        if now == then:
+            return False
+        reach = last._reach.get(module)
+        return reach is None or not set(then) <= set(now) or not reach.issuperset(now)
+
     def closure(self, path: str, sources: Iterable[bytes | str]) -> dict[str, str]:
         """Each module ty can reach from the file ``path`` whose code is
         ``sources`` (the file as it is, and the code a fix writes into it),
@@ -168,7 +178,6 @@ class ModuleIndex:
         if key not in self._closures and key in self._earlier:
             found, since = self._earlier.pop(key)
             kept = self._closures[key] = Closure(found)
-            kept.files = found.files  # the same modules: the same files
             kept.order = found.order
             for module in since & kept.keys():
                 kept[module] = self._state(module)
@@ -314,7 +323,6 @@ class Closure(dict[str, str]):
     and the files it reads are worked out once."""
 
     digest: str = ""
-    files: frozenset[str] | None = None
     #: Its modules, sorted.
     order: list[str] | None = None
 
@@ -355,20 +363,19 @@ def reads_file(found: Mapping[str, str], relpath: str, appears: bool) -> bool:
     )
 
 
-def files_read(found: Mapping[str, str]) -> frozenset[str]:
-    """The files whose bytes what a closure found holds (every file of each
-    module in it; a package on the way stands by its files' existence)."""
-    if isinstance(found, Closure) and found.files is not None:
-        return found.files
-    files = frozenset(
+def files_read(closures: Iterable[Mapping[str, str]]) -> set[str]:
+    """The files whose bytes any of ``closures`` holds (every file of each
+    module in one; a package on the way stands by its files' existence):
+    the modules joined first, as the closures of a batch share most."""
+    modules: set[str] = set()
+    for found in closures:
+        modules.update(found)
+    return {
         relpath
-        for module in found
+        for module in modules
         if not module.endswith("/")
         for relpath in _candidates(module)
-    )
-    if isinstance(found, Closure):
-        found.files = files
-    return files
+    }
 
 
 #: The index made last in this process (see ``ModuleIndex._inherit``).

@@ -686,7 +686,7 @@ def _reads(
         for code in (unit.after, *(edit.inserted for edit in unit.edits))
     ]
     found = index.closure(path, [raw, *fix])
-    context.probed.update(closure.files_read(found))  # what ty reads
+    context.closures.setdefault(id(found), found)  # what ty reads
     return found
 
 
