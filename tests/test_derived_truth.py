@@ -381,3 +381,62 @@ def test_an_edit_moved_to_another_class_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DeepstackError) as caught:
         load_derived(path)
     assert caught.value.message.endswith("its edits lead to Cache, not to Buffer.read")
+
+
+def test_a_folder_is_checked_side_by_side_and_its_first_disagreement_told(
+    data_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder's data files are checked for agreement together, the later
+    ones in a forked child: the error is the one a check of each file in
+    turn gives (the first file that disagrees, named with the way to leave
+    it out; an earlier one's before a later file's own error), whichever
+    process found it, and also where the child gives no answer."""
+    from deepstack_patch.engine.derived import truth
+    from deepstack_patch.engine.series import patches_from_folder
+
+    monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
+    folder = data_file.parent / "batch"
+    folder.mkdir()
+    text = data_file.read_text()
+    hacked = text.replace(inserted("return max(n, 0)"), inserted('print("HACKED")'))
+    forks: list[int] = []
+    real_fork = truth.os.fork
+
+    def fork() -> int:
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(truth.os, "fork", fork)
+
+    def lay(*names: str, broken: str = "") -> None:
+        for old in folder.iterdir():
+            old.unlink()
+        for number, name in enumerate("abcd", 1):
+            body = hacked if name in names else text
+            body = body.replace('id = "acme#7"', f'id = "acme#{number}"')
+            (folder / f"{name}.toml").write_text("[[" if name == broken else body)
+
+    def told() -> DeepstackError:
+        forks.clear()
+        with pytest.raises(DeepstackError) as caught:
+            patches_from_folder(folder)
+        assert forks == [1]
+        return caught.value
+
+    lay()
+    assert len(patches_from_folder(folder)) == 4
+    for hacks, broken, named in (
+        (("b", "c"), "", "b"),  # two disagree: the first is told
+        (("d",), "", "d"),  # found by the child
+        (("b",), "c", "b"),  # before c's own error
+        ((), "c", "c"),  # a and b checked first
+    ):
+        lay(*hacks, broken=broken)
+        error = told()
+        assert error.path == str((folder / f"{named}.toml").absolute()), error
+        assert f"rename it to _{named}.toml" in str(error.hint)
+        assert ("its edits do not turn" in error.message) == (named != broken)
+    # A child that answers nothing: its files are checked here.
+    lay("d")
+    monkeypatch.setattr(truth.json, "dumps", lambda _: 1 / 0)
+    assert told().path == str((folder / "d.toml").absolute())

@@ -31,10 +31,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import Patch
+
+if TYPE_CHECKING:
+    from deepstack_patch.engine.derived.truth import Agreement
 
 #: The entry-point group a vendor's package of patches declares.
 ENTRY_POINT_GROUP = "deepstack_patch.patches"
@@ -85,7 +88,17 @@ def patches_from_folder(folder: Path, given_by: str = "--patches") -> list[Patch
         and not path.name.startswith("_")
         and path.is_file()
     )
-    patches = [patch for path in files for patch in _from_folder_file(path)]
+    # Whether each data file's units agree is checked for all at once, and
+    # told in the files' order (an earlier one's before a later one's error).
+    agreement: list[Agreement] = []
+    patches: list[Patch] = []
+    for path in files:
+        try:
+            patches += _from_folder_file(path, agreement)
+        except DeepstackError:
+            _refuse_disagreements(files, agreement)
+            raise
+    _refuse_disagreements(files, agreement)
     if not patches:
         raise DeepstackError(
             f"the folder holds no patch{said}",
@@ -95,33 +108,59 @@ def patches_from_folder(folder: Path, given_by: str = "--patches") -> list[Patch
     return patches
 
 
-def _from_folder_file(path: Path) -> list[Patch]:
+def _from_folder_file(path: Path, agreement: list[Agreement]) -> list[Patch]:
     """:func:`patches_from_file` of one file of a folder. One broken file
     stops the command (a batch that silently lost a fix would be applied
     as if whole), so its error names it and says how to go on without it."""
     try:
-        return patches_from_file(path)
+        return patches_from_file(path, agreement)
     except DeepstackError as exc:
-        own = exc.path is not None and Path(exc.path).absolute() == path.absolute()
-        message = exc.message if own else f"{exc.message} (loading {path})"
-        folder = path.absolute().parent
-        leave_out = (
-            f"to go on without it, rename it to _{path.name} (a file whose "
-            f"name starts with _ is not read) or move it out of {folder}"
-        )
-        raise DeepstackError(
-            message,
-            f"{exc.hint}; {leave_out}" if exc.hint else leave_out,
-            path=exc.path if exc.path is not None else str(path),
-            line=exc.line,
-        ) from exc
+        raise _left_out(path, exc) from exc
 
 
-def patches_from_file(path: Path) -> list[Patch]:
-    """The patches of one data file or patch module, each with its origin."""
+def _refuse_disagreements(files: Sequence[Path], agreement: list[Agreement]) -> None:
+    """The first data file of ``agreement`` whose units disagree, told as
+    the folder's broken file (:func:`_from_folder_file`)."""
+    if not agreement:
+        return
+    from deepstack_patch.engine.derived.truth import refuse_disagreements
+
+    try:
+        refuse_disagreements(agreement)
+    except DeepstackError as exc:
+        told = Path(str(exc.path)).absolute()
+        (path,) = [path for path in files if path.absolute() == told]
+        raise _left_out(path, exc) from exc
+    finally:
+        agreement.clear()
+
+
+def _left_out(path: Path, exc: DeepstackError) -> DeepstackError:
+    """``exc``, an error of the folder's file ``path``, naming it, with the
+    way to go on without it."""
+    own = exc.path is not None and Path(exc.path).absolute() == path.absolute()
+    message = exc.message if own else f"{exc.message} (loading {path})"
+    folder = path.absolute().parent
+    leave_out = (
+        f"to go on without it, rename it to _{path.name} (a file whose "
+        f"name starts with _ is not read) or move it out of {folder}"
+    )
+    return DeepstackError(
+        message,
+        f"{exc.hint}; {leave_out}" if exc.hint else leave_out,
+        path=exc.path if exc.path is not None else str(path),
+        line=exc.line,
+    )
+
+
+def patches_from_file(
+    path: Path, agreement: list[Agreement] | None = None
+) -> list[Patch]:
+    """The patches of one data file or patch module, each with its origin
+    (``agreement``: see :func:`.derived.load_derived`)."""
     path = Path(path).absolute()
     if path.suffix == ".toml":
-        patches = [_load_data_file(path)]
+        patches = [_load_data_file(path, agreement)]
     else:
         patches = _load_module_file(path)
     for patch in patches:
@@ -129,7 +168,7 @@ def patches_from_file(path: Path) -> list[Patch]:
     return patches
 
 
-def _load_data_file(path: Path) -> Patch:
+def _load_data_file(path: Path, agreement: list[Agreement] | None) -> Patch:
     try:
         from deepstack_patch.engine.derived import load_derived
     except ImportError as exc:
@@ -141,7 +180,7 @@ def _load_data_file(path: Path) -> Patch:
             path=str(path),
         ) from exc
     try:
-        patch = load_derived(path)
+        patch = load_derived(path, agreement)
     except DeepstackError:
         raise
     except Exception as exc:  # noqa: BLE001 - a broken file is the user's to fix

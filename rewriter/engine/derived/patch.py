@@ -75,6 +75,7 @@ from deepstack_patch.engine.protocol import (
 if TYPE_CHECKING:
     import libcst
     from deepstack_patch.engine.derived.rewrite import UnitToMake
+    from deepstack_patch.engine.derived.truth import Agreement
 
 
 #: What a unit whose code is in still lacks, by edit kind (its reason).
@@ -885,10 +886,12 @@ def _span(compiled: CompiledEdit, located: _Located) -> tuple[int, int]:
     return first, _lines(block[-1])[1]
 
 
-def load_derived(path: Path) -> DerivedPatch:
+def load_derived(path: Path, agreement: list[Agreement] | None = None) -> DerivedPatch:
     """Read one data file; a broken one is a DeepstackError naming it, and
     so is one whose edits do not turn a unit's ``before`` into its ``after``
-    (:mod:`.truth`)."""
+    (:mod:`.truth`). With ``agreement``, that check is the caller's: the
+    file's units, path and bytes go into it (a folder's files are checked
+    together: :func:`.truth.refuse_disagreements`)."""
     from deepstack_patch.engine.derived.truth import refuse_disagreement
 
     try:
@@ -908,7 +911,10 @@ def load_derived(path: Path) -> DerivedPatch:
             BROKEN_HINT,
             path=str(path),
         ) from None
-    refuse_disagreement(patch.units, path, data)
+    if agreement is None:
+        refuse_disagreement(patch.units, path, data)
+    else:
+        agreement.append((patch.units, path, data))
     # The file's bytes are its data: no need to write it out again to key
     # the caches on it (0.7 s of 40 data files, in a profile).
     patch._fingerprint = hashlib.sha256(data).digest()
