@@ -226,11 +226,12 @@ def unresolved(
     """Why the needed units' fix cannot run in ``tree``: the first name it
     reads that is not there; empty where every name resolves."""
     context = tree_context()
-    file_names = bound_in(tree.body, nested=False)
+    file_names, stars, (top, inner) = _file_facts(tree)
     patch_names = _patch_bindings(patch, path)
-    stars = _has_star_import(tree.body)
-    # The modules the file imports, and those the patch's imports add to it.
-    imported = imported_modules([*tree.body, *added_imports(patch, path)], path)
+    # The modules the file imports, and those the patch's imports add to it
+    # (at the top level: read after the file's own there, before those in
+    # its blocks, as a walk of the module with them would).
+    imported = imported_modules([*top, *added_imports(patch, path), *inner], path)
     for unit in needed:
         state = states[unit.part]
         renaming: Mapping[str, str] = state.details.get("renaming", {}) if state else {}
@@ -268,6 +269,31 @@ def unresolved(
     if context is None:
         return ""
     return _missing_import(context, patch, _added_aliases(states, patch, path), path)
+
+
+def _file_facts(
+    tree: ast.Module,
+) -> tuple[frozenset[str], bool, tuple[list[ast.stmt], list[ast.stmt]]]:
+    """The names ``tree`` binds at its top level, whether it imports ``*``,
+    and its import statements, those of its top level and then those in its
+    blocks (in :func:`imports_in`'s order): once per tree in a plan, each a
+    walk of every statement of the file, asked again by every patch of the
+    file and every pass."""
+    context = tree_context()
+    key = ("file facts", id(tree))
+    kept = context.on_disk.get(key) if context is not None else None
+    if isinstance(kept, tuple) and kept[0] is tree:  # the tree's id is its own
+        return kept[1]
+    imports = imports_in(tree.body)  # the top level's first: breadth first
+    top = sum(isinstance(node, ast.Import | ast.ImportFrom) for node in tree.body)
+    found = (
+        frozenset(bound_in(tree.body, nested=False)),
+        _has_star_import(tree.body),
+        (imports[:top], imports[top:]),
+    )
+    if context is not None:
+        context.on_disk[key] = (tree, found)
+    return found
 
 
 def _scope_bindings(unit: Unit, tree: ast.Module) -> set[str]:

@@ -196,6 +196,11 @@ class Package:
 
     files: tuple[tuple[str, bytes], ...]
 
+    @functools.cached_property
+    def by_path(self) -> dict[str, bytes]:
+        """``files`` by relative path (read it, never change it)."""
+        return dict(self.files)
+
 
 def package_of(context: TreeContext) -> Package:
     """The tree's ``vllm`` package, read once per plan (:mod:`.files` looks
@@ -402,7 +407,7 @@ def _sources(context: TreeContext, package: Package) -> outside.Sources:
     (a live view: the plan notes each file as it reaches it)."""
     key = ("runtime sources", context.root)
     if key not in context.memo:
-        files = ChainMap(context.sources, dict(package.files))
+        files = ChainMap(context.sources, package.by_path)
         context.memo[key] = outside.Sources(files, probed=context.probed)  # type: ignore[arg-type]
     return context.memo[key]  # type: ignore[return-value]
 
@@ -412,7 +417,7 @@ def _sources_now(context: TreeContext, package: Package) -> outside.Sources:
     are: a check put off to the pass's end reads them as it would have at
     once."""
     return outside.Sources(
-        ChainMap(dict(context.sources), dict(package.files)),  # type: ignore[arg-type]
+        ChainMap(dict(context.sources), package.by_path),  # type: ignore[arg-type]
         probed=context.probed,
     )
 
@@ -677,7 +682,7 @@ def _reads(
     patches of the series leave them (:meth:`.closure.ModuleIndex.closure`)."""
     memo = ("closure index", context.root)
     if memo not in context.memo:  # one per state of the overlay
-        context.memo[memo] = closure.ModuleIndex(dict(package.files))
+        context.memo[memo] = closure.ModuleIndex(package.by_path)
     index: closure.ModuleIndex = context.memo[memo]  # type: ignore[assignment]
     fix = [
         code

@@ -284,11 +284,23 @@ SERVED = True
 
 
 class _Disk:
-    """The tree's bytes of a file (None where it has none), each read once."""
+    """The tree's bytes of a file (None where it has none), each read once;
+    and whether bytes are UTF-8, each decoded once (a state lays every file
+    the earlier fixes rewrote: 50 for the last of a batch of 40, each
+    decoded again for each state)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._read: dict[str, bytes | None] = {}
+        self._utf8: dict[bytes, bool] = {}
+
+    def utf8(self, raw: bytes | None) -> bool:
+        if raw is None:
+            return False
+        known = self._utf8.get(raw)
+        if known is None:
+            known = self._utf8[raw] = _utf8(raw)
+        return known
 
     def __call__(self, relpath: str) -> bytes | None:
         if relpath not in self._read:
@@ -312,7 +324,8 @@ def _servable(side: _Side, disk: _Disk) -> bool:
     one the tree has (a server cannot be told of a module the tree lacks),
     and it and the tree's file are UTF-8 (the protocol's text is)."""
     return all(
-        _utf8(raw) and _utf8(disk(relpath)) for relpath, raw in side.files.items()
+        disk.utf8(raw) and disk.utf8(disk(relpath))
+        for relpath, raw in side.files.items()
     )
 
 
