@@ -8,12 +8,13 @@ Small synthetic modules only (no vLLM code).
 
 from __future__ import annotations
 
+import ast
 import random
 import re
 from pathlib import Path
 
 import pytest
-from deepstack_patch.engine.derived import load_derived
+from deepstack_patch.engine.derived import load_derived, shapes
 from deepstack_patch.engine.derived.data import dump_derived
 from deepstack_patch.engine.plan import rewrite_text
 from deepstack_patch.engine.protocol import PatchState
@@ -498,3 +499,41 @@ def test_a_changed_parameter_must_be_as_the_fix_expects() -> None:
     assert states(patch, other)["Request.__init__"][0] is PatchState.DRIFTED
     fixed = rewrite_text(patch, WITHOUT_ONE, PATH)
     assert fixed == WITHOUT_ONE.replace("priority: int = 0,", "priority: int = 5,")
+
+
+def test_a_pattern_key_passes_over_other_kinds_and_never_its_own() -> None:
+    """A key of a recorded statement tells a statement of another kind by
+    its type alone (no dump of it is made), and never turns away one of its
+    own kind: a function's identity is any ``def`` of the name, sync or not."""
+    from deepstack_patch.engine.derived.match import ShapeCache, _Key
+
+    code = """
+@cache
+async def load(self):
+    return 1
+def load(self):
+    return 2
+class Runner(Base):
+    pass
+if ready:
+    go()
+x = 1
+x: int = 1
+"""
+    statements = ast.parse(code).body
+    for node in statements:
+        for key in (
+            _Key(shapes.shape(node), "shape", ""),
+            _Key(shapes.identity(node), "identity", ""),
+        ):
+            cache = ShapeCache()
+            kin = [other for other in statements if key.matches(other, cache)]
+            assert node in kin
+            others = [o for o in statements if type(o).__name__ not in key.kinds]
+            for other in others:
+                assert id(other) not in cache.memo  # passed over undumped
+    load = _Key("def load", "identity", "")
+    assert {type(n).__name__ for n in statements if load.matches(n, ShapeCache())} == {
+        "AsyncFunctionDef",
+        "FunctionDef",
+    }

@@ -10,7 +10,7 @@ import io
 import tokenize
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deepstack_patch.engine.derived import entries, shapes
 from deepstack_patch.engine.derived.data import Anchor, Edit
@@ -37,8 +37,26 @@ class _Key:
     key: str
     by: str  # "shape" | "identity"
     code: str  # for messages
+    #: The kinds of statement that may have the key: a shape, a header and
+    #: an identity name the statement's type first (``Assign(...``), but a
+    #: function's or a class's identity (``def name``, ``class name``).
+    kinds: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.by == "identity" and self.key.startswith("def "):
+            kinds = frozenset({"FunctionDef", "AsyncFunctionDef"})
+        elif self.by == "identity" and self.key.startswith("class "):
+            kinds = frozenset({"ClassDef"})
+        else:
+            kinds = frozenset({self.key.split("(", 1)[0]})
+        object.__setattr__(self, "kinds", kinds)
 
     def matches(self, node: ast.stmt, shapes_of: ShapeCache) -> bool:
+        # A statement of another kind is told by its type, before its key
+        # is made (a dump of its every node: most statements a pattern is
+        # tried on in a block of vLLM's model runner are not its kind).
+        if type(node).__name__ not in self.kinds:
+            return False
         if self.by == "identity":
             return shapes_of.identity(node) == self.key
         return shapes_of.shape(node) == self.key
