@@ -360,3 +360,59 @@ def test_a_closure_carried_through_states_never_asked_is_the_fresh_one(
     assert dict(carried) == dict(fresh) != dict(first)
     assert closure.digest_of(carried) == closure.digest_of(fresh)
     assert carried["vllm.three"] != first["vllm.three"]  # changed in the middle
+
+
+def _fresh_lists(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
+    """A process that has scanned nothing, with an empty cache folder."""
+    monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(cache))
+    monkeypatch.delenv("DEEPSTACK_PATCH_NO_CACHE", raising=False)
+    for name, empty in (
+        ("_KNOWN", {}),
+        ("_NEW", {}),
+        ("_BY_CONTENT", {}),
+        ("_LOADED", []),
+        ("_AHEAD", []),
+        ("_LAST", []),
+    ):
+        monkeypatch.setattr(closure, name, empty)
+
+
+def test_the_imports_a_child_scanned_ahead_are_the_first_closure_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a plan starts, a forked child scans the imports of the package's
+    files; the first closure takes its lists (scanning here only a file
+    whose bytes it did not see), the answer is the walk's, and the child is
+    reaped. Where nobody takes its answer it is stopped; where the lists
+    are kept from an earlier run none is started."""
+    import os
+
+    root = tmp_path / "tree"
+    for relpath, raw in CHAIN.items():
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_bytes(raw)
+    _fresh_lists(monkeypatch, tmp_path / "cache")
+    later = {**CHAIN, "vllm/three.py": b"y = 2\n"}  # an earlier fix's rewrite
+    with closure.scanning_ahead(root):
+        ((child, _),) = closure._AHEAD
+        index = closure.ModuleIndex(later)
+        found = index.closure("vllm/one.py", [later["vllm/one.py"]])
+        assert closure._AHEAD == []
+    assert index.scanned == 1  # vllm/three.py as rewritten: the child saw 2
+    assert set(found) == _walked(later, "vllm/one.py")
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, 0)  # reaped
+    # Nobody asks: the child is stopped and reaped all the same.
+    _fresh_lists(monkeypatch, tmp_path / "cache")
+    with closure.scanning_ahead(root):
+        ((child, _),) = closure._AHEAD
+    assert closure._AHEAD == []
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, 0)
+    # The lists kept by an earlier run: nothing to scan ahead.
+    _fresh_lists(monkeypatch, tmp_path / "cache")
+    closure.ModuleIndex(later).closure("vllm/one.py", [later["vllm/one.py"]])
+    closure.save()
+    _fresh_lists(monkeypatch, tmp_path / "cache")
+    with closure.scanning_ahead(root):
+        assert closure._AHEAD == []

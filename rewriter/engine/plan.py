@@ -152,10 +152,26 @@ def plan_tree(
     """
     if selected is None:
         selected = {patch.id for patch in series}
+    reads_tree = any(getattr(p, "reads_tree", False) for p in series)
+    with contextlib.ExitStack() as ahead:
+        # Started before a kept plan is looked for: it reads every file.
+        for start in {getattr(p, "ahead_of_plan", None) for p in series} - {None}:
+            ahead.enter_context(start(tree.root))  # type: ignore[misc]
+        return _planned(tree, series, selected, rewrite, progress, cache, reads_tree)
+
+
+def _planned(
+    tree: VllmTree,
+    series: Sequence[Patch],
+    selected: set[str],
+    rewrite: bool,
+    progress: Callable[[str], None] | None,
+    cache: RecognitionCache | None,
+    reads_tree: bool,
+) -> Plan:
     memo = None
     # Kept whole only where it rewrites nothing and a patch reads the tree
     # (else the per-file cache does all a kept plan would, for less).
-    reads_tree = any(getattr(p, "reads_tree", False) for p in series)
     if cache is not None and not rewrite and reads_tree:
         from deepstack_patch.engine.plan_memo import PlanMemo
 

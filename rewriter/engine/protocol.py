@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # LibCST is imported only when something is rewritten.
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+
     import libcst
 
 
@@ -227,6 +230,18 @@ class Patch:
     #: given (through :func:`deepstack_patch.engine.tree.tree_context`): the
     #: recognition cache, which keys on the file's bytes, then skips the file.
     reads_tree: ClassVar[bool] = False
+    #: Work a patch that reads the tree may start on the tree's root as a
+    #: plan starts, to have it ready when recognition reads the tree (a
+    #: context manager, left as the plan ends); None: nothing.
+    ahead_of_plan: ClassVar[Callable[[Path], AbstractContextManager[None]] | None] = (
+        None
+    )
+    #: Work a patch that reads the tree may start on the tree's root as a
+    #: plan starts, to have it ready when recognition reads the tree (a
+    #: context manager, left as the plan ends); None: nothing.
+    ahead_of_plan: ClassVar[Callable[[Path], AbstractContextManager[object]] | None] = (
+        None
+    )
     #: The files besides ``paths`` that recognition reads (exact paths): a
     #: partial extraction holds them too, and one the release lacks is known
     #: to be missing there.

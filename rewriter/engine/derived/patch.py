@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import codecs
+import contextlib
 import functools
 import hashlib
 import re
@@ -88,6 +89,14 @@ APPLIED_EDIT = "applied"
 
 class DerivedPatch(Patch):
     """A patch made from data (see the module's docstring)."""
+
+    @staticmethod
+    def ahead_of_plan(root: Path) -> contextlib.AbstractContextManager[None]:
+        """The package's imports scanned in a forked child while the plan
+        starts (:func:`.closure.scanning_ahead`)."""
+        from deepstack_patch.engine.derived.closure import scanning_ahead
+
+        return scanning_ahead(root)
 
     def __init__(
         self,
