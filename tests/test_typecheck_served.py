@@ -7,6 +7,7 @@ diagnostics a run of ``ty check`` of its own gives it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -322,3 +323,42 @@ def test_a_file_is_checked_as_it_is_only_where_its_answer_as_fixed_asks(
     assert told == [after]
     assert any("absent" in d.message for d in after)
     assert before == (after if asks else [])
+
+
+def test_a_state_goes_to_the_server_with_the_least_left_to_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each state goes to the server with the fewest bytes given to check and
+    not answered yet (a big file asked last would be the run's end behind
+    another), and a server's answer takes its bytes off again."""
+    import contextlib
+    import threading
+
+    release = threading.Event()
+
+    class Waiting:
+        def lay(self, files: object, read: object) -> None:
+            pass
+
+        def diagnostics(self, files: dict[str, bytes], timeout: float) -> dict:
+            release.wait(30)
+            return {path: [] for path in files}
+
+    @contextlib.contextmanager
+    def served(*_: object) -> Iterator[Waiting]:
+        yield Waiting()
+
+    monkeypatch.setattr(tyserver, "served", served)
+    ahead = tyserver.Ahead("ty", tmp_path, tmp_path / "work", "", 2, lambda _: b"")
+    try:
+        big, small = {"vllm/big.py": b"x" * 100}, {"vllm/small.py": b"x" * 10}
+        assert ahead.ask("a", big, "vllm/big.py") == 0
+        assert ahead.ask("b", small, "vllm/small.py") == 1
+        assert ahead.ask("c", small, "vllm/small.py") == 1  # 10 + 10 < 100
+        assert ahead.ask("d", small, "vllm/small.py", server=0) == 0  # as told
+        release.set()
+        assert set(ahead.answers(["a", "b", "c", "d"])) == {"a", "b", "c", "d"}
+        assert ahead._queued == [0, 0]
+    finally:
+        release.set()
+        ahead.close()

@@ -188,6 +188,8 @@ class ChecksAhead:
         )  # type: ignore[arg-type]
         self._count = 0
         self._checks: dict[int, Check] = {}
+        #: The server each check's file as fixed went to: as it is, too.
+        self._server_of: dict[int, int | None] = {}
 
     @classmethod
     def start(cls, root: Path) -> ChecksAhead | None:
@@ -208,9 +210,13 @@ class ChecksAhead:
         self._checks[number] = check
         # One server: the state as it is (where the check always asks for
         # it), then as fixed.
+        server = None
         for side in sides:
             if side.state == "after" or not check.needs_before:
-                self._servers.ask((number, side.state), side.files, side.path, number)
+                server = self._servers.ask(
+                    (number, side.state), side.files, side.path, server
+                )
+        self._server_of[number] = server
         return number
 
     def answers(
@@ -237,7 +243,9 @@ class ChecksAhead:
         ]
         for number in later:
             check = self._checks[number]
-            self._servers.ask((number, "before"), check.before, check.path, number)
+            self._servers.ask(
+                (number, "before"), check.before, check.path, self._server_of[number]
+            )
         found.update(self._servers.answers((number, "before") for number in later))
         asked_before = upfront.union(later)
         return {

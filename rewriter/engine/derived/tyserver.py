@@ -282,6 +282,9 @@ class Ahead:
         self._ended = [False] * count
         self._answers: dict[Hashable, list[tuple[int, str, str]]] = {}
         self._server_of: dict[Hashable, int] = {}
+        #: The bytes of the files each server was given to check and has
+        #: not answered yet: what a new check waits behind there.
+        self._queued = [0] * count
         self._done = threading.Condition()
         self._threads = []
         for number in range(count):
@@ -296,13 +299,26 @@ class Ahead:
             self._threads.append(thread)
 
     def ask(
-        self, job: Hashable, files: Mapping[str, bytes], path: str, server: int
-    ) -> None:
-        """Have server number ``server`` (modulo their count) check ``path``
-        with ``files`` laid over the tree; its answer is kept as ``job``'s."""
-        number = server % len(self._queues)
+        self,
+        job: Hashable,
+        files: Mapping[str, bytes],
+        path: str,
+        server: int | None = None,
+    ) -> int:
+        """Have server number ``server`` (modulo their count; by default the
+        one with the least to check before it) check ``path`` with ``files``
+        laid over the tree; its answer is kept as ``job``'s. The server's
+        number, for a later state of the same file to go to it too."""
+        laid = files.get(path)
+        size = len(laid) if laid is not None else len(self._read(path) or b"")
+        with self._done:
+            if server is None:  # a big file checked last is the run's end
+                server = min(range(len(self._queues)), key=self._queued.__getitem__)
+            number = server % len(self._queues)
+            self._queued[number] += size
         self._server_of[job] = number
-        self._queues[number].put(_Job(job, files, path))
+        self._queues[number].put(_Job(job, files, path, size))
+        return number
 
     def answers(
         self, jobs: Iterable[Hashable]
@@ -331,6 +347,7 @@ class Ahead:
                 found = server.diagnostics({job.path: text}, 120)[job.path]
                 with self._done:
                     self._answers[job.name] = found
+                    self._queued[number] -= job.size
                     self._done.notify_all()
         except (ServerFailed, OSError, ValueError, KeyError):
             # A server that stops, or answers what this cannot read: its
@@ -362,3 +379,4 @@ class _Job:
     name: Hashable
     files: Mapping[str, bytes]
     path: str
+    size: int = 0
