@@ -391,7 +391,7 @@ def test_a_folder_is_checked_side_by_side_and_its_first_disagreement_told(
     turn gives (the first file that disagrees, named with the way to leave
     it out; an earlier one's before a later file's own error), whichever
     process found it, and also where the child gives no answer."""
-    from deepstack_patch.engine.derived import truth
+    from deepstack_patch.engine import forked
     from deepstack_patch.engine.series import patches_from_folder
 
     monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
@@ -400,13 +400,15 @@ def test_a_folder_is_checked_side_by_side_and_its_first_disagreement_told(
     text = data_file.read_text()
     hacked = text.replace(inserted("return max(n, 0)"), inserted('print("HACKED")'))
     forks: list[int] = []
-    real_fork = truth.os.fork
+    real_fork = forked.os.fork
 
     def fork() -> int:
         forks.append(1)
         return real_fork()
 
-    monkeypatch.setattr(truth.os, "fork", fork)
+    monkeypatch.setattr(forked.os, "fork", fork)
+    # Another test may leave a thread behind; these children take no lock.
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
 
     def lay(*names: str, broken: str = "") -> None:
         for old in folder.iterdir():
@@ -438,5 +440,5 @@ def test_a_folder_is_checked_side_by_side_and_its_first_disagreement_told(
         assert ("its edits do not turn" in error.message) == (named != broken)
     # A child that answers nothing: its files are checked here.
     lay("d")
-    monkeypatch.setattr(truth.json, "dumps", lambda _: 1 / 0)
+    monkeypatch.setattr(forked.json, "dumps", lambda _: 1 / 0)
     assert told().path == str((folder / "d.toml").absolute())

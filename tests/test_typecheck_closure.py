@@ -364,8 +364,12 @@ def test_a_closure_carried_through_states_never_asked_is_the_fresh_one(
 
 def _fresh_lists(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
     """A process that has scanned nothing, with an empty cache folder."""
+    from deepstack_patch.engine import forked
+
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(cache))
     monkeypatch.delenv("DEEPSTACK_PATCH_NO_CACHE", raising=False)
+    # Another test may leave a thread behind; the scan takes no lock.
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
     for name, empty in (
         ("_KNOWN", {}),
         ("_NEW", {}),
@@ -394,21 +398,21 @@ def test_the_imports_a_child_scanned_ahead_are_the_first_closure_s(
     _fresh_lists(monkeypatch, tmp_path / "cache")
     later = {**CHAIN, "vllm/three.py": b"y = 2\n"}  # an earlier fix's rewrite
     with closure.scanning_ahead(root):
-        ((child, _),) = closure._AHEAD
+        (child,) = closure._AHEAD
         index = closure.ModuleIndex(later)
         found = index.closure("vllm/one.py", [later["vllm/one.py"]])
         assert closure._AHEAD == []
     assert index.scanned == 1  # vllm/three.py as rewritten: the child saw 2
     assert set(found) == _walked(later, "vllm/one.py")
     with pytest.raises(ChildProcessError):
-        os.waitpid(child, 0)  # reaped
+        os.waitpid(child.pid, 0)  # reaped
     # Nobody asks: the child is stopped and reaped all the same.
     _fresh_lists(monkeypatch, tmp_path / "cache")
     with closure.scanning_ahead(root):
-        ((child, _),) = closure._AHEAD
+        (child,) = closure._AHEAD
     assert closure._AHEAD == []
     with pytest.raises(ChildProcessError):
-        os.waitpid(child, 0)
+        os.waitpid(child.pid, 0)
     # The lists kept by an earlier run: nothing to scan ahead.
     _fresh_lists(monkeypatch, tmp_path / "cache")
     closure.ModuleIndex(later).closure("vllm/one.py", [later["vllm/one.py"]])

@@ -153,72 +153,68 @@ def plan_tree(
     if selected is None:
         selected = {patch.id for patch in series}
     reads_tree = any(getattr(p, "reads_tree", False) for p in series)
+    with _ahead_of_plan(tree, series):
+        memo = None
+        # Kept whole only where it rewrites nothing and a patch reads the tree
+        # (else the per-file cache does all a kept plan would, for less).
+        if cache is not None and not rewrite and reads_tree:
+            from deepstack_patch.engine.plan_memo import PlanMemo
+
+            memo = PlanMemo.for_plan(tree, series, selected, cache)
+            kept = memo.load(series)
+            if kept is not None:
+                return Plan(tree=tree, reports=kept, edits=[])
+        started = time.time()
+        # Recognition may read other files of the tree (a derived patch checks
+        # the names its fix imports: engine/derived/names.py), as the earlier
+        # patches leave them, and rewrites a file to check it (runtime.py).
+        with (
+            _without_cycle_collection(),
+            keeping_parses(),
+            recognising_in(tree.root, series, selected, rewritten_bytes) as context,
+        ):
+            # A check may put its work off to the pass's end, to do it once for
+            # every patch (ty over all the files that need it), answering
+            # meanwhile as if it found nothing; where it found something, the
+            # series is planned again with its answers (a drifted patch writes
+            # nothing a later one could read). The last pass puts nothing off.
+            # A file is shown once, whatever the passes.
+            progress = _each_once(progress) if progress else None
+            for last in [False] * _DEFERRING_PASSES + [True]:
+                context.defer_checks = not last
+                plan = _plan(tree, series, selected, rewrite, progress, cache)
+                if restated := _restated(plan):
+                    # A patch whose parts were restated after its rewrite was
+                    # computed (not applicable: engine/whole.py) writes nothing,
+                    # and no later patch reads what it would have written.
+                    context.start_again()
+                    plan = _plan(
+                        tree, series, selected, rewrite, progress, cache,
+                        rewriting=selected - restated,
+                    )  # fmt: skip
+                if memo is not None and context.deferred and not context.unsettled:
+                    # What a kept plan reads of the package is read while ty
+                    # finishes the checks this pass put off.
+                    memo.prepare(context)
+                # Every piece of work is run, so none is left behind.
+                again = [work.run() for work in context.deferred.values()]
+                if not any(again):
+                    break
+                context.start_again()
+            if memo is not None and not plan.edits:
+                memo.store(plan.reports, context, started)
+            return plan
+
+
+@contextlib.contextmanager
+def _ahead_of_plan(tree: VllmTree, series: Sequence[Patch]) -> Iterator[None]:
+    """The work the series' patches start as a plan starts (each kind's
+    ``ahead_of_plan`` once), for the plan's length; before a kept plan is
+    looked for, which reads every file."""
     with contextlib.ExitStack() as ahead:
-        # Started before a kept plan is looked for: it reads every file.
         for start in {getattr(p, "ahead_of_plan", None) for p in series} - {None}:
             ahead.enter_context(start(tree.root))  # type: ignore[misc]
-        return _planned(tree, series, selected, rewrite, progress, cache, reads_tree)
-
-
-def _planned(
-    tree: VllmTree,
-    series: Sequence[Patch],
-    selected: set[str],
-    rewrite: bool,
-    progress: Callable[[str], None] | None,
-    cache: RecognitionCache | None,
-    reads_tree: bool,
-) -> Plan:
-    memo = None
-    # Kept whole only where it rewrites nothing and a patch reads the tree
-    # (else the per-file cache does all a kept plan would, for less).
-    if cache is not None and not rewrite and reads_tree:
-        from deepstack_patch.engine.plan_memo import PlanMemo
-
-        memo = PlanMemo.for_plan(tree, series, selected, cache)
-        kept = memo.load(series)
-        if kept is not None:
-            return Plan(tree=tree, reports=kept, edits=[])
-    started = time.time()
-    # Recognition may read other files of the tree (a derived patch checks
-    # the names its fix imports: engine/derived/names.py), as the earlier
-    # patches leave them, and rewrites a file to check it (runtime.py).
-    with (
-        _without_cycle_collection(),
-        keeping_parses(),
-        recognising_in(tree.root, series, selected, rewritten_bytes) as context,
-    ):
-        # A check may put its work off to the pass's end, to do it once for
-        # every patch (ty over all the files that need it), answering
-        # meanwhile as if it found nothing; where it found something, the
-        # series is planned again with its answers (a drifted patch writes
-        # nothing a later one could read). The last pass puts nothing off.
-        # A file is shown once, whatever the passes.
-        progress = _each_once(progress) if progress else None
-        for last in [False] * _DEFERRING_PASSES + [True]:
-            context.defer_checks = not last
-            plan = _plan(tree, series, selected, rewrite, progress, cache)
-            if restated := _restated(plan):
-                # A patch whose parts were restated after its rewrite was
-                # computed (not applicable: engine/whole.py) writes nothing,
-                # and no later patch reads what it would have written.
-                context.start_again()
-                plan = _plan(
-                    tree, series, selected, rewrite, progress, cache,
-                    rewriting=selected - restated,
-                )  # fmt: skip
-            if memo is not None and context.deferred and not context.unsettled:
-                # What a kept plan reads of the package is read while ty
-                # finishes the checks this pass put off.
-                memo.prepare(context)
-            # Every piece of work is run, so none is left behind.
-            again = [work.run() for work in context.deferred.values()]
-            if not any(again):
-                break
-            context.start_again()
-        if memo is not None and not plan.edits:
-            memo.store(plan.reports, context, started)
-        return plan
+        yield
 
 
 def _each_once(progress: Callable[[str], None]) -> Callable[[str], None]:

@@ -52,14 +52,13 @@ import hashlib
 import json
 import os
 import re
-import signal
-import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deepstack_patch.engine.derived.names import absolute_module
+from deepstack_patch.engine.forked import Forked
 
 #: Bump when what is stored changes meaning.
 _SCHEMA = "1"
@@ -457,8 +456,8 @@ def _summary(source: bytes | str, index: ModuleIndex) -> Summary:
 
 
 #: The scan of the package a forked child makes while the plan starts
-#: (:func:`scan_ahead`): its process id and the pipe it answers on.
-_AHEAD: list[tuple[int, int]] = []
+#: (:func:`scan_ahead`).
+_AHEAD: list[Forked] = []
 
 
 def scan_ahead(root: Path) -> None:
@@ -467,55 +466,38 @@ def scan_ahead(root: Path) -> None:
     plan scans 2,000 files, a quarter of a second, at a plan's start, when
     ty has yet to be given a check on the other core). Its summaries join
     the known ones, by content: a file that changed since is scanned here.
-    Nothing where the lists are kept from an earlier run, another thread
-    runs (a fork copies the locks it holds) or this is not POSIX;
-    :func:`end_ahead` ends it."""
-    if _AHEAD or _LOADED or not hasattr(os, "fork") or threading.active_count() != 1:
+    Nothing where the lists are kept from an earlier run, or no child can
+    be started (:class:`.forked.Forked`); :func:`end_ahead` ends it."""
+    if _AHEAD or _LOADED:
         return
     kept = _cache_file()
     if kept is not None and kept.exists():
         return  # the package's import lists are kept: few files to scan
-    reading, writing = os.pipe()
-    try:
-        child = os.fork()
-    except OSError:
-        os.close(reading)
-        os.close(writing)
-        return
-    if child == 0:  # pragma: no cover - the child's coverage is not collected
-        code = 1
-        try:
-            os.close(reading)
-            found = {}
-            for folder, _dirs, names in os.walk(root / "vllm"):
-                for name in names:
-                    if name.endswith((".py", ".pyi")):
-                        with open(os.path.join(folder, name), "rb") as handle:
-                            summary = summarise(handle.read())
-                        found[summary.code] = [list(i) for i in summary.imports]
-            with os.fdopen(writing, "wb") as pipe:
-                pipe.write(json.dumps(found).encode())
-            code = 0
-        finally:
-            os._exit(code)  # none of the parent's exit handlers, nor its buffers
-    os.close(writing)
-    _AHEAD.append((child, reading))
+    child = Forked.start(functools.partial(_scanned_package, root))
+    if child is not None:
+        _AHEAD.append(child)
+
+
+def _scanned_package(root: Path) -> dict[str, list[list[object]]]:
+    """Each file of the package's imports, by its content's hash."""
+    found: dict[str, list[list[object]]] = {}
+    for folder, _dirs, names in os.walk(root / "vllm"):
+        for name in names:
+            if name.endswith((".py", ".pyi")):
+                with open(os.path.join(folder, name), "rb") as handle:
+                    summary = summarise(handle.read())
+                found[summary.code] = [list(i) for i in summary.imports]
+    return found
 
 
 def _take_ahead() -> None:
     """The child's summaries (:func:`scan_ahead`), waited for, kept as this
     process's own (and for the cache): none where it gave no answer."""
-    ((child, reading),) = _AHEAD
-    _AHEAD.clear()
-    try:
-        with os.fdopen(reading, "rb") as pipe:
-            answer = pipe.read()
-    finally:
-        os.waitpid(child, 0)
+    answer = _AHEAD.pop().answer()
     try:
         found = {
             code: Summary(code, tuple((lv, m, tuple(n)) for lv, m, n in imports))
-            for code, imports in json.loads(answer).items()
+            for code, imports in answer.items()  # type: ignore[union-attr]
         }
     except (ValueError, TypeError, AttributeError):
         return  # the child failed: each file is scanned here as it comes
@@ -539,12 +521,7 @@ def end_ahead() -> None:
     """Stop the child of :func:`scan_ahead` where nobody took its answer
     (a plan with no typed check, an interrupt)."""
     if _AHEAD:
-        ((child, reading),) = _AHEAD
-        _AHEAD.clear()
-        os.close(reading)
-        with contextlib.suppress(OSError):
-            os.kill(child, signal.SIGKILL)
-        os.waitpid(child, 0)
+        _AHEAD.pop().stop()
 
 
 def summarise(raw: bytes) -> Summary:

@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import os
-import signal
 import textwrap
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from deepstack_patch.engine.derived.data import Anchor, Edit, Step, Unit
 from deepstack_patch.engine.derived.match import one_statement, with_block
 from deepstack_patch.engine.errors import DeepstackError
+from deepstack_patch.engine.forked import Forked
 
 #: A data file whose units are to agree: its units, its path (for the
 #: error) and its bytes (for the record of files found in agreement).
@@ -104,52 +102,31 @@ def _record(agreed: Path | None) -> None:
 
 def _side_by_side(files: Sequence[Sequence[Unit]]) -> list[tuple[str, str] | None]:
     """:func:`_first_disagreement` of each of ``files``: the last ones (half
-    the code to read) in a forked child, the others here meanwhile. One
-    process does all where there is one file, no ``fork``, another thread,
-    or the child gives no answer."""
+    the code to read) in a forked child (:class:`.forked.Forked`), the
+    others here meanwhile. One process does all where there is one file, no
+    child, or the child gives no answer."""
     weights = [sum(len(u.before) + len(u.after) for u in units) for units in files]
     half, total, whole = 0, 0, sum(weights)
     while half < len(files) and 2 * (total + weights[half]) <= whole:
         total += weights[half]
         half += 1
-    # A fork while another thread runs may copy a lock it holds, held.
-    alone = hasattr(os, "fork") and threading.active_count() == 1
-    if not 0 < half < len(files) or not alone:
+    if not 0 < half < len(files):
         return [_first_disagreement(units) for units in files]
     import deepstack_patch.engine.derived.units  # noqa: F401 - imported once, here
 
-    reading, writing = os.pipe()
+    child = Forked.start(lambda: [_first_disagreement(units) for units in files[half:]])
     try:
-        child = os.fork()
-    except OSError:
-        os.close(reading)
-        os.close(writing)
-        return [_first_disagreement(units) for units in files]
-    if child == 0:  # pragma: no cover - the child's coverage is not collected
-        code = 1
-        try:
-            os.close(reading)
-            theirs = [_first_disagreement(units) for units in files[half:]]
-            with os.fdopen(writing, "wb") as pipe:
-                pipe.write(json.dumps(theirs).encode())
-            code = 0
-        finally:
-            os._exit(code)  # none of the parent's exit handlers, nor its buffers
-    os.close(writing)
-    try:
-        with os.fdopen(reading, "rb") as pipe:
-            ours = [_first_disagreement(units) for units in files[:half]]
-            answer = pipe.read()
+        ours = [_first_disagreement(units) for units in files[:half]]
     except BaseException:
-        os.kill(child, signal.SIGKILL)  # an interrupt: nothing left running
+        if child is not None:
+            child.stop()
         raise
-    finally:
-        os.waitpid(child, 0)
+    answer = child.answer() if child is not None else None
     try:
-        theirs = [tuple(found) if found else None for found in json.loads(answer)]
-    except (ValueError, TypeError):
+        theirs = [tuple(found) if found else None for found in answer]  # type: ignore[union-attr]
+    except TypeError:
         theirs = []
-    if len(theirs) != len(files) - half:  # the child failed: its share here
+    if len(theirs) != len(files) - half:  # no child, or it failed: its share here
         theirs = [_first_disagreement(units) for units in files[half:]]
     return [*ours, *theirs]  # type: ignore[list-item]
 
