@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deepstack_patch.engine.derived import closure
+from deepstack_patch.engine.derived import closure, import_lists
 from deepstack_patch.engine.protocol import PatchState
 
 from tests.support.ty_runs import checks_handed_to_ty
@@ -147,11 +147,12 @@ def test_import_lists_are_scanned_once_per_content(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DEEPSTACK_PATCH_CACHE", str(tmp_path / "cache"))
-    for memo in ("_KNOWN", "_NEW", "_BY_CONTENT", "_NAMED_BY"):
-        monkeypatch.setattr(closure, memo, {})
+    for memo in ("_KNOWN", "_NEW", "_BY_CONTENT"):
+        monkeypatch.setattr(import_lists, memo, {})
+    monkeypatch.setattr(closure, "_NAMED_BY", {})
     # A process's first index: none before it to take from (a later state
     # checks the imports of each module it changed that the last one read).
-    monkeypatch.setattr(closure, "_LOADED", [])
+    monkeypatch.setattr(import_lists, "_LOADED", [])
     monkeypatch.setattr(closure, "_LAST", [])
     files = {
         "vllm/__init__.py": "",
@@ -161,11 +162,12 @@ def test_import_lists_are_scanned_once_per_content(
     first = index(files)
     first.closure("vllm/one.py", [files["vllm/one.py"].encode()])
     assert first.scanned == 2
-    closure.save()
+    import_lists.save()
     # Another process: the lists come from the cache folder.
-    for memo in ("_KNOWN", "_BY_CONTENT", "_NAMED_BY"):
-        monkeypatch.setattr(closure, memo, {})
-    monkeypatch.setattr(closure, "_LOADED", [])
+    for memo in ("_KNOWN", "_BY_CONTENT"):
+        monkeypatch.setattr(import_lists, memo, {})
+    monkeypatch.setattr(closure, "_NAMED_BY", {})
+    monkeypatch.setattr(import_lists, "_LOADED", [])
     again = index(files)
     again.closure("vllm/one.py", [files["vllm/one.py"].encode()])
     assert again.scanned == 0
@@ -189,7 +191,7 @@ def test_import_lists_are_scanned_once_per_content(
 def test_the_scan_finds_imports_a_line_scan_would_miss(
     source: str, imports: list[closure.Import]
 ) -> None:
-    assert list(closure.summarise(source.encode()).imports) == imports
+    assert list(import_lists.summarise(source.encode()).imports) == imports
 
 
 def test_a_later_state_of_the_overlay_hashes_none_of_the_files_it_shares(
@@ -259,7 +261,7 @@ def _walked(files: dict[str, bytes], path: str) -> set[str]:
     """What ty can reach from ``path``, walked from nothing each time: the
     answer the components' shared work must give."""
     index = closure.ModuleIndex(files)
-    todo = list(closure._modules_of(closure._scanned(files[path]), path))
+    todo = list(closure._modules_of(import_lists._scanned(files[path]), path))
     parts = path.split("/")[:-1]
     todo += [".".join(parts[:n]) + "/" for n in range(1, len(parts) + 1)]
     seen: set[str] = set()
@@ -376,9 +378,9 @@ def _fresh_lists(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
         ("_BY_CONTENT", {}),
         ("_LOADED", []),
         ("_AHEAD", []),
-        ("_LAST", []),
     ):
-        monkeypatch.setattr(closure, name, empty)
+        monkeypatch.setattr(import_lists, name, empty)
+    monkeypatch.setattr(closure, "_LAST", [])
 
 
 def test_the_imports_a_child_scanned_ahead_are_the_first_closure_s(
@@ -397,26 +399,26 @@ def test_the_imports_a_child_scanned_ahead_are_the_first_closure_s(
         (root / relpath).write_bytes(raw)
     _fresh_lists(monkeypatch, tmp_path / "cache")
     later = {**CHAIN, "vllm/three.py": b"y = 2\n"}  # an earlier fix's rewrite
-    with closure.scanning_ahead(root):
-        (child,) = closure._AHEAD
+    with import_lists.scanning_ahead(root):
+        (child,) = import_lists._AHEAD
         index = closure.ModuleIndex(later)
         found = index.closure("vllm/one.py", [later["vllm/one.py"]])
-        assert closure._AHEAD == []
+        assert import_lists._AHEAD == []
     assert index.scanned == 1  # vllm/three.py as rewritten: the child saw 2
     assert set(found) == _walked(later, "vllm/one.py")
     with pytest.raises(ChildProcessError):
         os.waitpid(child.pid, 0)  # reaped
     # Nobody asks: the child is stopped and reaped all the same.
     _fresh_lists(monkeypatch, tmp_path / "cache")
-    with closure.scanning_ahead(root):
-        (child,) = closure._AHEAD
-    assert closure._AHEAD == []
+    with import_lists.scanning_ahead(root):
+        (child,) = import_lists._AHEAD
+    assert import_lists._AHEAD == []
     with pytest.raises(ChildProcessError):
         os.waitpid(child.pid, 0)
     # The lists kept by an earlier run: nothing to scan ahead.
     _fresh_lists(monkeypatch, tmp_path / "cache")
     closure.ModuleIndex(later).closure("vllm/one.py", [later["vllm/one.py"]])
-    closure.save()
+    import_lists.save()
     _fresh_lists(monkeypatch, tmp_path / "cache")
-    with closure.scanning_ahead(root):
-        assert closure._AHEAD == []
+    with import_lists.scanning_ahead(root):
+        assert import_lists._AHEAD == []

@@ -21,7 +21,8 @@ The package's modules, in the order a fix travels through them:
   the fixed file, run and cached by :mod:`.typecheck`, through
   :mod:`.tyserver` or in folders of links, :mod:`.tyfolders`; attribute
   names the release defines or reads somewhere; :mod:`.outside`, the attributes
-  there at run time from outside vLLM);
+  there at run time from outside vLLM; a verdict keyed by the modules ty can
+  reach, :mod:`.closure`, over each file's imports, :mod:`.import_lists`);
 - :mod:`.entries`: an entry of a large literal or a keyword of a long call
   as an edit of its own, found by its key whatever the other entries hold;
 - :mod:`.regions` and :mod:`.rewrite`: the lines an edit changes, and the

@@ -37,43 +37,23 @@ imports), and each closure of those, with the changed modules' states.
 On the 40-fix batch of 0.20.2 the walks took about 1.8 s of a first
 status, 52 of them over about 3,300 modules and packages each.
 
-Each file's import list is kept under its content's hash
-(``runtime-names/import-lists-v1.json`` in the cache folder, beside the
-verdicts), so a run scans only files it has not seen. Where none is kept,
-a forked child scans the package as a plan starts (:func:`scan_ahead`),
-on the core ty has no check for yet.
+Each file's import list is kept under its content's hash, and scanned
+ahead where none is kept (:mod:`.import_lists`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import json
-import os
-import re
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from deepstack_patch.engine.derived import import_lists
+from deepstack_patch.engine.derived.import_lists import Import, Summary
 from deepstack_patch.engine.derived.names import absolute_module
-from deepstack_patch.engine.forked import Forked
 
 #: Bump when what is stored changes meaning.
 _SCHEMA = "1"
-
-#: An import as a file states it: (level, module, names); ``import a.b`` is
-#: (0, "a.b", ()).
-Import = tuple[int, str, tuple[str, ...]]
-
-
-@dataclass(frozen=True)
-class Summary:
-    """What the key reads of one file: its content's hash and its imports."""
-
-    code: str
-    imports: tuple[Import, ...]
 
 
 class ModuleIndex:
@@ -426,201 +406,9 @@ def _modules_of(imports: Iterable[Import], relpath: str) -> list[str]:
     return [m for m in found if m == "vllm" or m.startswith("vllm.")]
 
 
-# -- each file's imports and code, cached by content --------------------------
-
-
-_KNOWN: dict[str, Summary] = {}
-_LOADED: list[bool] = []
-_NEW: dict[str, Summary] = {}
-#: The same, by the bytes themselves, for this process.
-_BY_CONTENT: dict[bytes, Summary] = {}
-
-
 def _summary(source: bytes | str, index: ModuleIndex) -> Summary:
-    raw = source.encode() if isinstance(source, str) else source
-    known = _BY_CONTENT.get(raw)
-    if known is not None:
-        return known
-    key = hashlib.blake2b(raw, digest_size=20).hexdigest()  # as Summary.code
-    if not _LOADED:
-        _LOADED.append(True)
-        _KNOWN.update(_load())
-    if _AHEAD:
-        _take_ahead()
-    found = _KNOWN.get(key)
-    if found is None:
-        index.scanned += 1
-        found = _KNOWN[key] = _NEW[key] = Summary(key, _scanned(raw))
-    _BY_CONTENT[raw] = found
+    """The file's import list (:func:`.import_lists.summary`), counted in
+    ``index.scanned`` where it was scanned here."""
+    found, scanned = import_lists.summary(source)
+    index.scanned += scanned
     return found
-
-
-#: The scan of the package a forked child makes while the plan starts
-#: (:func:`scan_ahead`).
-_AHEAD: list[Forked] = []
-
-
-def scan_ahead(root: Path) -> None:
-    """Have a forked child scan the imports of every file of ``root``'s
-    ``vllm`` package while this process goes on (the first closure of a
-    plan scans 2,000 files, a quarter of a second, at a plan's start, when
-    ty has yet to be given a check on the other core). Its summaries join
-    the known ones, by content: a file that changed since is scanned here.
-    Nothing where the lists are kept from an earlier run, or no child can
-    be started (:class:`.forked.Forked`); :func:`end_ahead` ends it."""
-    if _AHEAD or _LOADED:
-        return
-    kept = _cache_file()
-    if kept is not None and kept.exists():
-        return  # the package's import lists are kept: few files to scan
-    child = Forked.start(functools.partial(_scanned_package, root))
-    if child is not None:
-        _AHEAD.append(child)
-
-
-def _scanned_package(root: Path) -> dict[str, list[list[object]]]:
-    """Each file of the package's imports, by its content's hash."""
-    found: dict[str, list[list[object]]] = {}
-    for folder, _dirs, names in os.walk(root / "vllm"):
-        for name in names:
-            if name.endswith((".py", ".pyi")):
-                with open(os.path.join(folder, name), "rb") as handle:
-                    summary = summarise(handle.read())
-                found[summary.code] = [list(i) for i in summary.imports]
-    return found
-
-
-def _take_ahead() -> None:
-    """The child's summaries (:func:`scan_ahead`), waited for, kept as this
-    process's own (and for the cache): none where it gave no answer."""
-    answer = _AHEAD.pop().answer()
-    try:
-        found = {
-            code: Summary(code, tuple((lv, m, tuple(n)) for lv, m, n in imports))
-            for code, imports in answer.items()  # type: ignore[union-attr]
-        }
-    except (ValueError, TypeError, AttributeError):
-        return  # the child failed: each file is scanned here as it comes
-    for code, summary in found.items():
-        if code not in _KNOWN:
-            _KNOWN[code] = _NEW[code] = summary
-
-
-@contextlib.contextmanager
-def scanning_ahead(root: Path) -> Iterator[None]:
-    """:func:`scan_ahead` for as long as this lasts (a plan), then
-    :func:`end_ahead`."""
-    scan_ahead(root)
-    try:
-        yield
-    finally:
-        end_ahead()
-
-
-def end_ahead() -> None:
-    """Stop the child of :func:`scan_ahead` where nobody took its answer
-    (a plan with no typed check, an interrupt)."""
-    if _AHEAD:
-        _AHEAD.pop().stop()
-
-
-def summarise(raw: bytes) -> Summary:
-    """A file's content hash and its imports (:func:`_scanned`)."""
-    return Summary(hashlib.blake2b(raw, digest_size=20).hexdigest(), _scanned(raw))
-
-
-def _scanned(raw: bytes) -> tuple[Import, ...]:
-    """A file's imports, found by a scan of its bytes: parsing each module
-    of a closure (800 files in vLLM) costs seconds, a scan milliseconds. It
-    finds every import statement (one that stands after ``:`` or ``;`` too,
-    a parenthesised or continued list of names), and may find more (an
-    import in a string): a module too many only makes the key stricter."""
-    imports: list[Import] = []
-    for m in _statements(raw):
-        if m["plain"] is not None:
-            names = re.sub(rb"\s+as\s+\w+", b"", _words(m["plain"]))
-            imports += [
-                (0, name.decode(), ()) for name in re.findall(rb"[\w.]+", names)
-            ]
-            continue
-        names = tuple(n.decode() for n in re.findall(rb"[\w*]+", _words(m["names"])))
-        imports.append((len(m["dots"]), m["module"].decode(), names))
-    return tuple(imports)
-
-
-def _words(names: bytes) -> bytes:
-    """An import's names without comments, parentheses and continuations."""
-    return re.sub(rb"#[^\n]*|[()\\]", b" ", names)
-
-
-#: An import statement: ``from .m import a, b``, ``from m import (a,\n b)``
-#: or ``import m.n as o, p``; one counts at a line's start or after ``:``
-#: or ``;`` (:func:`_statements`). The pattern starts with its keywords, so
-#: that the regex engine looks for them alone: one that started with where
-#: a statement may start tried every position of 22 MB of vLLM (1 s).
-_IMPORT = re.compile(
-    rb"from[ \t]+(?P<dots>\.*)[ \t]*(?P<module>[\w.]*)[ \t]+import[ \t]*"
-    rb"(?P<names>\((?:[^)#]|#[^\n]*)*\)|(?:[^\n#;\\]|\\\n)*)"
-    rb"|import[ \t]+(?P<plain>(?:[^\n#;\\]|\\\n)+)"
-)
-
-
-def _statements(raw: bytes) -> Iterator[re.Match[bytes]]:
-    """The import statements of ``raw``: each match of ``_IMPORT`` that
-    stands where a statement starts (after nothing but blanks since the
-    line's start, a ``:`` or a ``;``). One that does not is passed by one
-    byte, not by its length: a statement may start inside it (``x = 1 if
-    y else 2; import z`` does not, ``"import a: import b"`` does)."""
-    position = 0
-    while found := _IMPORT.search(raw, position):
-        start = before = found.start()
-        while before and raw[before - 1] in b" \t":
-            before -= 1
-        if before == 0 or raw[before - 1] in b"\n:;":
-            yield found
-            position = found.end()
-        else:
-            position = start + 1
-
-
-def _cache_file() -> Path | None:
-    from deepstack_patch.engine.cache import cache_dir
-    from deepstack_patch.engine.errors import DeepstackError
-
-    try:
-        return cache_dir() / "runtime-names" / f"import-lists-v{_SCHEMA}.json"
-    except DeepstackError:
-        return None
-
-
-def _load() -> dict[str, Summary]:
-    file = _cache_file()
-    try:
-        stored: Any = json.loads(file.read_text()) if file else {}
-        return {
-            key: Summary(code, tuple((lv, m, tuple(n)) for lv, m, n in imports))
-            for key, (code, imports) in stored.items()
-        }
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}  # unreadable: parse again
-
-
-def save() -> None:
-    """Keep the summaries this process made (with those another process
-    kept since): a cache that cannot be written only costs time."""
-    file = _cache_file()
-    if not _NEW or file is None:
-        return
-    merged = {**_load(), **_NEW}
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        partial = file.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(
-            json.dumps(
-                {k: [s.code, [list(i) for i in s.imports]] for k, s in merged.items()}
-            )
-        )
-        partial.replace(file)
-        _NEW.clear()
-    except OSError:
-        pass

@@ -93,8 +93,8 @@ class DerivedPatch(Patch):
     @staticmethod
     def ahead_of_plan(root: Path) -> contextlib.AbstractContextManager[None]:
         """The package's imports scanned in a forked child while the plan
-        starts (:func:`.closure.scanning_ahead`)."""
-        from deepstack_patch.engine.derived.closure import scanning_ahead
+        starts (:func:`.import_lists.scanning_ahead`)."""
+        from deepstack_patch.engine.derived.import_lists import scanning_ahead
 
         return scanning_ahead(root)
 

@@ -61,7 +61,13 @@ from pathlib import Path
 from typing import Any
 
 from deepstack_patch.engine.context import TreeContext, tree_context
-from deepstack_patch.engine.derived import closure, outside, typecheck, verdicts
+from deepstack_patch.engine.derived import (
+    closure,
+    import_lists,
+    outside,
+    typecheck,
+    verdicts,
+)
 from deepstack_patch.engine.derived.data import Unit
 from deepstack_patch.engine.derived.match import code_nodes, import_aliases
 from deepstack_patch.engine.derived.names import (
@@ -628,7 +634,7 @@ class _TypedChecks:
     def run(self) -> bool:
         """Run what waits; True where a verdict is not the "nothing found"
         the pass was answered meanwhile."""
-        closure.save()  # the import lists this pass scanned, once
+        import_lists.save()  # the import lists this pass scanned, once
         answered = self.ahead.answers(list(self.asked.values())) if self.ahead else {}
         keys = list(self.pending)
         left = [key for key in keys if self.asked.get(key) not in answered]
