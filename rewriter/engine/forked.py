@@ -4,7 +4,7 @@ would otherwise wait; its answer comes back as JSON through a pipe.
 A plan's first second runs on one core of two (ty has yet to be given a
 check on the other): the data files' agreement check
 (:mod:`.derived.truth`) and the package's import lists
-(:mod:`.derived.closure`) are done there side by side. A child is started
+(:mod:`.derived.import_lists`) are done there side by side. A child is started
 only where ``fork`` exists and this process runs one thread (a fork copies
 a lock another thread holds, held); it leaves without the parent's exit
 handlers and buffers, and is killed and reaped where its answer is not
