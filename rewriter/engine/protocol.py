@@ -236,12 +236,6 @@ class Patch:
     ahead_of_plan: ClassVar[Callable[[Path], AbstractContextManager[None]] | None] = (
         None
     )
-    #: Work a patch that reads the tree may start on the tree's root as a
-    #: plan starts, to have it ready when recognition reads the tree (a
-    #: context manager, left as the plan ends); None: nothing.
-    ahead_of_plan: ClassVar[Callable[[Path], AbstractContextManager[object]] | None] = (
-        None
-    )
     #: The files besides ``paths`` that recognition reads (exact paths): a
     #: partial extraction holds them too, and one the release lacks is known
     #: to be missing there.
