@@ -131,8 +131,6 @@ def _refuse_disagreements(files: Sequence[Path], agreement: list[Agreement]) -> 
         told = Path(str(exc.path)).absolute()
         (path,) = [path for path in files if path.absolute() == told]
         raise _left_out(path, exc) from exc
-    finally:
-        agreement.clear()
 
 
 def _left_out(path: Path, exc: DeepstackError) -> DeepstackError:

@@ -304,7 +304,7 @@ def _without(kept: dict[str, Any], changed: set[str]) -> dict[str, Any]:
 class Closure(dict[str, str]):
     """What :meth:`ModuleIndex.closure` found, shared by every file whose
     imports join the same components: read it, never change it. Its digest
-    and the files it reads are worked out once."""
+    and its modules' order are worked out once."""
 
     digest: str = ""
     #: Its modules, sorted.

@@ -34,8 +34,9 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.forked import Forked
 
 #: A data file whose units are to agree: its units, its path (for the
-#: error) and its bytes (for the record of files found in agreement).
-Agreement = tuple[Sequence[Unit], object, bytes]
+#: error) and its bytes (for the record of files found in agreement; None:
+#: none is kept).
+Agreement = tuple[Sequence[Unit], object, bytes | None]
 
 
 def refuse_disagreement(
@@ -46,11 +47,7 @@ def refuse_disagreement(
     ``data``, a file this engine found in agreement before is not checked
     again (the check derives every function's edits anew: 0.4 s of a warm
     ``status`` with 40 derived patches)."""
-    agreed = _agreement_marker(data) if data is not None else None
-    if agreed is not None and agreed.exists():
-        return
-    _refused(_first_disagreement(units), path)
-    _record(agreed)
+    refuse_disagreements([(units, path, data)])
 
 
 def refuse_disagreements(files: Sequence[Agreement]) -> None:
@@ -131,11 +128,11 @@ def _side_by_side(files: Sequence[Sequence[Unit]]) -> list[tuple[str, str] | Non
     return [*ours, *theirs]  # type: ignore[list-item]
 
 
-def _agreement_marker(data: bytes) -> Path | None:
+def _agreement_marker(data: bytes | None) -> Path | None:
     """Where the agreement of a data file of these bytes is recorded: under
     a key of the bytes and the engine's code (which decides what agrees);
-    None where the cache is off or cannot be made."""
-    if os.environ.get("DEEPSTACK_PATCH_NO_CACHE") == "1":
+    None where the cache is off or cannot be made, or no bytes are given."""
+    if data is None or os.environ.get("DEEPSTACK_PATCH_NO_CACHE") == "1":
         return None
     from deepstack_patch.engine.cache import cache_dir
     from deepstack_patch.engine.derived.verdicts import engine_digest
