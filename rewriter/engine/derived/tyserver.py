@@ -285,6 +285,9 @@ class Ahead:
         #: The bytes of the files each server was given to check and has
         #: not answered yet: what a new check waits behind there.
         self._queued = [0] * count
+        #: The server each file checked went to: a later state of it goes
+        #: there too, where what the file imports is inferred already.
+        self._checked_on: dict[str, int] = {}
         self._done = threading.Condition()
         self._threads = []
         for number in range(count):
@@ -306,15 +309,18 @@ class Ahead:
         server: int | None = None,
     ) -> int:
         """Have server number ``server`` (modulo their count; by default the
-        one with the least to check before it) check ``path`` with ``files``
-        laid over the tree; its answer is kept as ``job``'s. The server's
-        number, for a later state of the same file to go to it too."""
+        one that checked ``path`` before, else the one with the least to
+        check before it) check ``path`` with ``files`` laid over the tree;
+        its answer is kept as ``job``'s. The server's number."""
         laid = files.get(path)
         size = len(laid) if laid is not None else len(self._read(path) or b"")
         with self._done:
+            if server is None:
+                server = self._checked_on.get(path)
             if server is None:  # a big file checked last is the run's end
                 server = min(range(len(self._queues)), key=self._queued.__getitem__)
             number = server % len(self._queues)
+            self._checked_on.setdefault(path, number)
             self._queued[number] += size
         self._server_of[job] = number
         self._queues[number].put(_Job(job, files, path, size))
