@@ -179,6 +179,32 @@ def test_a_file_written_around_the_manifest_is_compared_by_content(
     assert plan_memo._entry(path, long_ago, wrong) is wrong  # lstat vouches
 
 
+def test_the_package_a_walk_hashed_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first plan's manifest hashes every file of the package, and the
+    kept plan's searches need those bytes again: they are the bytes the
+    walk hashed (what the digests say), not a second read. A walk that an
+    ``lstat`` vouched for read nothing: those files are read then."""
+    root = tmp_path / "tree"
+    tree_of(root)
+    first = plan_memo._walk(root, previous=None)
+    first.taken_at += 60  # as if taken a minute later: no file is racy
+    later = plan_memo._walk(root, previous=first)
+    assert later.read == {}  # long written: every lstat vouches
+    on_disk = {
+        f"vllm/{path.name}": path.read_bytes() for path in (root / "vllm").glob("*.py")
+    }
+
+    def unread(path: Path) -> bytes:
+        raise AssertionError(f"read again: {path}")
+
+    monkeypatch.setattr(Path, "read_bytes", unread)
+    assert plan_memo._package_bytes(first) == on_disk
+    monkeypatch.undo()
+    assert plan_memo._package_bytes(later) == on_disk
+
+
 def test_a_plan_ty_could_not_check_is_not_kept(
     tmp_path: Path, plans_made: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -117,6 +117,9 @@ class Manifest:
     entries: dict[str, Entry]
     #: The tree's folder (not kept: the key holds it).
     root: Path = Path()
+    #: The bytes each file was hashed from when the manifest was taken (not
+    #: kept): what its digest says, so the package need not be read again.
+    read: dict[str, bytes] = field(default_factory=dict)
 
     def racy(self, entry: Entry) -> bool:
         _size, mtime_ns, ctime_ns, _inode, _kind = entry.signature
@@ -421,11 +424,16 @@ _WITNESSES = 4
 
 
 def _package_bytes(manifest: Manifest) -> dict[str, bytes] | None:
-    """The bytes of every file the manifest hashed, read once; None where
-    one is no longer the bytes it recorded (the plan is not kept)."""
+    """The bytes of every file the manifest hashed (those it was hashed
+    from where the walk read them, the others read now); None where one is
+    no longer the bytes it recorded (the plan is not kept). Bytes changed
+    on disk since are no matter: the store compares every ``lstat``."""
     package = {}
     for relpath, entry in manifest.entries.items():
         if entry.signature[4] != "f" or not entry.digest:
+            continue
+        if (raw := manifest.read.get(relpath)) is not None:
+            package[relpath] = raw
             continue
         try:
             raw = (manifest.root / relpath).read_bytes()
@@ -461,6 +469,7 @@ def _walk(root: Path, previous: Manifest | None, rehash: bool = True) -> Manifes
     ``previous`` cannot vouch for it (``rehash=False``: ``lstat`` alone)."""
     taken_at = time.time()
     entries: dict[str, Entry] = {}
+    read: dict[str, bytes] = {}
     stack = [root / "vllm"]
     while stack:
         folder = stack.pop()
@@ -472,19 +481,26 @@ def _walk(root: Path, previous: Manifest | None, rehash: bool = True) -> Manifes
             relpath = os.path.relpath(item.path, root).replace(os.sep, "/")
             old = previous.entries.get(relpath) if previous else None
             if rehash:
-                entry = _entry(Path(item.path), previous, old)
+                entry = _entry(Path(item.path), previous, old, read, relpath)
             else:
                 signature = _signature(item.stat(follow_symlinks=False))
                 entry = Entry(signature, old.digest if old else "")
             entries[relpath] = entry
             if entry.signature[4] == "d":
                 stack.append(Path(item.path))
-    return Manifest(taken_at, entries, root)
+    return Manifest(taken_at, entries, root, read)
 
 
-def _entry(path: Path, manifest: Manifest | None, old: Entry | None) -> Entry:
+def _entry(
+    path: Path,
+    manifest: Manifest | None,
+    old: Entry | None,
+    read: dict[str, bytes] | None = None,
+    relpath: str = "",
+) -> Entry:
     """``path``'s entry; its content is read only where ``old`` (from
-    ``manifest``) cannot vouch for it by ``lstat``."""
+    ``manifest``) cannot vouch for it by ``lstat`` (and then kept in
+    ``read``, under ``relpath``)."""
     try:
         info = path.lstat()
     except OSError:
@@ -503,9 +519,12 @@ def _entry(path: Path, manifest: Manifest | None, old: Entry | None) -> Entry:
     if kind != "f" or info.st_size > _LARGEST_HASHED:
         return Entry(signature, "")
     try:
-        return Entry(signature, hashlib.sha256(path.read_bytes()).hexdigest())
+        raw = path.read_bytes()
     except OSError:
         return Entry(signature, "")
+    if read is not None:
+        read[relpath] = raw
+    return Entry(signature, hashlib.sha256(raw).hexdigest())
 
 
 def _signature(info: os.stat_result) -> Signature:
