@@ -303,6 +303,28 @@ def test_a_name_found_defined_stands_while_a_file_that_defines_it_stands(
     assert again.startswith("drifted") and "`ceiling`" in again, again
 
 
+def test_a_file_the_names_search_does_not_read_vouches_for_nothing(
+    tmp_path: Path, plans_made: list
+) -> None:
+    """Only the package's Python files are searched for a name's definition:
+    a data file that holds the name (a JSON key, ``"ceiling"``) is no
+    witness, and an edit that takes the only definition away plans again."""
+    root = tmp_path / "tree"
+    files = {
+        "vllm/limits.py": READS,
+        "vllm/holder.py": "class Holder:\n    ceiling = 3\n",
+        "vllm/configs/limits.json": '{"ceiling": 3}\n',  # sorted before holder.py
+    }
+    tree = toy_tree(root, files)
+    backdate(root)
+    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    (root / "vllm" / "holder.py").write_text("class Holder:\n    pass\n")
+    made = len(plans_made)
+    again = states(status(tree, [FIX_READS]))["local#reads"]
+    assert len(plans_made) > made
+    assert again.startswith("drifted") and "`ceiling`" in again, again
+
+
 def test_words_asked_after_the_package_was_read_are_looked_for_too() -> None:
     """The package is read, and the words asked so far looked for, while ty
     finishes the checks a pass put off (``PlanMemo.prepare``); a check

@@ -63,7 +63,7 @@ from pathlib import Path
 
 from deepstack_patch.engine.cache import write_atomically
 from deepstack_patch.engine.context import TreeContext
-from deepstack_patch.engine.derived import closure
+from deepstack_patch.engine.derived import closure, outside
 from deepstack_patch.engine.kept_reports import report_document, reports_of
 from deepstack_patch.engine.protocol import Patch, PatchReport
 from deepstack_patch.engine.recognition_cache import RecognitionCache
@@ -358,7 +358,8 @@ class _Scans:
     #: The files the series' globs matched: they vouch for no name.
     candidates: set[str]
     #: A name looked up as defined anywhere: the first files outside the
-    #: candidates that hold its evidence (at most :data:`_WITNESSES`).
+    #: candidates that hold its evidence (at most :data:`_WITNESSES`), among
+    #: those the search reads (``outside.SEARCHED_SUFFIXES``).
     witnesses: dict[bytes, list[str]] = field(default_factory=dict)
     #: A word: every file that holds it.
     holding: dict[bytes, set[str]] = field(default_factory=dict)
@@ -379,6 +380,8 @@ class _Scans:
                     (relpath, raw)
                     for relpath, raw in self.package.items()
                     if relpath not in self.candidates
+                    # The files the search read: a JSON key is no witness.
+                    and relpath.endswith(outside.SEARCHED_SUFFIXES)
                 )
             found = self.witnesses[word] = []
             for relpath, raw in in_order:

@@ -310,6 +310,12 @@ def _standard_sources(top: str) -> list[bytes]:
     return found
 
 
+#: The files of the package a search for a name reads (:mod:`.runtime`'s
+#: package): a name held only by another file (a JSON key) is not found
+#: there, and such a file vouches for no name (:mod:`..plan_memo`).
+SEARCHED_SUFFIXES = (".py", ".pyi")
+
+
 def mentions(name: str, raws: Iterable[bytes]) -> bool:
     """Whether code defines ``name`` or reads it as an attribute: read off
     its text (a definition or a read anywhere, a comment's aside)."""

@@ -222,7 +222,8 @@ def _package(context: TreeContext) -> Package:
         laid = {
             relpath: raw
             for relpath, raw in sorted(context.overlay.items())
-            if relpath.startswith("vllm/") and relpath.endswith((".py", ".pyi"))
+            if relpath.startswith("vllm/")
+            and relpath.endswith(outside.SEARCHED_SUFFIXES)
         }
         if not laid:
             context.memo[key] = on_disk
@@ -240,7 +241,7 @@ def _package_on_disk(context: TreeContext) -> Package:
         for folder, dirs, names in os.walk(base):
             dirs.sort()
             for name in sorted(names):
-                if name.endswith((".py", ".pyi")):
+                if name.endswith(outside.SEARCHED_SUFFIXES):
                     full = os.path.join(folder, name)
                     with open(full, "rb") as handle:
                         files.append(
