@@ -325,6 +325,44 @@ def test_a_file_the_names_search_does_not_read_vouches_for_nothing(
     assert again.startswith("drifted") and "`ceiling`" in again, again
 
 
+def test_a_file_of_the_package_that_is_a_link_is_compared_by_what_it_holds(
+    tmp_path: Path, plans_made: list
+) -> None:
+    """A module of the package may be a link to a file elsewhere (a
+    developer's tree): the plan read the file it points to, so an edit
+    there, which moves nothing of the link's own, plans again."""
+    root = tmp_path / "tree"
+    tree = toy_tree(root, {"vllm/limits.py": READS})
+    elsewhere = tmp_path / "elsewhere" / "holder.py"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("class Holder:\n    ceiling = 3\n")
+    (root / "vllm" / "holder.py").symlink_to(elsewhere)
+    backdate(root)
+    backdate(elsewhere.parent)
+    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    elsewhere.write_text("class Holder:\n    pass\n")
+    made = len(plans_made)
+    again = states(status(tree, [FIX_READS]))["local#reads"]
+    assert len(plans_made) > made
+    assert again.startswith("drifted") and "`ceiling`" in again, again
+
+
+def test_a_plan_of_a_package_with_a_link_to_a_folder_is_not_kept(
+    tmp_path: Path, plans_made: list
+) -> None:
+    """ty reads the modules of a folder the package links to, which no
+    manifest entry hashes: such a plan is made again each time."""
+    root = tmp_path / "tree"
+    tree = tree_of(root)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "helpers.py").write_text("WIDTH = 2\n")
+    (root / "vllm" / "shared").symlink_to(tmp_path / "shared")
+    status(tree)
+    made = len(plans_made)
+    status(tree)
+    assert len(plans_made) > made
+
+
 def test_words_asked_after_the_package_was_read_are_looked_for_too() -> None:
     """The package is read, and the words asked so far looked for, while ty
     finishes the checks a pass put off (``PlanMemo.prepare``); a check

@@ -85,7 +85,7 @@ _CTIME_TICK = 0.05
 _LARGEST_HASHED = 8 << 20
 
 #: ``(size, mtime_ns, ctime_ns, inode, kind)``; kind: "f" file, "d" folder,
-#: "l" link (its target in place of a hash), "o" other.
+#: "l" link (where it points and the hash of the file there), "o" other.
 Signature = tuple[int, int, int, int, str]
 
 
@@ -293,6 +293,8 @@ class PlanMemo:
         before = self.before
         if before is None or context.unsettled:
             return
+        if any(e.signature[4] == "l" and not e.digest for e in before.entries.values()):
+            return  # a link to a folder: what ty read through it is not known
         # Nothing under vllm/ moved while the plan was made.
         after = _walk(self.tree.root, previous=before, rehash=False)
         if {p: e.signature for p, e in after.entries.items()} != {
@@ -315,7 +317,9 @@ class PlanMemo:
         entries = dict(before.entries)
         for relpath in sorted(outside):
             entry = _entry(self.tree.root / relpath, None, None)
-            _size, mtime_ns, ctime_ns, _inode, _kind = entry.signature
+            _size, mtime_ns, ctime_ns, _inode, kind = entry.signature
+            if kind == "l":
+                return  # its times are the link's, not the file's it read
             if max(mtime_ns, ctime_ns) >= (started - _CTIME_TICK) * 1e9:
                 return  # written while the plan read it: which bytes did it?
             entries[relpath] = entry
@@ -509,6 +513,11 @@ def _entry(
     except OSError:
         return _ABSENT
     signature = _signature(info)
+    kind = signature[4]
+    if kind == "l":
+        # A read of a link reads the file it points to, and a write there
+        # moves nothing of the link's own ``lstat``: never vouched for.
+        return Entry(signature, _link_digest(path))
     if (
         old is not None
         and manifest is not None
@@ -516,9 +525,6 @@ def _entry(
         and not manifest.racy(old)
     ):
         return old
-    kind = signature[4]
-    if kind == "l":
-        return Entry(signature, os.readlink(path))
     if kind != "f" or info.st_size > _LARGEST_HASHED:
         return Entry(signature, "")
     try:
@@ -528,6 +534,20 @@ def _entry(
     if read is not None:
         read[relpath] = raw
     return Entry(signature, hashlib.sha256(raw).hexdigest())
+
+
+def _link_digest(path: Path) -> str:
+    """Where a link points, and the sha256 of the file there; "" where it
+    points at nothing this hashes (a folder, no file): what a plan read
+    through it is not known, and such a plan is not kept."""
+    try:
+        target = os.readlink(path)
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _LARGEST_HASHED:
+            return ""
+        return f"{target}\0{hashlib.sha256(path.read_bytes()).hexdigest()}"
+    except OSError:
+        return ""
 
 
 def _signature(info: os.stat_result) -> Signature:
