@@ -171,6 +171,24 @@ def test_import_lists_are_scanned_once_per_content(
     again = index(files)
     again.closure("vllm/one.py", [files["vllm/one.py"].encode()])
     assert again.scanned == 0
+    # Another version of the scan (its module's code changed, as after an
+    # upgrade): it reads none of the lists the older one kept.
+    changed = tmp_path / "import_lists.py"
+    changed.write_bytes(Path(import_lists.__file__).read_bytes() + b"# changed\n")
+    monkeypatch.setattr(import_lists, "__file__", str(changed))
+    import_lists._scanner_digest.cache_clear()
+    for memo in ("_KNOWN", "_BY_CONTENT"):
+        monkeypatch.setattr(import_lists, memo, {})
+    monkeypatch.setattr(closure, "_NAMED_BY", {})
+    monkeypatch.setattr(import_lists, "_LOADED", [])
+    monkeypatch.setattr(closure, "_LAST", [])
+    try:
+        upgraded = index(files)
+        upgraded.closure("vllm/one.py", [files["vllm/one.py"].encode()])
+        assert upgraded.scanned == 2
+    finally:
+        monkeypatch.undo()
+        import_lists._scanner_digest.cache_clear()
 
 
 @pytest.mark.parametrize(

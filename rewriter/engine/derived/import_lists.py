@@ -1,10 +1,12 @@
 """Each file's imports, found by a scan of its bytes and kept under its
 content's hash: what the closures of :mod:`.closure` are walked over.
 
-The lists are kept across runs (``runtime-names/import-lists-v1.json`` in
-the cache folder, beside the verdicts), so a run scans only files it has
-not seen. Where none is kept, a forked child scans the package as a plan
-starts (:func:`scan_ahead`), on the core ty has no check for yet.
+The lists are kept across runs (``runtime-names/import-lists-<scanner>.json``
+in the cache folder, beside the verdicts, under a digest of this module: a
+scan that changed never reads lists an older one made), so a run scans
+only files it has not seen. Where none is kept, a forked child scans the
+package as a plan starts (:func:`scan_ahead`), on the core ty has no
+check for yet.
 """
 
 from __future__ import annotations
@@ -21,9 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from deepstack_patch.engine.forked import Forked
-
-#: The kept lists' format (their file's name holds it).
-_SCHEMA = "1"
 
 #: An import as a file states it: (level, module, names); ``import a.b`` is
 #: (0, "a.b", ()).
@@ -199,9 +198,16 @@ def _cache_file() -> Path | None:
     from deepstack_patch.engine.errors import DeepstackError
 
     try:
-        return cache_dir() / "runtime-names" / f"import-lists-v{_SCHEMA}.json"
+        folder = cache_dir() / "runtime-names"
     except DeepstackError:
         return None
+    return folder / f"import-lists-{_scanner_digest()}.json"
+
+
+@functools.cache
+def _scanner_digest() -> str:
+    """This module's code: lists kept by another scan are another file's."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def _load() -> dict[str, Summary]:
