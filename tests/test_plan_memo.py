@@ -4,6 +4,7 @@ as it was (engine/plan_memo.py): never a stale state."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -303,6 +304,61 @@ def test_a_name_found_defined_stands_while_a_file_that_defines_it_stands(
     assert again.startswith("drifted") and "`ceiling`" in again, again
 
 
+def test_a_witness_edited_away_is_replaced_by_a_file_that_defines_the_name_now(
+    tmp_path: Path, plans_made: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name the plan found defined is vouched for by the file its own
+    lookup found it in (no search of the package more); where that file
+    no longer defines it and another does, the kept plan stands, and the
+    other file vouches from then on."""
+    root = tmp_path / "tree"
+    files = {
+        "vllm/limits.py": READS,
+        "vllm/holder.py": "class Holder:\n    ceiling = 3\n",
+        "vllm/spare.py": "class Spare:\n    ceiling = 4\n",
+    }
+    tree = toy_tree(root, files)
+    backdate(root)
+    searched: list[int] = []
+    real = plan_memo._Scans._witness
+
+    def counted(self, evidence_in, firsts):  # type: ignore[no-untyped-def]
+        found = real(self, evidence_in, firsts)
+        searched.append(self._in_order is not None)
+        return found
+
+    monkeypatch.setattr(plan_memo._Scans, "_witness", counted)
+    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    assert searched and not any(searched)  # the lookup's own first file
+    (kept,) = (tmp_path / "cache" / "plans").glob("*.json")
+    assert json.loads(kept.read_text())["witnesses"]["ceiling"] == ["vllm/holder.py"]
+    (root / "vllm" / "holder.py").write_text("class Holder:\n    pass\n")
+    made = len(plans_made)
+    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    assert len(plans_made) == made  # spare.py defines it
+    assert json.loads(kept.read_text())["witnesses"]["ceiling"] == ["vllm/spare.py"]
+    (root / "vllm" / "spare.py").write_text("class Spare:\n    pass\n")
+    again = states(status(tree, [FIX_READS]))["local#reads"]
+    assert len(plans_made) > made
+    assert again.startswith("drifted") and "`ceiling`" in again, again
+
+
+def test_the_plan_reads_the_package_bytes_the_manifest_hashed(tmp_path: Path) -> None:
+    """What the plan reads of the package is what its manifest hashed as it
+    began (one read of the package, and the kept plan's digests say what
+    its searches saw); a file the manifest did not read is read then."""
+    from deepstack_patch.engine.context import recognising_in
+    from deepstack_patch.engine.derived import runtime
+
+    root = tmp_path / "tree"
+    toy_tree(root, {"vllm/limits.py": LIMITS, "vllm/sizes.py": SIZES})
+    with recognising_in(root) as context:
+        context.hashed = {"vllm/limits.py": b"as hashed\n"}
+        package = runtime.package_of(context).by_path
+    assert package["vllm/limits.py"] == b"as hashed\n"
+    assert package["vllm/sizes.py"] == SIZES.encode()
+
+
 def test_a_file_the_names_search_does_not_read_vouches_for_nothing(
     tmp_path: Path, plans_made: list
 ) -> None:
@@ -381,10 +437,12 @@ def test_words_asked_after_the_package_was_read_are_looked_for_too() -> None:
         return lambda raw: word + b" =" in raw
 
     context = SimpleNamespace(
-        mentioned={b"ceiling": defines(b"ceiling")}, scanned_for={b"x."}
+        mentioned={b"ceiling": defines(b"ceiling")},
+        first_mentioned={},  # looked up in other code than the package's
+        scanned_for={b"x."},
     )
     scans = plan_memo._Scans(package, {"vllm/fixed.py"})
-    scans.look_for(context.mentioned, context.scanned_for)
+    scans.look_for(context, context.scanned_for)  # type: ignore[arg-type]
     # Asked at the pass's end: a name defined nowhere but in the patch's file.
     context.mentioned[b"width"] = defines(b"width")
     context.mentioned[b"absent"] = defines(b"absent")

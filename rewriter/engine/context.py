@@ -86,6 +86,15 @@ class TreeContext:
     #: The names looked up as defined or read anywhere in the package, with
     #: the test of one file's text (:func:`.derived.outside.mentions`).
     mentioned: dict[bytes, Callable[[bytes], bool]] = field(default_factory=dict)
+    #: For a name looked up in the package's files in the order of their
+    #: paths (:func:`.derived.outside.first_mention`), the first file of
+    #: each lookup that held it (None: a lookup found it in none).
+    first_mentioned: dict[bytes, set[str | None]] = field(default_factory=dict)
+    #: The bytes of the package's files as a kept plan's manifest hashed
+    #: them as the plan began (relative path -> bytes; :mod:`.plan_memo`):
+    #: read in place of the disk's, so that what the plan read is what the
+    #: manifest says.
+    hashed: Mapping[str, bytes] = field(default_factory=dict)
     #: A check could not give its answer this time (ty could not run), and
     #: may give another next time: the plan is not kept whole.
     unsettled: bool = False

@@ -37,8 +37,9 @@ again, and keeps that plan):
   tests ``word in raw`` first (``TreeContext.scanned_for``), so a file that
   holds none of its words, before and after, answered none of them; a name
   looked up as defined anywhere (``TreeContext.mentioned``) is vouched for
-  instead by a few files outside the patches' that define it
-  (:class:`_Searched`): while one stands, the answer stands.
+  instead by a file outside the patches' that defines it, the first the
+  plan's own lookup found (:class:`_Searched`): while it stands, the answer
+  stands, and where it changed, another that defines it now stands for it.
 
 A plan is kept only where nothing under ``vllm/`` moved while it was made
 (the manifest is taken before, and compared after), no other file it read
@@ -70,7 +71,7 @@ from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.tree import VllmTree, _asked_for
 
 #: Bump when what is stored changes meaning.
-_SCHEMA = "1"
+_SCHEMA = "2"  # 2: a witness per name, looked for again where it changed
 
 #: A file whose mtime or ctime is this close to the manifest's time (or
 #: after it) is compared by content, never by its ``lstat`` alone.
@@ -191,20 +192,19 @@ class PlanMemo:
         try:
             read = set(document["read"])
             words = [word.encode("latin-1") for word in document["words"]]
-            witnesses = document["witnesses"]
-            changed = self._unread_changes(
-                kept, now, globbed, read, words, list(witnesses.values())
-            )
+            changed = self._unread_changes(kept, now, globbed, read, words)
             if changed is None:
+                return None
+            # A changed file vouches for nothing now (its new bytes may not).
+            witnesses = _vouched(
+                document["witnesses"], changed, now, set(document["candidates"])
+            )
+            if witnesses is None:
                 return None
             reports = reports_of(document["reports"], series)
         except (ValueError, KeyError, TypeError):
             return None
-        # A changed file vouches for nothing now (its new bytes may not).
-        document["witnesses"] = {
-            word: [f for f in files if f not in changed]
-            for word, files in witnesses.items()
-        }
+        document["witnesses"] = witnesses
         if changed or any(
             kept.racy(old) or old.signature != now.entries[relpath].signature
             for relpath, old in kept.entries.items()
@@ -224,16 +224,15 @@ class PlanMemo:
         globbed: dict[str, list],
         read: set[str],
         words: list[bytes],
-        witnesses: list[list[str]],
     ) -> set[str] | None:
         """The files that changed, where the kept plan is still the plan of
         the tree as it is now (else None): no file added or gone; every file
         the same but one the plan never read (``read``: by path, or in a
         search of the whole package, which looks only at files holding one
         of its ``words``) whose new bytes hold none of those words either
-        (so every search answers as it did); each name found defined
-        somewhere still vouched for by a file that did not change
-        (``witnesses``); the files outside ``vllm/`` as they were."""
+        (so every search answers as it did); the files outside ``vllm/`` as
+        they were. (Each name found defined somewhere must still be vouched
+        for by a file: :func:`_vouched`.)"""
         package = {p: e for p, e in kept.entries.items() if p.startswith("vllm/")}
         if package.keys() != now.entries.keys():
             return None  # a file added or gone
@@ -242,8 +241,6 @@ class PlanMemo:
             for relpath, entry in now.entries.items()
             if not entry.same_as(package[relpath])
         }
-        if any(changed.issuperset(files) for files in witnesses):
-            return None
         for relpath, entry in now.entries.items():
             if relpath not in changed:
                 continue
@@ -280,7 +277,7 @@ class PlanMemo:
             return None
         globbed = {pattern: self.tree.glob([pattern]) for pattern in self.patterns}
         scans = _Scans(package, {f for found in globbed.values() for f in found})
-        scans.look_for(context.mentioned, context.scanned_for)
+        scans.look_for(context, context.scanned_for)
         self._scans = scans
         return scans
 
@@ -337,6 +334,7 @@ class PlanMemo:
                     word.decode("latin-1"): files
                     for word, files in searched.witnesses.items()
                 },
+                "candidates": sorted(scans.candidates),
                 "reports": [report_document(r) for r in reports],
             }
             text = json.dumps(document)
@@ -361,43 +359,54 @@ class _Scans:
     package: dict[str, bytes]
     #: The files the series' globs matched: they vouch for no name.
     candidates: set[str]
-    #: A name looked up as defined anywhere: the first files outside the
-    #: candidates that hold its evidence (at most :data:`_WITNESSES`), among
-    #: those the search reads (``outside.SEARCHED_SUFFIXES``).
+    #: A name looked up as defined anywhere: a file outside the candidates,
+    #: among those the search reads (``outside.SEARCHED_SUFFIXES``), that
+    #: holds its evidence; none where no such file does.
     witnesses: dict[bytes, list[str]] = field(default_factory=dict)
     #: A word: every file that holds it.
     holding: dict[bytes, set[str]] = field(default_factory=dict)
+    _in_order: list[tuple[str, bytes]] | None = None
 
-    def look_for(
-        self,
-        mentioned: dict[bytes, Callable[[bytes], bool]],
-        words: Iterable[bytes],
-    ) -> None:
-        """Look for each of ``mentioned``'s names and of ``words`` not
-        looked for yet (each alone: what one finds depends on no other)."""
-        in_order = None
-        for word, evidence_in in mentioned.items():
-            if word in self.witnesses:
-                continue
-            if in_order is None:  # sorted once for every word
-                in_order = sorted(
-                    (relpath, raw)
-                    for relpath, raw in self.package.items()
-                    if relpath not in self.candidates
-                    # The files the search read: a JSON key is no witness.
-                    and relpath.endswith(outside.SEARCHED_SUFFIXES)
-                )
-            found = self.witnesses[word] = []
-            for relpath, raw in in_order:
-                if evidence_in(raw):
-                    found.append(relpath)
-                    if len(found) == _WITNESSES:
-                        break
+    def look_for(self, context: TreeContext, words: Iterable[bytes]) -> None:
+        """Find a witness of each name ``context``'s searches looked up as
+        defined anywhere, and the files holding each of ``words``, where not
+        found yet (each alone: what one finds depends on no other)."""
+        for word, evidence_in in context.mentioned.items():
+            if word not in self.witnesses:
+                firsts = context.first_mentioned.get(word, set())
+                self.witnesses[word] = self._witness(evidence_in, firsts)
         for word in words:
             if word not in self.holding:
                 self.holding[word] = {
                     relpath for relpath, raw in self.package.items() if word in raw
                 }
+
+    def _witness(
+        self, evidence_in: Callable[[bytes], bool], firsts: set[str | None]
+    ) -> list[str]:
+        """A file outside the candidates that holds a name's evidence: the
+        first a lookup of the plan found there (the files outside the
+        candidates are the same bytes in every state of the series, those
+        the manifest hashed: ``TreeContext.hashed``), none where a lookup
+        found it in no file at all, else the first in the order of paths
+        (the lookups stopped in a candidate, or the name was looked up in
+        other code: the standard library's)."""
+        if None in firsts:
+            return []
+        if found := sorted(f for f in firsts if f not in self.candidates):  # type: ignore[misc]
+            return found[:1]
+        if self._in_order is None:  # sorted once for every name
+            self._in_order = sorted(
+                (relpath, raw)
+                for relpath, raw in self.package.items()
+                if relpath not in self.candidates
+                # The files the search read: a JSON key is no witness.
+                and relpath.endswith(outside.SEARCHED_SUFFIXES)
+            )
+        for relpath, raw in self._in_order:
+            if evidence_in(raw):
+                return [relpath]
+        return []
 
 
 @dataclass
@@ -406,10 +415,11 @@ class _Searched:
 
     A name looked up as defined anywhere (``mentions``) whose evidence a
     file outside the patches' own holds is found in every state of the
-    series while that file stands: its ``witnesses`` (a few) vouch for it,
-    and what any other file holds does not matter. The other searches'
-    words (and a name found nowhere but in the patches' files) depend on
-    every file that holds the word: ``words``."""
+    series while that file stands: its ``witnesses`` vouch for it (where
+    they all change, another is looked for: :func:`_vouched`), and what any
+    other file holds does not matter. The other searches' words (and a
+    name found nowhere but in the patches' files) depend on every file that
+    holds the word: ``words``."""
 
     words: set[bytes]
     witnesses: dict[bytes, list[str]]
@@ -417,17 +427,58 @@ class _Searched:
     @classmethod
     def of(cls, scans: _Scans, context: TreeContext) -> _Searched:
         """What ``context``'s searches depend on in ``scans``'s package."""
-        scans.look_for(context.mentioned, ())
+        scans.look_for(context, ())
         witnesses = {word: scans.witnesses[word] for word in context.mentioned}
         unwitnessed = {word for word, found in witnesses.items() if not found}
         words = {*context.scanned_for, *unwitnessed}
-        scans.look_for({}, words)
+        scans.look_for(context, words)
         return cls(words, {word: found for word, found in witnesses.items() if found})
 
 
-#: How many files vouch for a name found defined: all of them changed at
-#: once is a new plan.
-_WITNESSES = 4
+def _vouched(
+    witnesses: dict[str, list[str]],
+    changed: set[str],
+    now: Manifest,
+    candidates: set[str],
+) -> dict[str, list[str]] | None:
+    """Each name's witnesses that did not change; where all of them did,
+    the first file outside the ``candidates`` that holds its evidence now
+    (of the files the search reads, as ``now`` hashed them). None where a
+    name has none left: a search of the package may answer otherwise."""
+    vouched: dict[str, list[str]] = {}
+    for word, files in witnesses.items():
+        standing = [f for f in files if f not in changed]
+        if not standing:
+            found = _witness_now(word.encode("latin-1"), now, candidates)
+            if found is None:
+                return None
+            standing = [found]
+        vouched[word] = standing
+    return vouched
+
+
+def _witness_now(word: bytes, now: Manifest, candidates: set[str]) -> str | None:
+    evidence_in = outside.evidence_test(word)
+    for relpath in sorted(now.entries):
+        entry = now.entries[relpath]
+        if (
+            relpath in candidates
+            or not relpath.endswith(outside.SEARCHED_SUFFIXES)
+            or entry.signature[4] != "f"
+            or not entry.digest
+        ):
+            continue
+        raw = now.read.get(relpath)
+        if raw is None:
+            try:
+                raw = (now.root / relpath).read_bytes()
+            except OSError:
+                return None
+            if word in raw and hashlib.sha256(raw).hexdigest() != entry.digest:
+                return None  # written since the walk
+        if evidence_in(raw):
+            return relpath
+    return None
 
 
 def _package_bytes(manifest: Manifest) -> dict[str, bytes] | None:

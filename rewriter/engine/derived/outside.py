@@ -46,7 +46,7 @@ import ast
 import importlib.util
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -319,7 +319,27 @@ SEARCHED_SUFFIXES = (".py", ".pyi")
 def mentions(name: str, raws: Iterable[bytes]) -> bool:
     """Whether code defines ``name`` or reads it as an attribute: read off
     its text (a definition or a read anywhere, a comment's aside)."""
+    evidence_in = _noted(name.encode())
+    return any(evidence_in(raw) for raw in raws)
+
+
+def first_mention(name: str, files: Iterable[tuple[str, bytes]]) -> str | None:
+    """The first of ``files`` (path, text) whose code defines ``name`` or
+    reads it as an attribute (as :func:`mentions` tells), None where none
+    does. A plan notes which (``TreeContext.first_mentioned``): a file that
+    held it vouches for the answer where the plan is kept (plan_memo)."""
     word = name.encode()
+    evidence_in = _noted(word)
+    found = next((path for path, raw in files if evidence_in(raw)), None)
+    context = tree_context()
+    if context is not None:
+        context.first_mentioned.setdefault(word, set()).add(found)
+    return found
+
+
+def evidence_test(word: bytes) -> Callable[[bytes], bool]:
+    """Whether a file's text defines ``word`` or reads it as an attribute
+    (a definition or a read anywhere, a comment's aside)."""
     evidence = re.compile(
         rb"(?:\.\s*|\bdef\s+|\bclass\s+|['\"])"
         + re.escape(word)
@@ -331,10 +351,19 @@ def mentions(name: str, raws: Iterable[bytes]) -> bool:
     def evidence_in(raw: bytes) -> bool:
         return word in raw and _evidence_in(raw, word, evidence)
 
+    return evidence_in
+
+
+def _noted(word: bytes) -> Callable[[bytes], bool]:
+    """:func:`evidence_test`, noted as a search of the plan being made (a
+    kept plan asks each file again: plan_memo)."""
     context = tree_context()
-    if context is not None:  # a kept plan asks each file again (plan_memo)
-        context.mentioned.setdefault(word, evidence_in)
-    return any(evidence_in(raw) for raw in raws)
+    if context is None:
+        return evidence_test(word)
+    noted = context.mentioned.get(word)
+    if noted is None:
+        noted = context.mentioned[word] = evidence_test(word)
+    return noted
 
 
 def _scanning_for(word: bytes) -> None:

@@ -243,10 +243,12 @@ def _package_on_disk(context: TreeContext) -> Package:
             for name in sorted(names):
                 if name.endswith(outside.SEARCHED_SUFFIXES):
                     full = os.path.join(folder, name)
-                    with open(full, "rb") as handle:
-                        files.append(
-                            (os.path.relpath(full, context.root), handle.read())
-                        )
+                    relpath = os.path.relpath(full, context.root)
+                    raw = context.hashed.get(relpath.replace(os.sep, "/"))
+                    if raw is None:
+                        with open(full, "rb") as handle:
+                            raw = handle.read()
+                    files.append((relpath, raw))
         context.on_disk[key] = Package(tuple(files))
     return context.on_disk[key]  # type: ignore[return-value]
 
@@ -406,7 +408,7 @@ def _defined_by_patch(patch: DerivedPatch, outside: str = "") -> set[str]:
 
 def _known(name: str, package: Package) -> bool:
     """Whether the package defines ``name`` or reads it as an attribute."""
-    return outside.mentions(name, (raw for _path, raw in package.files))
+    return outside.first_mention(name, package.files) is not None
 
 
 def _sources(context: TreeContext, package: Package) -> outside.Sources:
