@@ -528,7 +528,9 @@ def _walk(root: Path, previous: Manifest | None, rehash: bool = True) -> Manifes
     taken_at = time.time()
     entries: dict[str, Entry] = {}
     read: dict[str, bytes] = {}
-    stack = [root / "vllm"]
+    # Each entry's path less the root's (os.path.relpath: a third of a walk).
+    cut = len(os.path.join(root, ""))
+    stack = [os.path.join(root, "vllm")]
     while stack:
         folder = stack.pop()
         try:
@@ -536,16 +538,20 @@ def _walk(root: Path, previous: Manifest | None, rehash: bool = True) -> Manifes
         except OSError:
             continue
         for item in scanned:
-            relpath = os.path.relpath(item.path, root).replace(os.sep, "/")
+            relpath = item.path[cut:].replace(os.sep, "/")
             old = previous.entries.get(relpath) if previous else None
+            try:
+                info = item.stat(follow_symlinks=False)
+            except OSError:
+                entries[relpath] = _ABSENT  # gone while walked
+                continue
             if rehash:
-                entry = _entry(Path(item.path), previous, old, read, relpath)
+                entry = _entry(Path(item.path), previous, old, read, relpath, info)
             else:
-                signature = _signature(item.stat(follow_symlinks=False))
-                entry = Entry(signature, old.digest if old else "")
+                entry = Entry(_signature(info), old.digest if old else "")
             entries[relpath] = entry
             if entry.signature[4] == "d":
-                stack.append(Path(item.path))
+                stack.append(item.path)
     return Manifest(taken_at, entries, root, read)
 
 
@@ -555,14 +561,16 @@ def _entry(
     old: Entry | None,
     read: dict[str, bytes] | None = None,
     relpath: str = "",
+    info: os.stat_result | None = None,
 ) -> Entry:
-    """``path``'s entry; its content is read only where ``old`` (from
-    ``manifest``) cannot vouch for it by ``lstat`` (and then kept in
-    ``read``, under ``relpath``)."""
-    try:
-        info = path.lstat()
-    except OSError:
-        return _ABSENT
+    """``path``'s entry (``info``: its ``lstat``, where taken already); its
+    content is read only where ``old`` (from ``manifest``) cannot vouch for
+    it by ``lstat`` (and then kept in ``read``, under ``relpath``)."""
+    if info is None:
+        try:
+            info = path.lstat()
+        except OSError:
+            return _ABSENT
     signature = _signature(info)
     kind = signature[4]
     if kind == "l":
@@ -579,7 +587,8 @@ def _entry(
     if kind != "f" or info.st_size > _LARGEST_HASHED:
         return Entry(signature, "")
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as handle:
+            raw = handle.read()
     except OSError:
         return Entry(signature, "")
     if read is not None:
