@@ -204,6 +204,12 @@ def test_import_lists_are_scanned_once_per_content(
         ("datafrom vllm.l import m\n", []),
         ('x = "import vllm.n: import vllm.o"\n', [(0, "vllm.o", ())]),
         ("# we import vllm.p; from vllm.q import r\n", [(0, "vllm.q", ("r",))]),
+        # A statement is looked for where the word ``import`` is: its own
+        # start, once, and never inside the statement found before it.
+        ("from vllm.s import t  # import vllm.u\n", [(0, "vllm.s", ("t",))]),
+        ("fromage import vllm.v\nimportlib.w\n", []),
+        ("from vllm.x import (y,\n    import_z)\n", [(0, "vllm.x", ("y", "import_z"))]),
+        ("a = {1: 2}; import vllm.aa\n", [(0, "vllm.aa", ())]),
     ],
 )
 def test_the_scan_finds_imports_a_line_scan_would_miss(
