@@ -58,10 +58,29 @@ def statements_in(nodes: Iterable[ast.AST]) -> Iterator[ast.stmt]:
         node = todo.popleft()
         if isinstance(node, ast.stmt):
             yield node
-        for _, value in ast.iter_fields(node):
-            match value:
-                case [ast.stmt() | ast.excepthandler() | ast.match_case(), *_]:
-                    todo.extend(value)
+        for name in _blocks(type(node)):
+            value = getattr(node, name, None)
+            if type(value) is list and value and isinstance(value[0], _IN_BLOCKS):
+                todo.extend(value)
+
+
+#: What a block holds: statements, a ``try``'s handlers, a ``match``'s cases.
+_IN_BLOCKS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+#: The fields of a kind of node that may hold a block, in the order of its
+#: fields, by kind (read once: ``ast.iter_fields`` over every field of every
+#: statement was most of a walk).
+_BLOCKS_OF: dict[type, tuple[str, ...]] = {}
+
+
+def _blocks(kind: type) -> tuple[str, ...]:
+    found = _BLOCKS_OF.get(kind)
+    if found is None:
+        names = (*BLOCK_FIELDS, "handlers", "cases")
+        found = _BLOCKS_OF[kind] = tuple(
+            name for name in getattr(kind, "_fields", ()) if name in names
+        )
+    return found
 
 
 def is_compound(node: ast.stmt) -> bool:
