@@ -6,6 +6,7 @@ rewrite (:mod:`.rewrite`) match with the same code."""
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import tokenize
 from collections import Counter
@@ -185,8 +186,11 @@ class CompiledEdit:
         ]
 
 
+@functools.lru_cache(maxsize=4096)
 def with_block(header_code: str) -> str:
-    """A header's code made a whole statement (``...`` as its block)."""
+    """A header's code made a whole statement (``...`` as its block); kept
+    per header (a data file's headers are read again for every state of a
+    series, and its colon is found by a tokenizer)."""
     text = header_code.rstrip()
     if _ends_with_colon(text):
         return text + "\n    ...\n"

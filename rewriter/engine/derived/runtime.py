@@ -207,6 +207,12 @@ class Package:
         """``files`` by relative path (read it, never change it)."""
         return dict(self.files)
 
+    @functools.cached_property
+    def in_order(self) -> tuple[tuple[str, bytes], ...]:
+        """``files`` in the order of their paths (a state's package is: one
+        sorting for every state of a plan)."""
+        return tuple(sorted(self.files))
+
 
 def package_of(context: TreeContext) -> Package:
     """The tree's ``vllm`` package, read once per plan (:mod:`.files` looks
@@ -228,7 +234,10 @@ def _package(context: TreeContext) -> Package:
         if not laid:
             context.memo[key] = on_disk
             return on_disk
-        files = tuple(sorted({**dict(on_disk.files), **laid}.items()))
+        if laid.keys() <= on_disk.by_path.keys():  # rewritten, none added
+            files = tuple((p, laid.get(p, raw)) for p, raw in on_disk.in_order)
+        else:
+            files = tuple(sorted({**on_disk.by_path, **laid}.items()))
         context.memo[key] = Package(files)
     return context.memo[key]  # type: ignore[return-value]
 
