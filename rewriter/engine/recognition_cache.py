@@ -127,6 +127,7 @@ def _code_fingerprint(series: Sequence[Patch]) -> bytes | None:
 
     sources = engine_sources()
     origins = [patch.origin for patch in series]
+    tops: set[Path] = set()  # each walked once: 40 derived patches share one
     for patch in series:
         module = sys.modules.get(type(patch).__module__)
         filename = getattr(module, "__file__", None)
@@ -141,7 +142,9 @@ def _code_fingerprint(series: Sequence[Patch]) -> bytes | None:
         # The whole package a patch lives in: a patch package imports its
         # siblings (shared helpers, follow-ups), and any of them can change
         # what it recognises.
-        sources.update(_package_top(Path(filename).parent).rglob("*.py"))
+        tops.add(_package_top(Path(filename).parent))
+    for top in tops:
+        sources.update(top.rglob("*.py"))
     digest = hashlib.sha256(f"{__version__}\0{sys.version}\0".encode())
     digest.update("\0".join(origins).encode())  # an installed package's version
     try:
