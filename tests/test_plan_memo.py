@@ -83,6 +83,25 @@ def states(plan: Plan) -> dict[str, str]:
     return {r.patch.id: f"{r.state.value}: {r.reason}" for r in plan.reports}
 
 
+def assert_planned_again_and_drifted(
+    tree: object, patch: object, plans_made: list, word: str
+) -> None:
+    """A status after an edit plans again, and ``patch`` drifts over ``word``."""
+    made = len(plans_made)
+    (again,) = states(status(tree, [patch])).values()
+    assert len(plans_made) > made
+    assert again.startswith("drifted") and word in again, again
+
+
+def reads_needed_in(root: Path, files: dict[str, str]) -> object:
+    """A tree of ``files`` beside ``FIX_READS``'s own, written well before,
+    on which a first status finds that fix needed."""
+    tree = toy_tree(root, {"vllm/limits.py": READS, **files})
+    backdate(root)
+    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    return tree
+
+
 def test_a_second_status_is_the_kept_plan(tmp_path: Path, plans_made: list) -> None:
     tree = tree_of(tmp_path / "tree")
     first = status(tree)
@@ -274,10 +293,7 @@ def test_an_edit_to_a_module_a_check_read_by_path_plans_again(
     backdate(root)
     assert states(status(tree, [FIX_USES]))["local#uses"] == "needed: "
     (root / "vllm" / "helpers.py").write_text(helpers.replace("clamp", "bound"))
-    made = len(plans_made)
-    again = states(status(tree, [FIX_USES]))["local#uses"]
-    assert len(plans_made) > made
-    assert again.startswith("drifted") and "clamp" in again, again
+    assert_planned_again_and_drifted(tree, FIX_USES, plans_made, "clamp")
 
 
 def test_a_name_found_defined_stands_while_a_file_that_defines_it_stands(
@@ -286,22 +302,19 @@ def test_a_name_found_defined_stands_while_a_file_that_defines_it_stands(
     """A common name (``get``, ``device``) is defined in hundreds of files:
     an edit to one of them, if another still defines it, changes no answer."""
     root = tmp_path / "tree"
-    files = {
-        "vllm/limits.py": READS,
-        "vllm/holder.py": "class Holder:\n    ceiling = 3\n",
-        "vllm/other.py": "def top(x):\n    return x.ceiling\n",
-    }
-    tree = toy_tree(root, files)
-    backdate(root)
-    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    tree = reads_needed_in(
+        root,
+        {
+            "vllm/holder.py": "class Holder:\n    ceiling = 3\n",
+            "vllm/other.py": "def top(x):\n    return x.ceiling\n",
+        },
+    )
     (root / "vllm" / "other.py").write_text("def top(x):\n    return 0\n")
     made = len(plans_made)
     assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
     assert len(plans_made) == made  # holder.py still defines it
     (root / "vllm" / "holder.py").write_text("class Holder:\n    pass\n")
-    again = states(status(tree, [FIX_READS]))["local#reads"]
-    assert len(plans_made) > made
-    assert again.startswith("drifted") and "`ceiling`" in again, again
+    assert_planned_again_and_drifted(tree, FIX_READS, plans_made, "`ceiling`")
 
 
 def test_a_witness_edited_away_is_replaced_by_a_file_that_defines_the_name_now(
@@ -319,7 +332,7 @@ def test_a_witness_edited_away_is_replaced_by_a_file_that_defines_the_name_now(
     }
     tree = toy_tree(root, files)
     backdate(root)
-    searched: list[int] = []
+    searched: list[bool] = []
     real = plan_memo._Scans._witness
 
     def counted(self, evidence_in, firsts):  # type: ignore[no-untyped-def]
@@ -338,9 +351,7 @@ def test_a_witness_edited_away_is_replaced_by_a_file_that_defines_the_name_now(
     assert len(plans_made) == made  # spare.py defines it
     assert json.loads(kept.read_text())["witnesses"]["ceiling"] == ["vllm/spare.py"]
     (root / "vllm" / "spare.py").write_text("class Spare:\n    pass\n")
-    again = states(status(tree, [FIX_READS]))["local#reads"]
-    assert len(plans_made) > made
-    assert again.startswith("drifted") and "`ceiling`" in again, again
+    assert_planned_again_and_drifted(tree, FIX_READS, plans_made, "`ceiling`")
 
 
 def test_the_plan_reads_the_package_bytes_the_manifest_hashed(tmp_path: Path) -> None:
@@ -366,19 +377,15 @@ def test_a_file_the_names_search_does_not_read_vouches_for_nothing(
     a data file that holds the name (a JSON key, ``"ceiling"``) is no
     witness, and an edit that takes the only definition away plans again."""
     root = tmp_path / "tree"
-    files = {
-        "vllm/limits.py": READS,
-        "vllm/holder.py": "class Holder:\n    ceiling = 3\n",
-        "vllm/configs/limits.json": '{"ceiling": 3}\n',  # sorted before holder.py
-    }
-    tree = toy_tree(root, files)
-    backdate(root)
-    assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
+    tree = reads_needed_in(
+        root,
+        {
+            "vllm/holder.py": "class Holder:\n    ceiling = 3\n",
+            "vllm/configs/limits.json": '{"ceiling": 3}\n',  # sorted before holder.py
+        },
+    )
     (root / "vllm" / "holder.py").write_text("class Holder:\n    pass\n")
-    made = len(plans_made)
-    again = states(status(tree, [FIX_READS]))["local#reads"]
-    assert len(plans_made) > made
-    assert again.startswith("drifted") and "`ceiling`" in again, again
+    assert_planned_again_and_drifted(tree, FIX_READS, plans_made, "`ceiling`")
 
 
 def test_a_file_of_the_package_that_is_a_link_is_compared_by_what_it_holds(
@@ -397,10 +404,7 @@ def test_a_file_of_the_package_that_is_a_link_is_compared_by_what_it_holds(
     backdate(elsewhere.parent)
     assert states(status(tree, [FIX_READS]))["local#reads"] == "needed: "
     elsewhere.write_text("class Holder:\n    pass\n")
-    made = len(plans_made)
-    again = states(status(tree, [FIX_READS]))["local#reads"]
-    assert len(plans_made) > made
-    assert again.startswith("drifted") and "`ceiling`" in again, again
+    assert_planned_again_and_drifted(tree, FIX_READS, plans_made, "`ceiling`")
 
 
 def test_a_plan_of_a_package_with_a_link_to_a_folder_is_not_kept(
