@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from deepstack_patch.engine import manifest, plan_memo
 from deepstack_patch.engine import plan as plan_module
-from deepstack_patch.engine import plan_memo
 from deepstack_patch.engine.derived import typecheck
 from deepstack_patch.engine.plan import Plan, plan_tree
 from deepstack_patch.engine.recognition_cache import RecognitionCache
@@ -190,13 +190,13 @@ def test_a_file_written_around_the_manifest_is_compared_by_content(
     same tick as the hash would look unchanged."""
     path = tmp_path / "f.py"
     path.write_text("a = 1\n")
-    signature = plan_memo._signature(path.lstat())
-    wrong = plan_memo.Entry(signature, "0" * 64)  # kept from other bytes
-    just_now = plan_memo.Manifest(time.time(), {"f.py": wrong})
-    assert not plan_memo._entry(path, just_now, wrong).same_as(wrong)
-    long_ago = plan_memo.Manifest(time.time() + 60, {"f.py": wrong})
+    signature = manifest.signature_of(path.lstat())
+    wrong = manifest.Entry(signature, "0" * 64)  # kept from other bytes
+    just_now = manifest.Manifest(time.time(), {"f.py": wrong})
+    assert not manifest.entry_of(path, just_now, wrong).same_as(wrong)
+    long_ago = manifest.Manifest(time.time() + 60, {"f.py": wrong})
     long_ago.taken_at = signature[1] / 1e9 + 60  # taken a minute after the write
-    assert plan_memo._entry(path, long_ago, wrong) is wrong  # lstat vouches
+    assert manifest.entry_of(path, long_ago, wrong) is wrong  # lstat vouches
 
 
 def test_the_package_a_walk_hashed_is_not_read_again(
@@ -208,9 +208,9 @@ def test_the_package_a_walk_hashed_is_not_read_again(
     ``lstat`` vouched for read nothing: those files are read then."""
     root = tmp_path / "tree"
     tree_of(root)
-    first = plan_memo._walk(root, previous=None)
+    first = manifest.walk(root, previous=None)
     first.taken_at += 60  # as if taken a minute later: no file is racy
-    later = plan_memo._walk(root, previous=first)
+    later = manifest.walk(root, previous=first)
     assert later.read == {}  # long written: every lstat vouches
     on_disk = {
         f"vllm/{path.name}": path.read_bytes() for path in (root / "vllm").glob("*.py")

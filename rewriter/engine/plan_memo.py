@@ -22,13 +22,11 @@ it is kept a manifest of the tree's files the plan could read:
   matched.
 
 A file whose ``lstat`` (size, mtime, ctime, inode) is unchanged is
-unchanged, as for git's index, since a write always moves ctime and nothing
-can set it back. A file whose times fall within :data:`_RACY_SECONDS` of
-when the manifest was taken (written around then, where ctime's ticks are
-coarse) and a file whose ``lstat`` moved are hashed again and compared by
-content. A run uses the kept plan where no entry was added or went, and
-every file that changed is one the plan did not depend on (else it plans
-again, and keeps that plan):
+unchanged, as for git's index; one written around when the manifest was
+taken, or whose ``lstat`` moved, is compared by content (:mod:`.manifest`,
+which takes and compares the manifest). A run uses the kept plan where no
+entry was added or went, and every file that changed is one the plan did
+not depend on (else it plans again, and keeps that plan):
 
 - not one it read by path (``read``): the patches' files, what the checks
   asked the tree's context about, the modules ty reads for a typed check,
@@ -55,9 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +62,13 @@ from deepstack_patch.engine.cache import write_atomically
 from deepstack_patch.engine.context import TreeContext
 from deepstack_patch.engine.derived import closure, outside
 from deepstack_patch.engine.kept_reports import report_document, reports_of
+from deepstack_patch.engine.manifest import (
+    Manifest,
+    entry_of,
+    manifest_document,
+    manifest_of,
+    walk,
+)
 from deepstack_patch.engine.protocol import Patch, PatchReport
 from deepstack_patch.engine.recognition_cache import RecognitionCache
 from deepstack_patch.engine.tree import VllmTree, _asked_for
@@ -73,59 +76,9 @@ from deepstack_patch.engine.tree import VllmTree, _asked_for
 #: Bump when what is stored changes meaning.
 _SCHEMA = "2"  # 2: a witness per name, looked for again where it changed
 
-#: A file whose mtime or ctime is this close to the manifest's time (or
-#: after it) is compared by content, never by its ``lstat`` alone.
-_RACY_SECONDS = 2.0
-
 #: How coarse a file system's ctime may be: a file written this long
 #: before the plan began may have been written while it read it.
 _CTIME_TICK = 0.05
-
-#: Larger files are kept by ``lstat`` alone (an installed vLLM's compiled
-#: kernels): one that moved is a miss, never read to hash.
-_LARGEST_HASHED = 8 << 20
-
-#: ``(size, mtime_ns, ctime_ns, inode, kind)``; kind: "f" file, "d" folder,
-#: "l" link (where it points and the hash of the file there), "o" other.
-Signature = tuple[int, int, int, int, str]
-
-
-@dataclass(frozen=True)
-class Entry:
-    signature: Signature
-    #: The content's sha256 (a link: its target), "" where not hashed.
-    digest: str
-
-    def same_as(self, kept: Entry) -> bool:
-        """Whether this is the file ``kept`` recorded: the same bytes (a
-        touched file too), or, where not hashed, the same ``lstat``."""
-        if self.signature[4] != kept.signature[4]:
-            return False
-        if self.digest or kept.digest:
-            return self.digest == kept.digest
-        return self.signature == kept.signature
-
-
-#: A file the plan asked about that is not there.
-_ABSENT = Entry((0, 0, 0, 0, "-"), "")
-
-
-@dataclass
-class Manifest:
-    """The tree's files a plan could read, as they were when it was taken."""
-
-    taken_at: float
-    entries: dict[str, Entry]
-    #: The tree's folder (not kept: the key holds it).
-    root: Path = Path()
-    #: The bytes each file was hashed from when the manifest was taken (not
-    #: kept): what its digest says, so the package need not be read again.
-    read: dict[str, bytes] = field(default_factory=dict)
-
-    def racy(self, entry: Entry) -> bool:
-        _size, mtime_ns, ctime_ns, _inode, _kind = entry.signature
-        edge = (self.taken_at - _RACY_SECONDS) * 1e9
-        return mtime_ns >= edge or ctime_ns >= edge
 
 
 class PlanMemo:
@@ -183,12 +136,12 @@ class PlanMemo:
         was; None otherwise. Takes the manifest a new plan is kept with."""
         try:
             document = json.loads(self.path.read_bytes())
-            kept = _manifest_of(document["manifest"])
+            kept = manifest_of(document["manifest"])
             globbed = document["globbed"]
         except (OSError, ValueError, KeyError, TypeError):
-            self.before = _walk(self.tree.root, previous=None)
+            self.before = walk(self.tree.root, previous=None)
             return None
-        now = self.before = _walk(self.tree.root, previous=kept)
+        now = self.before = walk(self.tree.root, previous=kept)
         try:
             read = set(document["read"])
             words = [word.encode("latin-1") for word in document["words"]]
@@ -211,7 +164,7 @@ class PlanMemo:
             if relpath in now.entries
         ):  # what was hashed now need not be again: keep it with today's lstat
             outside = {p: e for p, e in kept.entries.items() if p not in now.entries}
-            document["manifest"] = _manifest_document(
+            document["manifest"] = manifest_document(
                 Manifest(now.taken_at, {**now.entries, **outside})
             )
             write_atomically(self.path, json.dumps(document))
@@ -256,7 +209,7 @@ class PlanMemo:
                 return None
         for relpath, entry in kept.entries.items():
             if relpath not in package:
-                here = _entry(self.tree.root / relpath, kept, entry)
+                here = entry_of(self.tree.root / relpath, kept, entry)
                 if not here.same_as(entry):
                     return None
         if any(self.tree.glob([p]) != found for p, found in globbed.items()):
@@ -293,7 +246,7 @@ class PlanMemo:
         if any(e.signature[4] == "l" and not e.digest for e in before.entries.values()):
             return  # a link to a folder: what ty read through it is not known
         # Nothing under vllm/ moved while the plan was made.
-        after = _walk(self.tree.root, previous=before, rehash=False)
+        after = walk(self.tree.root, previous=before, rehash=False)
         if {p: e.signature for p, e in after.entries.items()} != {
             p: e.signature for p, e in before.entries.items()
         }:
@@ -313,7 +266,7 @@ class PlanMemo:
         read = _read_by(before, scans, {*probed, *candidates}, searched.words)
         entries = dict(before.entries)
         for relpath in sorted(outside):
-            entry = _entry(self.tree.root / relpath, None, None)
+            entry = entry_of(self.tree.root / relpath, None, None)
             _size, mtime_ns, ctime_ns, _inode, kind = entry.signature
             if kind == "l":
                 return  # its times are the link's, not the file's it read
@@ -322,7 +275,7 @@ class PlanMemo:
             entries[relpath] = entry
         try:
             document = {
-                "manifest": _manifest_document(Manifest(before.taken_at, entries)),
+                "manifest": manifest_document(Manifest(before.taken_at, entries)),
                 "globbed": {
                     p: found
                     for p, found in globbed.items()
@@ -520,129 +473,6 @@ def _read_by(
     for word in words:
         read |= scans.holding[word]
     return read
-
-
-def _walk(root: Path, previous: Manifest | None, rehash: bool = True) -> Manifest:
-    """Every entry under ``root/vllm``: by ``lstat``, and by content where
-    ``previous`` cannot vouch for it (``rehash=False``: ``lstat`` alone)."""
-    taken_at = time.time()
-    entries: dict[str, Entry] = {}
-    read: dict[str, bytes] = {}
-    # Each entry's path less the root's (os.path.relpath: a third of a walk).
-    cut = len(os.path.join(root, ""))
-    stack = [os.path.join(root, "vllm")]
-    while stack:
-        folder = stack.pop()
-        try:
-            scanned = list(os.scandir(folder))
-        except OSError:
-            continue
-        for item in scanned:
-            relpath = item.path[cut:].replace(os.sep, "/")
-            old = previous.entries.get(relpath) if previous else None
-            try:
-                info = item.stat(follow_symlinks=False)
-            except OSError:
-                entries[relpath] = _ABSENT  # gone while walked
-                continue
-            if rehash:
-                entry = _entry(Path(item.path), previous, old, read, relpath, info)
-            else:
-                entry = Entry(_signature(info), old.digest if old else "")
-            entries[relpath] = entry
-            if entry.signature[4] == "d":
-                stack.append(item.path)
-    return Manifest(taken_at, entries, root, read)
-
-
-def _entry(
-    path: Path,
-    manifest: Manifest | None,
-    old: Entry | None,
-    read: dict[str, bytes] | None = None,
-    relpath: str = "",
-    info: os.stat_result | None = None,
-) -> Entry:
-    """``path``'s entry (``info``: its ``lstat``, where taken already); its
-    content is read only where ``old`` (from ``manifest``) cannot vouch for
-    it by ``lstat`` (and then kept in ``read``, under ``relpath``)."""
-    if info is None:
-        try:
-            info = path.lstat()
-        except OSError:
-            return _ABSENT
-    signature = _signature(info)
-    kind = signature[4]
-    if kind == "l":
-        # A read of a link reads the file it points to, and a write there
-        # moves nothing of the link's own ``lstat``: never vouched for.
-        return Entry(signature, _link_digest(path))
-    if (
-        old is not None
-        and manifest is not None
-        and old.signature == signature
-        and not manifest.racy(old)
-    ):
-        return old
-    if kind != "f" or info.st_size > _LARGEST_HASHED:
-        return Entry(signature, "")
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return Entry(signature, "")
-    if read is not None:
-        read[relpath] = raw
-    return Entry(signature, hashlib.sha256(raw).hexdigest())
-
-
-def _link_digest(path: Path) -> str:
-    """Where a link points, and the sha256 of the file there; "" where it
-    points at nothing this hashes (a folder, no file): what a plan read
-    through it is not known, and such a plan is not kept."""
-    try:
-        target = os.readlink(path)
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode) or info.st_size > _LARGEST_HASHED:
-            return ""
-        return f"{target}\0{hashlib.sha256(path.read_bytes()).hexdigest()}"
-    except OSError:
-        return ""
-
-
-def _signature(info: os.stat_result) -> Signature:
-    mode = info.st_mode
-    kind = (
-        "f"
-        if stat.S_ISREG(mode)
-        else "d"
-        if stat.S_ISDIR(mode)
-        else "l"
-        if stat.S_ISLNK(mode)
-        else "o"
-    )
-    if kind == "d":  # a folder's entries are walked; its own times say nothing
-        return (0, 0, 0, info.st_ino, kind)
-    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, kind)
-
-
-def _manifest_document(manifest: Manifest) -> dict[str, object]:
-    return {
-        "taken_at": manifest.taken_at,
-        "entries": {
-            relpath: [*entry.signature, entry.digest]
-            for relpath, entry in sorted(manifest.entries.items())
-        },
-    }
-
-
-def _manifest_of(document: dict[str, object]) -> Manifest:
-    entries = {}
-    for relpath, (size, mtime, ctime, inode, kind, digest) in document[
-        "entries"
-    ].items():  # type: ignore[attr-defined]
-        entries[relpath] = Entry((size, mtime, ctime, inode, kind), digest)
-    return Manifest(float(document["taken_at"]), entries)  # type: ignore[arg-type]
 
 
 def _read(path: Path) -> str:
