@@ -173,8 +173,7 @@ def plan_tree(
             keeping_parses(),
             recognising_in(tree.root, series, selected, rewritten_bytes) as context,
         ):
-            if memo is not None and memo.before is not None:
-                context.hashed = memo.before.read  # the package read once
+            context.hashed = memo.hashed if memo is not None else {}
             # A check may put its work off to the pass's end, to do it once for
             # every patch (ty over all the files that need it), answering
             # meanwhile as if it found nothing; where it found something, the

@@ -54,7 +54,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,6 +128,12 @@ class PlanMemo:
         name = key.hexdigest()
         patterns = sorted({pattern for p in series for pattern in p.paths})
         return cls(cache_dir() / "plans" / f"{name}.json", tree, patterns)
+
+    @property
+    def hashed(self) -> Mapping[str, bytes]:
+        """The bytes of the files the manifest taken before the plan hashed:
+        the plan reads those (``TreeContext.hashed``), not the disk again."""
+        return self.before.read if self.before is not None else {}
 
     # -- a kept plan ----------------------------------------------------------------
 
