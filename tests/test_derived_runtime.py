@@ -966,3 +966,27 @@ def test_a_name_is_mentioned_as_the_whole_search_says_or_refused(
     from deepstack_patch.engine.derived import outside
 
     assert outside.mentions("limit", [b"# nothing\n", text]) is said
+
+
+def test_a_name_found_in_a_file_an_earlier_state_left_alone_is_not_looked_for_again(
+    tmp_path: Path,
+) -> None:
+    """A name is looked up in every state of a series: where the file an
+    earlier lookup found it in holds the same bytes, that file answers;
+    where a fix rewrote it, the lookup goes through the files in order."""
+    from deepstack_patch.engine.context import recognising_in
+    from deepstack_patch.engine.derived import outside
+
+    holder = ("vllm/b.py", b"class B:\n    width = 2\n")
+    first = [("vllm/a.py", b"x = 1\n"), holder]
+    later = [("vllm/a.py", b"width = 3\n"), holder]  # a.py rewritten, b.py not
+    last = [later[0], ("vllm/b.py", b"class B:\n    pass\n")]
+    with recognising_in(tmp_path) as context:
+        assert outside.first_mention("width", first, dict(first)) == "vllm/b.py"
+        assert outside.first_mention("width", later, dict(later)) == "vllm/b.py"
+        assert outside.first_mention("width", last, dict(last)) == "vllm/a.py"
+        assert outside.first_mention("depth", last, dict(last)) is None
+    assert context.first_mentioned == {
+        b"width": {"vllm/b.py", "vllm/a.py"},
+        b"depth": {None},
+    }

@@ -417,7 +417,7 @@ def _defined_by_patch(patch: DerivedPatch, outside: str = "") -> set[str]:
 
 def _known(name: str, package: Package) -> bool:
     """Whether the package defines ``name`` or reads it as an attribute."""
-    return outside.first_mention(name, package.files) is not None
+    return outside.first_mention(name, package.files, package.by_path) is not None
 
 
 def _sources(context: TreeContext, package: Package) -> outside.Sources:
