@@ -218,8 +218,14 @@ def _cache_file() -> Path | None:
 
 @functools.cache
 def _scanner_digest() -> str:
-    """This module's code: lists kept by another scan are another file's."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    """This module's code: lists kept by another scan are another file's
+    (where the code cannot be read, this package's version stands for it)."""
+    try:
+        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    except OSError:
+        from deepstack_patch import __version__
+
+        return f"v{__version__}"
 
 
 def _load() -> dict[str, Summary]:
