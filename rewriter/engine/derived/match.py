@@ -38,6 +38,9 @@ class _Key:
     key: str
     by: str  # "shape" | "identity"
     code: str  # for messages
+    #: A shape key's statement's type and the types of its fields' values
+    #: (:func:`_head`): what every statement of that shape has.
+    head: tuple[type, ...] | None = field(default=None, repr=False, compare=False)
     #: The kinds of statement that may have the key: a shape, a header and
     #: an identity name the statement's type first (``Assign(...``), but a
     #: function's or a class's identity (``def name``, ``class name``).
@@ -60,7 +63,18 @@ class _Key:
             return False
         if self.by == "identity":
             return shapes_of.identity(node) == self.key
+        # Nor is one whose fields hold other kinds of value (a call where
+        # the key's has a name): a shape writes each value's kind first.
+        if self.head is not None and _head(node) != self.head:
+            return False
         return shapes_of.shape(node) == self.key
+
+
+def _head(node: ast.AST) -> tuple[type, ...]:
+    """A statement's type and the types of its fields' values: the same for
+    two statements of one shape (:func:`.shapes.shape` writes each value's
+    type, or its ``repr`` for a value that is no node, before all else)."""
+    return (type(node), *(type(getattr(node, name, None)) for name in node._fields))
 
 
 @dataclass(frozen=True)
@@ -94,11 +108,11 @@ class CompiledEdit:
             node = one_statement(anchor.code)
             if anchor.match == "header":
                 return _Key(shapes.identity(node), "identity", anchor.code)
-            return _Key(shapes.shape(node), "shape", anchor.code)
+            return _Key(shapes.shape(node), "shape", anchor.code, _head(node))
 
         def keys_of(code: str) -> tuple[_Key, ...]:
             return tuple(
-                _Key(shapes.shape(node), "shape", ast.unparse(node))
+                _Key(shapes.shape(node), "shape", ast.unparse(node), _head(node))
                 for node in shapes.parse_statements(code)
             )
 
