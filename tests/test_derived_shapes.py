@@ -503,9 +503,11 @@ def test_a_changed_parameter_must_be_as_the_fix_expects() -> None:
 
 def test_a_pattern_key_passes_over_other_kinds_and_never_its_own() -> None:
     """A key of a recorded statement tells a statement of another kind by
-    its type alone (no dump of it is made), and never turns away one of its
-    own kind: a function's identity is any ``def`` of the name, sync or not."""
-    from deepstack_patch.engine.derived.match import ShapeCache, _Key
+    its type alone, and a shape key one whose fields hold other kinds of
+    value (a call where its own has a constant) by their types (no dump of
+    it is made); it never turns away one of its own kind: a function's
+    identity is any ``def`` of the name, sync or not."""
+    from deepstack_patch.engine.derived.match import ShapeCache, _head, _Key
 
     code = """
 @cache
@@ -519,19 +521,31 @@ if ready:
     go()
 x = 1
 x: int = 1
+x = f(1)
+y = 2
 """
     statements = ast.parse(code).body
     for node in statements:
         for key in (
-            _Key(shapes.shape(node), "shape", ""),
+            _Key(shapes.shape(node), "shape", "", _head(node)),
             _Key(shapes.identity(node), "identity", ""),
         ):
             cache = ShapeCache()
             kin = [other for other in statements if key.matches(other, cache)]
             assert node in kin
-            others = [o for o in statements if type(o).__name__ not in key.kinds]
+            others = [
+                o
+                for o in statements
+                if type(o).__name__ not in key.kinds
+                or (key.by == "shape" and _head(o) != _head(node))
+            ]
             for other in others:
                 assert id(other) not in cache.memo  # passed over undumped
+    # Of one head, the shape tells: ``y = 2`` is not ``x = 1``.
+    assign = _Key(shapes.shape(statements[-4]), "shape", "", _head(statements[-4]))
+    assert [n for n in statements if assign.matches(n, ShapeCache())] == [
+        statements[-4]
+    ]
     load = _Key("def load", "identity", "")
     assert {type(n).__name__ for n in statements if load.matches(n, ShapeCache())} == {
         "AsyncFunctionDef",
