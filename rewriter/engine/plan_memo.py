@@ -90,8 +90,10 @@ class PlanMemo:
         #: The series' globs (those outside ``vllm/`` are matched again).
         self.patterns = patterns
         self.before: Manifest | None = None
-        #: What :meth:`prepare` read and looked for, for :meth:`store`.
+        #: What :meth:`prepare` read and looked for, and what the series'
+        #: globs matched then, for :meth:`store`.
         self._scans: _Scans | None = None
+        self._globbed: dict[str, list[str]] = {}
 
     @classmethod
     def for_plan(
@@ -205,13 +207,8 @@ class PlanMemo:
                 continue
             if relpath in read or not entry.digest or entry.signature[4] != "f":
                 return None
-            try:
-                raw = (self.tree.root / relpath).read_bytes()
-            except OSError:
-                return None
-            if hashlib.sha256(raw).hexdigest() != entry.digest:
-                return None  # written again since the walk
-            if any(word in raw for word in words):
+            raw = _hashed_bytes(now, relpath)
+            if raw is None or any(word in raw for word in words):
                 return None
         for relpath, entry in kept.entries.items():
             if relpath not in package:
@@ -237,7 +234,7 @@ class PlanMemo:
         globbed = {pattern: self.tree.glob([pattern]) for pattern in self.patterns}
         scans = _Scans(package, {f for found in globbed.values() for f in found})
         scans.look_for(context, context.scanned_for)
-        self._scans = scans
+        self._scans, self._globbed = scans, globbed
         return scans
 
     def store(
@@ -257,17 +254,16 @@ class PlanMemo:
             p: e.signature for p, e in before.entries.items()
         }:
             return
-        globbed = {pattern: self.tree.glob([pattern]) for pattern in self.patterns}
-        candidates = {f for found in globbed.values() for f in found}
+        scans = self._scans or self.prepare(context)
+        if scans is None:
+            return
+        globbed, candidates = self._globbed, scans.candidates  # matched once
         probed = {*context.probed, *closure.files_read(context.closures.values())}
         outside = {
             relpath
             for relpath in {*probed, *candidates}
             if not relpath.startswith("vllm/")
         }
-        scans = self._scans or self.prepare(context)
-        if scans is None:
-            return
         searched = _Searched.of(scans, context)
         read = _read_by(before, scans, {*probed, *candidates}, searched.words)
         entries = dict(before.entries)
@@ -358,9 +354,7 @@ class _Scans:
             self._in_order = sorted(
                 (relpath, raw)
                 for relpath, raw in self.package.items()
-                if relpath not in self.candidates
-                # The files the search read: a JSON key is no witness.
-                and relpath.endswith(outside.SEARCHED_SUFFIXES)
+                if _may_vouch(relpath, self.candidates)
             )
         for relpath, raw in self._in_order:
             if evidence_in(raw):
@@ -417,15 +411,14 @@ def _vouched(
 
 
 def _witness_now(word: bytes, now: Manifest, candidates: set[str]) -> str | None:
+    """The first file that may vouch for ``word`` and holds its evidence as
+    ``now`` hashed it (each read as the search reaches it, and checked
+    against its digest only where it holds the word); None where none."""
     evidence_in = outside.evidence_test(word)
     for relpath in sorted(now.entries):
         entry = now.entries[relpath]
-        if (
-            relpath in candidates
-            or not relpath.endswith(outside.SEARCHED_SUFFIXES)
-            or entry.signature[4] != "f"
-            or not entry.digest
-        ):
+        hashed = entry.signature[4] == "f" and entry.digest
+        if not hashed or not _may_vouch(relpath, candidates):
             continue
         raw = now.read.get(relpath)
         if raw is None:
@@ -440,6 +433,13 @@ def _witness_now(word: bytes, now: Manifest, candidates: set[str]) -> str | None
     return None
 
 
+def _may_vouch(relpath: str, candidates: set[str]) -> bool:
+    """Whether a file may vouch for a name found defined: one the lookup
+    reads (a JSON key is no witness), outside the patches' own files (their
+    bytes change from one state of the series to the next)."""
+    return relpath not in candidates and relpath.endswith(outside.SEARCHED_SUFFIXES)
+
+
 def _package_bytes(manifest: Manifest) -> dict[str, bytes] | None:
     """The bytes of every file the manifest hashed (those it was hashed
     from where the walk read them, the others read now); None where one is
@@ -449,17 +449,26 @@ def _package_bytes(manifest: Manifest) -> dict[str, bytes] | None:
     for relpath, entry in manifest.entries.items():
         if entry.signature[4] != "f" or not entry.digest:
             continue
-        if (raw := manifest.read.get(relpath)) is not None:
-            package[relpath] = raw
-            continue
-        try:
-            raw = (manifest.root / relpath).read_bytes()
-        except OSError:
-            return None
-        if hashlib.sha256(raw).hexdigest() != entry.digest:
+        raw = _hashed_bytes(manifest, relpath)
+        if raw is None:
             return None
         package[relpath] = raw
     return package
+
+
+def _hashed_bytes(manifest: Manifest, relpath: str) -> bytes | None:
+    """The bytes of a file ``manifest`` hashed: those its walk read, or read
+    now where the walk's ``lstat`` vouched for them; None where they cannot
+    be read, or are no longer what it recorded."""
+    if (raw := manifest.read.get(relpath)) is not None:
+        return raw
+    try:
+        raw = (manifest.root / relpath).read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(raw).hexdigest() != manifest.entries[relpath].digest:
+        return None  # written since the walk
+    return raw
 
 
 def _read_by(
