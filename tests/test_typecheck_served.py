@@ -367,3 +367,117 @@ def test_a_state_goes_to_the_server_with_the_least_left_to_check(
     finally:
         release.set()
         ahead.close()
+
+
+def test_states_asked_while_the_server_is_busy_join_where_each_gets_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """States that wait for the busy server join one run wherever a run can
+    give each what a run of its own would: shared.py's fix and user.py as
+    that fix leaves shared.py share one; user.py beside a shared.py with a
+    new function (which user.py sees) cannot share it. Each check's
+    diagnostics are those of a run of ``ty check`` of its own."""
+    import contextlib
+    import dataclasses
+    import threading
+
+    root = toy(tmp_path / "tree")
+    checks = [  # each file as fixed alone: none asks for it as it is
+        dataclasses.replace(check, needs_before=lambda _after: False)
+        for check in checks_on(root)[:4]
+    ]
+    monkeypatch.setattr(typecheck, "SERVED", False)
+    alone = [typecheck.diagnostics_of(root, [one])[0] for one in checks]
+    busy, free = threading.Event(), threading.Event()
+    laid: list[list[str]] = []
+    real = tyserver.served
+
+    class Gated:
+        def __init__(self, server: tyserver.Server) -> None:
+            self.server = server
+
+        def lay(self, files: dict[str, bytes], read: object) -> None:
+            self.server.lay(files, read)  # type: ignore[arg-type]
+
+        def diagnostics(self, files: dict[str, bytes], timeout: float) -> dict:
+            laid.append(sorted(files))
+            busy.set()
+            free.wait(30)
+            return self.server.diagnostics(files, timeout)
+
+    @contextlib.contextmanager
+    def served(*args: object) -> Iterator[Gated]:
+        with real(*args) as server:  # type: ignore[arg-type]
+            yield Gated(server)
+
+    monkeypatch.setattr(tyserver, "served", served)
+    ahead = typecheck.ChecksAhead.start(root)
+    assert ahead is not None
+    try:
+        first = ahead.ask(checks[3])  # hinted.py: the server is busy with it
+        assert busy.wait(30)
+        numbers = [ahead.ask(check) for check in checks[:3]]
+        free.set()
+        answered = ahead.answers([first, *numbers])  # type: ignore[list-item]
+    finally:
+        free.set()
+        ahead.close()
+    assert laid == [
+        ["vllm/hinted.py"],
+        ["vllm/shared.py", "vllm/user.py"],
+        ["vllm/user.py"],
+    ]
+    assert [answered[n] for n in numbers] == alone[:3]  # type: ignore[index]
+    assert answered[first] == alone[3]  # type: ignore[index]
+
+
+def test_a_state_never_joins_a_run_the_server_took_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state's join is worked out on the plan's thread while the server
+    goes on: where the server takes the run meanwhile, the state waits in a
+    run of its own (joined, it would be laid after the run was checked)."""
+    import contextlib
+    import threading
+    import time
+
+    busy, free, taken = threading.Event(), threading.Event(), threading.Event()
+    laid: list[list[str]] = []
+
+    class Fake:
+        def lay(self, files: dict[str, bytes], read: object) -> None:
+            laid.append(sorted(files))
+            (busy if len(laid) == 1 else taken).set()
+
+        def diagnostics(self, files: dict[str, bytes], timeout: float) -> dict:
+            free.wait(30)
+            return {path: [] for path in files}
+
+    @contextlib.contextmanager
+    def served(*_: object) -> Iterator[Fake]:
+        yield Fake()
+
+    def join(run: tyserver._Run, job: tyserver._Job) -> dict[str, bytes]:
+        free.set()  # the server checks "a" and takes the run that waits
+        assert taken.wait(30)
+        return {**run.files, **job.files}
+
+    monkeypatch.setattr(tyserver, "served", served)
+    ahead = tyserver.Ahead(
+        "ty", tmp_path, tmp_path / "work", "", 1, lambda _: b"", join
+    )
+    try:
+        ahead.ask("a", {"vllm/a.py": b"a"}, "vllm/a.py")
+        assert busy.wait(30)  # the server checks "a" until ``free``
+        ahead.ask("b", {"vllm/b.py": b"b"}, "vllm/b.py")  # waits: nothing to join
+        ahead.ask("c", {"vllm/c.py": b"c"}, "vllm/c.py")
+        # Polled, not waited for: "c" joined to a run already checked would
+        # never be answered.
+        deadline = time.monotonic() + 30
+        while len(ahead._answers) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert set(ahead._answers) == set("abc")
+    finally:
+        free.set()
+        ahead.close()
+    assert laid == [["vllm/a.py"], ["vllm/b.py"], ["vllm/c.py"]]

@@ -258,12 +258,21 @@ def served(
 class Ahead:
     """Servers that check states while the plan that asks for them goes on.
 
-    A first ``status`` of 40 derived fixes is 9 s of Python on one core, and
-    each typed check is known as soon as its patch is recognised. So each
+    A first ``status`` of 40 derived fixes is seconds of Python on one core,
+    and each typed check is known as soon as its patch is recognised. So each
     state (the files it lays over the tree, the file it checks) goes to a
     server at once (:meth:`ask`) and is checked on another core; the plan's
-    end collects the answers (:meth:`answers`). A state is laid exactly as
-    it is, the tree's bytes everywhere else: what a run of its own gives.
+    end collects the answers (:meth:`answers`). A state is checked as a run
+    of its own would check it, the tree's bytes everywhere else.
+
+    States asked while a server is busy wait for it, and a state joins one
+    that waits where a run can give both what each would alone (``join``,
+    :func:`.typecheck._joined`): the server lays them once and checks their
+    files at once, side by side on its threads. Each state laid costs a
+    server what depends on the files that changed (ty infers it again); on
+    a first ``status`` of 40 derived fixes, 54 states make 24 runs. The
+    join is worked out as the state is asked, on the plan's thread, so a
+    server never waits for it.
     """
 
     def __init__(
@@ -274,9 +283,15 @@ class Ahead:
         settings: str,
         count: int,
         read: Callable[[str], bytes],
+        join: Callable[[_Run, _Job], dict[str, bytes] | None] | None = None,
     ) -> None:
         self._read, self._work = read, work
-        self._queues: list[queue.SimpleQueue[_Job | None]] = []
+        #: The files of ``run`` with ``job``'s state joined, or None where
+        #: no run can give both; by default no state joins another.
+        self._join = join or (lambda _run, _job: None)
+        #: The runs waiting for each server, first come first checked.
+        self._waiting: list[list[_Run]] = [[] for _ in range(count)]
+        self._closing = False
         self._managers: list[Any] = [None] * count
         self._live: list[Server | None] = [None] * count
         self._ended = [False] * count
@@ -291,7 +306,6 @@ class Ahead:
         self._done = threading.Condition()
         self._threads = []
         for number in range(count):
-            self._queues.append(queue.SimpleQueue())
             start = functools.partial(
                 served, binary, root, work / f"ahead{number}", settings, 120
             )
@@ -311,19 +325,32 @@ class Ahead:
         """Have server number ``server`` (modulo their count; by default the
         one that checked ``path`` before, else the one with the least to
         check before it) check ``path`` with ``files`` laid over the tree;
-        its answer is kept as ``job``'s. The server's number."""
+        its answer is kept as ``job``'s. The server's number. Only the
+        plan's thread asks (it alone changes a waiting run)."""
         laid = files.get(path)
         size = len(laid) if laid is not None else len(self._read(path) or b"")
         with self._done:
             if server is None:
                 server = self._checked_on.get(path)
             if server is None:  # a big file checked last is the run's end
-                server = min(range(len(self._queues)), key=self._queued.__getitem__)
-            number = server % len(self._queues)
+                server = min(range(len(self._waiting)), key=self._queued.__getitem__)
+            number = server % len(self._waiting)
             self._checked_on.setdefault(path, number)
             self._queued[number] += size
+            waiting = list(self._waiting[number])
         self._server_of[job] = number
-        self._queues[number].put(_Job(job, files, path, size))
+        new = _Job(job, files, path, size)
+        for run in waiting:
+            joined = self._join(run, new)  # the server may take the run meanwhile
+            if joined is None:
+                continue
+            with self._done:
+                if any(run is still for still in self._waiting[number]):
+                    run.files, run.jobs = joined, [*run.jobs, new]
+                    return number
+        with self._done:
+            self._waiting[number].append(_Run(dict(files), [new]))
+            self._done.notify_all()
         return number
 
     def answers(
@@ -346,14 +373,17 @@ class Ahead:
             manager = start()
             server = manager.__enter__()
             self._managers[number], self._live[number] = manager, server
-            while (job := self._queues[number].get()) is not None:
-                server.lay(job.files, self._read)
-                laid = job.files.get(job.path)
-                text = laid if laid is not None else self._read(job.path)
-                found = server.diagnostics({job.path: text}, 120)[job.path]
+            while (run := self._next(number)) is not None:
+                server.lay(run.files, self._read)
+                held = {}
+                for job in run.jobs:
+                    laid = run.files.get(job.path)
+                    held[job.path] = laid if laid is not None else self._read(job.path)
+                found = server.diagnostics(held, 120)
                 with self._done:
-                    self._answers[job.name] = found
-                    self._queued[number] -= job.size
+                    for job in run.jobs:
+                        self._answers[job.name] = found[job.path]
+                        self._queued[number] -= job.size
                     self._done.notify_all()
         except (ServerFailed, OSError, ValueError, KeyError):
             # A server that stops, or answers what this cannot read: its
@@ -364,12 +394,20 @@ class Ahead:
                 self._ended[number] = True
                 self._done.notify_all()
 
+    def _next(self, number: int) -> _Run | None:
+        """The first run waiting for server ``number``, once there is one;
+        None once it is told to stop and none waits."""
+        with self._done:
+            self._done.wait_for(lambda: self._waiting[number] or self._closing)
+            return self._waiting[number].pop(0) if self._waiting[number] else None
+
     def close(self, at_once: bool = False) -> None:
         """Stop the servers and remove their folders: each shut down once it
         has finished what it was asked, or killed where it is still busy or
         ``at_once`` (an interrupt), so nothing is left running."""
-        for waiting in self._queues:
-            waiting.put(None)
+        with self._done:
+            self._closing = True
+            self._done.notify_all()
         for number, thread in enumerate(self._threads):
             thread.join(timeout=0 if at_once else 0.5)
             if thread.is_alive() and (server := self._live[number]) is not None:
@@ -386,3 +424,11 @@ class _Job:
     files: Mapping[str, bytes]
     path: str
     size: int = 0
+
+
+@dataclass
+class _Run:
+    """States a server lays at once: the files, and the jobs it checks."""
+
+    files: dict[str, bytes]
+    jobs: list[_Job]
