@@ -38,7 +38,7 @@ import re
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,11 +193,12 @@ class ChecksAhead:
             _SERVERS_AHEAD,
             self._disk,  # type: ignore[arg-type]
             self._join,
+            self._answered,
         )
         self._count = 0
         self._checks: dict[int, Check] = {}
-        #: The server each check's file as fixed went to: as it is, too.
-        self._server_of: dict[int, int | None] = {}
+        #: The checks asked for their file as it is of their answer as fixed.
+        self._asked_before: set[int] = set()
 
     @classmethod
     def start(cls, root: Path) -> ChecksAhead | None:
@@ -224,7 +225,6 @@ class ChecksAhead:
                 server = self._servers.ask(
                     (number, side.state), side.files, side.path, server
                 )
-        self._server_of[number] = server
         return number
 
     def _join(self, run: tyserver._Run, job: tyserver._Job) -> dict[str, bytes] | None:
@@ -237,12 +237,26 @@ class ChecksAhead:
         check = self._checks[number]
         return _Side(number, state, check.path, job.files, check.reads)
 
+    def _answered(self, job: Hashable, found: list[tuple[int, str, str]]) -> None:
+        """A check that asks for its file as it is only of its answer as
+        fixed is asked it as that answer comes, before it is given (on the
+        server's thread): it joins what waits there, where the plan's end
+        would have found the server idle and asked it alone."""
+        number, state = job  # type: ignore[misc]
+        check = self._checks[number]
+        if (
+            state == "after"
+            and check.needs_before
+            and check.asks_before([Diagnostic(*each) for each in found])
+        ):
+            self._asked_before.add(number)
+            self._servers.ask((number, "before"), check.before, check.path)
+
     def answers(
         self, numbers: Sequence[int]
     ) -> dict[int, tuple[list[Diagnostic], list[Diagnostic]]]:
         """The diagnostics of each check asked as ``numbers`` (before, after),
-        once checked; none where its server failed. A check that asks for
-        its file as it is only of its answer as fixed is asked it now."""
+        once checked; none where its server failed."""
         upfront = {n for n in numbers if not self._checks[n].needs_before}
         found = self._servers.answers(
             (number, state)
@@ -250,20 +264,8 @@ class ChecksAhead:
             for state in ("before", "after")
             if state == "after" or number in upfront
         )
-        later = [
-            number
-            for number in numbers
-            if number not in upfront
-            and (number, "after") in found
-            and self._checks[number].asks_before(
-                [Diagnostic(*each) for each in found[number, "after"]]
-            )
-        ]
-        for number in later:
-            check = self._checks[number]
-            self._servers.ask(
-                (number, "before"), check.before, check.path, self._server_of[number]
-            )
+        # Asked as each answer as fixed came (:meth:`_answered`), before it.
+        later = [number for number in numbers if number in self._asked_before]
         found.update(self._servers.answers((number, "before") for number in later))
         asked_before = upfront.union(later)
         return {

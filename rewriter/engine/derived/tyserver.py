@@ -284,11 +284,18 @@ class Ahead:
         count: int,
         read: Callable[[str], bytes],
         join: Callable[[_Run, _Job], dict[str, bytes] | None] | None = None,
+        then: Callable[[Hashable, list[tuple[int, str, str]]], None] | None = None,
     ) -> None:
         self._read, self._work = read, work
         #: The files of ``run`` with ``job``'s state joined, or None where
         #: no run can give both; by default no state joins another.
         self._join = join or (lambda _run, _job: None)
+        #: Told each job's answer before it is given (on the server's
+        #: thread): it may ask for another check, which then waits there.
+        self._then = then or (lambda _job, _found: None)
+        #: One asks at a time: a join is worked out from a waiting run's
+        #: files, and another's join to the same run would be lost.
+        self._asking = threading.Lock()
         #: The runs waiting for each server, first come first checked.
         self._waiting: list[list[_Run]] = [[] for _ in range(count)]
         self._closing = False
@@ -325,8 +332,13 @@ class Ahead:
         """Have server number ``server`` (modulo their count; by default the
         one that checked ``path`` before, else the one with the least to
         check before it) check ``path`` with ``files`` laid over the tree;
-        its answer is kept as ``job``'s. The server's number. Only the
-        plan's thread asks (it alone changes a waiting run)."""
+        its answer is kept as ``job``'s. The server's number."""
+        with self._asking:
+            return self._ask(job, files, path, server)
+
+    def _ask(
+        self, job: Hashable, files: Mapping[str, bytes], path: str, server: int | None
+    ) -> int:
         laid = files.get(path)
         size = len(laid) if laid is not None else len(self._read(path) or b"")
         with self._done:
@@ -380,6 +392,8 @@ class Ahead:
                     laid = run.files.get(job.path)
                     held[job.path] = laid if laid is not None else self._read(job.path)
                 found = server.diagnostics(held, 120)
+                for job in run.jobs:
+                    self._then(job.name, found[job.path])
                 with self._done:
                     for job in run.jobs:
                         self._answers[job.name] = found[job.path]
