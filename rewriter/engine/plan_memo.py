@@ -233,7 +233,9 @@ class PlanMemo:
             return None
         globbed = {pattern: self.tree.glob([pattern]) for pattern in self.patterns}
         scans = _Scans(package, {f for found in globbed.values() for f in found})
-        scans.look_for(context, context.scanned_for)
+        # The words the searches so far depend on, with the names no file
+        # vouches for: found now, not after ty's last answer.
+        _Searched.of(scans, context)
         self._scans, self._globbed = scans, globbed
         return scans
 
