@@ -48,6 +48,18 @@ HINTED_FIXED = HINTED.replace("return x\n", "return x + 1\n")
 ADDED = "from vllm.fresh import VALUE\n\n\ndef g() -> int:\n    return VALUE.nope\n"
 
 
+def served_by(monkeypatch: pytest.MonkeyPatch, fake: object) -> None:
+    """Have every server that starts be ``fake`` (its ``lay`` and
+    ``diagnostics`` in place of a ``ty server``'s)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def served(*_: object) -> Iterator[object]:
+        yield fake
+
+    monkeypatch.setattr(tyserver, "served", served)
+
+
 def toy(root: Path):
     return whole_tree(
         root,
@@ -334,7 +346,6 @@ def test_a_state_goes_to_the_server_with_the_least_left_to_check(
     server that checked it (what the file imports is inferred there: the
     second state of vLLM's largest file took 0.9 s on the other server and
     0.4 s on its own), and a server's answer takes its bytes off again."""
-    import contextlib
     import threading
 
     release = threading.Event()
@@ -347,11 +358,7 @@ def test_a_state_goes_to_the_server_with_the_least_left_to_check(
             release.wait(30)
             return {path: [] for path in files}
 
-    @contextlib.contextmanager
-    def served(*_: object) -> Iterator[Waiting]:
-        yield Waiting()
-
-    monkeypatch.setattr(tyserver, "served", served)
+    served_by(monkeypatch, Waiting())
     ahead = tyserver.Ahead("ty", tmp_path, tmp_path / "work", "", 2, lambda _: b"")
     try:
         big, small = {"vllm/big.py": b"x" * 100}, {"vllm/small.py": b"x" * 10}
@@ -437,7 +444,6 @@ def test_a_state_never_joins_a_run_the_server_took_meanwhile(
     """A state's join is worked out on the plan's thread while the server
     goes on: where the server takes the run meanwhile, the state waits in a
     run of its own (joined, it would be laid after the run was checked)."""
-    import contextlib
     import threading
     import time
 
@@ -453,16 +459,12 @@ def test_a_state_never_joins_a_run_the_server_took_meanwhile(
             free.wait(30)
             return {path: [] for path in files}
 
-    @contextlib.contextmanager
-    def served(*_: object) -> Iterator[Fake]:
-        yield Fake()
-
     def join(run: tyserver._Run, job: tyserver._Job) -> dict[str, bytes]:
         free.set()  # the server checks "a" and takes the run that waits
         assert taken.wait(30)
         return {**run.files, **job.files}
 
-    monkeypatch.setattr(tyserver, "served", served)
+    served_by(monkeypatch, Fake())
     ahead = tyserver.Ahead(
         "ty", tmp_path, tmp_path / "work", "", 1, lambda _: b"", join
     )
