@@ -228,8 +228,9 @@ def test_states_that_differ_only_in_a_body_nobody_sees_share_a_state(
     [
         (SHARED, SHARED_BODY, True),
         (SHARED, SHARED_NEW, False),
-        # An unannotated function's return could be inferred from its body.
-        (SHARED, SHARED.replace("    return x\n", "    return [x]\n"), False),
+        # The pinned ty infers no return from a body: an unannotated
+        # function's call is Unknown (tests/test_typecheck_outline.py).
+        (SHARED, SHARED.replace("    return x\n", "    return [x]\n"), True),
         # A method that assigns to self declares the class's attributes.
         (
             SHARED,
@@ -240,6 +241,25 @@ def test_states_that_differ_only_in_a_body_nobody_sees_share_a_state(
             SHARED,
             SHARED.replace(
                 "return min(count, self.size)", "self.spent = count\n        return 0"
+            ),
+            False,
+        ),
+        # Only what a function assigns to its first parameter is declared:
+        # another object's attribute, or one of self's parts, is not.
+        (
+            SHARED,
+            SHARED.replace(
+                "return min(count, self.size)",
+                "other = Pool(1)\n        other.spent = count\n"
+                "        self.size.real = 1\n        return 0",
+            ),
+            True,
+        ),
+        (
+            SHARED,
+            SHARED.replace(
+                "return min(count, self.size)",
+                "[0 for self.seen in range(count)]\n        return 0",
             ),
             False,
         ),
@@ -261,6 +281,8 @@ def test_states_that_differ_only_in_a_body_nobody_sees_share_a_state(
         "unannotated",
         "init-self",
         "method-self",
+        "other-object",
+        "comprehension-self",
         "global",
         "signature",
         "one-line",
@@ -302,11 +324,20 @@ def test_a_file_is_checked_as_it_is_only_where_its_answer_as_fixed_asks(
 ) -> None:
     """A check that needs its file's diagnostics as it is only to excuse new
     ones (``needs_before``) is asked about them once its file as fixed is
-    answered, and given ``[]`` where it says no: whichever way it runs."""
+    answered, and given ``[]`` where it says no: whichever way it runs.
+    Ahead, the file as fixed is first checked as its outline (the bodies of
+    the functions the fix did not write left out, ``Check.written``): where
+    that answer asks for the file as it is, the whole file as fixed is
+    checked too, and is the answer (the verdict weighs all of it)."""
     root = toy(tmp_path / "tree")
-    old = USER + "\n\nMISSING = Pool.absent\n"  # a diagnostic of its own
+    old = (
+        USER
+        + "\n\nMISSING = Pool.absent\n"  # a diagnostic of its own
+        + "\n\ndef elsewhere() -> None:\n    Pool.gone\n"  # one in a body
+    )
     (root / "vllm" / "user.py").write_text(old)
     fixed = old.replace("pool.take(1)", "pool.take(2)")
+    written = [n for n, line in enumerate(fixed.splitlines(), 1) if "take(2)" in line]
     told: list[list[typecheck.Diagnostic]] = []
 
     def needs_before(after: list[typecheck.Diagnostic]) -> bool:
@@ -319,6 +350,7 @@ def test_a_file_is_checked_as_it_is_only_where_its_answer_as_fixed_asks(
         {"vllm/user.py": fixed.encode()},
         lambda _relpath, _appears: True,
         needs_before=needs_before,
+        written=frozenset(written),
     )
     monkeypatch.setattr(typecheck, "SERVED", way == "served")
     if way == "ahead":
@@ -332,8 +364,12 @@ def test_a_file_is_checked_as_it_is_only_where_its_answer_as_fixed_asks(
     else:
         (found,) = typecheck.diagnostics_of(root, [check])
     before, after = found  # type: ignore[misc]
-    assert told == [after]
-    assert any("absent" in d.message for d in after)
+    (asked,) = told
+    assert any("absent" in d.message for d in asked)
+    outlined = way == "ahead"
+    assert any("gone" in d.message for d in asked) is not outlined
+    assert asked == [d for d in after if not outlined or "gone" not in d.message]
+    assert any("gone" in d.message for d in after) is (asks or not outlined)
     assert before == (after if asks else [])
 
 

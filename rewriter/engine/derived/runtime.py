@@ -503,6 +503,7 @@ def typed_problem(
         {**others, **{p: t for p, t in added.items() if p != path}, path: fixed},
         functools.partial(closure.reads_file, reads),
         needs_before=functools.partial(_any_new_on, lines),
+        written=frozenset(lines),
     )
     if context.defer_checks:
         sources = _sources_now(context, package)

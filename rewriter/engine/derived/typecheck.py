@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepstack_patch.engine.derived import tyserver
-from deepstack_patch.engine.derived.interface import same_interface
+from deepstack_patch.engine.derived.interface import outline, same_interface
 from deepstack_patch.engine.derived.tyfolders import Folder
 
 #: The Python version the target is checked for (vLLM's oldest supported).
@@ -108,6 +108,13 @@ class Check:
     #: half the files a batch checks). None: always. Where it says no, the
     #: check's diagnostics before are ``[]``, not checked.
     needs_before: Callable[[list[Diagnostic]], bool] | None = None
+    #: The 1-based lines of the fixed file the fix wrote, where the check's
+    #: verdict reads its diagnostics as fixed only there as long as
+    #: ``needs_before`` says no (runtime.py): a server then checks the
+    #: file's :func:`.interface.outline` (the other functions' bodies left
+    #: out), and the whole file only where that answer asks for the file
+    #: as it is. None: the whole file.
+    written: frozenset[int] | None = None
 
     def asks_before(self, after: list[Diagnostic] | CheckerFailed) -> bool:
         """Whether the file as it is is checked, given the answer as fixed
@@ -199,6 +206,8 @@ class ChecksAhead:
         self._checks: dict[int, Check] = {}
         #: The checks asked for their file as it is of their answer as fixed.
         self._asked_before: set[int] = set()
+        #: The checks whose file as fixed was checked as its outline first.
+        self._outlined: set[int] = set()
 
     @classmethod
     def start(cls, root: Path) -> ChecksAhead | None:
@@ -218,14 +227,28 @@ class ChecksAhead:
         number, self._count = self._count, self._count + 1
         self._checks[number] = check
         # One server: the state as it is (where the check always asks for
-        # it), then as fixed.
+        # it), then as fixed (its outline, where the check allows one).
         server = None
         for side in sides:
             if side.state == "after" or not check.needs_before:
+                shown = self._outline(number) if side.state == "after" else None
                 server = self._servers.ask(
-                    (number, side.state), side.files, side.path, server
+                    (number, side.state), side.files, side.path, server, shown
                 )
         return number
+
+    def _outline(self, number: int) -> bytes | None:
+        """The text the server checks for ``number``'s file as fixed in
+        place of the whole (:attr:`Check.written`), or None: the whole."""
+        check = self._checks[number]
+        if check.written is None or check.needs_before is None:
+            return None
+        fixed = check.after[check.path]
+        shown = outline(fixed, check.written)
+        if shown is None or shown == fixed:
+            return None
+        self._outlined.add(number)
+        return shown
 
     def _join(self, run: tyserver._Run, job: tyserver._Job) -> dict[str, bytes] | None:
         """The files of ``run`` with ``job``'s state joined (:func:`_joined`)."""
@@ -249,7 +272,11 @@ class ChecksAhead:
             and check.needs_before
             and check.asks_before([Diagnostic(*each) for each in found])
         ):
+            # The verdict then weighs every diagnostic of the file as fixed
+            # against those as it is: an outline's are not all of them.
             self._asked_before.add(number)
+            if number in self._outlined:
+                self._servers.ask((number, "whole"), check.after, check.path)
             self._servers.ask((number, "before"), check.before, check.path)
 
     def answers(
@@ -266,16 +293,28 @@ class ChecksAhead:
         )
         # Asked as each answer as fixed came (:meth:`_answered`), before it.
         later = [number for number in numbers if number in self._asked_before]
-        found.update(self._servers.answers((number, "before") for number in later))
+        whole = {number for number in later if number in self._outlined}
+        found.update(
+            self._servers.answers(
+                (number, state)
+                for number in later
+                for state in ("before", "whole")
+                if state == "before" or number in whole
+            )
+        )
         asked_before = upfront.union(later)
         return {
             number: (
                 [Diagnostic(*each) for each in found.get((number, "before"), [])],
-                [Diagnostic(*each) for each in found[number, "after"]],
+                [
+                    Diagnostic(*each)
+                    for each in found[number, "whole" if number in whole else "after"]
+                ],
             )
             for number in numbers
             if (number, "after") in found
             and (number not in asked_before or (number, "before") in found)
+            and (number not in whole or (number, "whole") in found)
         }
 
     def close(self, at_once: bool = False) -> None:

@@ -328,18 +328,26 @@ class Ahead:
         files: Mapping[str, bytes],
         path: str,
         server: int | None = None,
+        shown: bytes | None = None,
     ) -> int:
         """Have server number ``server`` (modulo their count; by default the
         one that checked ``path`` before, else the one with the least to
-        check before it) check ``path`` with ``files`` laid over the tree;
-        its answer is kept as ``job``'s. The server's number."""
+        check before it) check ``path`` with ``files`` laid over the tree
+        (and ``shown`` in place of ``path``'s text there: a text another
+        module sees alike, ``interface.outline``); its answer is kept as
+        ``job``'s. The server's number."""
         with self._asking:
-            return self._ask(job, files, path, server)
+            return self._ask(job, files, path, server, shown)
 
     def _ask(
-        self, job: Hashable, files: Mapping[str, bytes], path: str, server: int | None
+        self,
+        job: Hashable,
+        files: Mapping[str, bytes],
+        path: str,
+        server: int | None,
+        shown: bytes | None,
     ) -> int:
-        laid = files.get(path)
+        laid = shown if shown is not None else files.get(path)
         size = len(laid) if laid is not None else len(self._read(path) or b"")
         with self._done:
             if server is None:
@@ -351,7 +359,7 @@ class Ahead:
             self._queued[number] += size
             waiting = list(self._waiting[number])
         self._server_of[job] = number
-        new = _Job(job, files, path, size)
+        new = _Job(job, files, path, size, shown)
         for run in waiting:
             joined = self._join(run, new)  # the server may take the run meanwhile
             if joined is None:
@@ -386,10 +394,12 @@ class Ahead:
             server = manager.__enter__()
             self._managers[number], self._live[number] = manager, server
             while (run := self._next(number)) is not None:
-                server.lay(run.files, self._read)
+                files = {**run.files}
+                files.update((j.path, j.shown) for j in run.jobs if j.shown is not None)
+                server.lay(files, self._read)
                 held = {}
                 for job in run.jobs:
-                    laid = run.files.get(job.path)
+                    laid = files.get(job.path)
                     held[job.path] = laid if laid is not None else self._read(job.path)
                 found = server.diagnostics(held, 120)
                 for job in run.jobs:
@@ -438,6 +448,8 @@ class _Job:
     files: Mapping[str, bytes]
     path: str
     size: int = 0
+    #: The text the server checks in place of ``files``' own for ``path``.
+    shown: bytes | None = None
 
 
 @dataclass
