@@ -442,3 +442,81 @@ def test_a_folder_is_checked_side_by_side_and_its_first_disagreement_told(
     lay("d")
     monkeypatch.setattr(forked.json, "dumps", lambda _: 1 / 0)
     assert told().path == str((folder / "d.toml").absolute())
+
+
+def test_status_tells_a_disagreement_found_while_it_planned(
+    data_file: Path, base: Path
+) -> None:
+    """``status`` has the agreement worked out in a forked child while it
+    plans (its first second is spent on one core), and tells it before it
+    reports anything: the error loading gives (``apply``'s), exit 2."""
+    edit(data_file, inserted("return max(n, 0)"), inserted('print("HACKED")'))
+    done = status(base, data_file.parent)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    told = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert told and "its edits do not turn" in told[0]
+    assert told == [
+        line
+        for line in refused(data_file, base).splitlines()
+        if line.startswith("error:")
+    ]
+
+
+def test_a_folder_checked_while_the_command_goes_on_tells_what_a_load_would(
+    data_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given ``ahead``, a folder's data files are checked by one niced forked
+    child, and :meth:`refuse` tells what loading tells (the first that
+    disagrees, named with the way to leave it out), once; also where the
+    child gives no answer. A file's own error is told at once, the files
+    before it checked first, as loading does."""
+    from deepstack_patch.engine import forked
+    from deepstack_patch.engine.series import patches_from_folder
+
+    monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
+    folder = data_file.parent / "batch"
+    folder.mkdir()
+    text = data_file.read_text()
+    hacked = text.replace(inserted("return max(n, 0)"), inserted('print("HACKED")'))
+    niced: list[int] = []
+    monkeypatch.setattr(forked.os, "nice", niced.append)  # in the child: unseen
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+    forks: list[int] = []
+    real_fork = forked.os.fork
+
+    def fork() -> int:
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(forked.os, "fork", fork)
+    for number, name in enumerate("abc", 1):
+        body = hacked if name in "bc" else text
+        body = body.replace('id = "acme#7"', f'id = "acme#{number}"')
+        (folder / f"{name}.toml").write_text(body)
+    ahead: list = []
+    assert len(patches_from_folder(folder, ahead=ahead)) == 3  # nothing told yet
+    assert forks == [1] and len(ahead) == 1
+    with pytest.raises(DeepstackError) as caught:
+        ahead[0].refuse()
+    assert caught.value.path == str((folder / "b.toml").absolute())
+    assert "rename it to _b.toml" in str(caught.value.hint)
+    ahead[0].refuse()  # told once
+    # A child that answers nothing: its files are checked here.
+    monkeypatch.setattr(forked.json, "dumps", lambda _: 1 / 0)
+    ahead.clear()
+    patches_from_folder(folder, ahead=ahead)
+    with pytest.raises(DeepstackError, match="its edits do not turn") as caught:
+        ahead[0].refuse()
+    assert caught.value.path == str((folder / "b.toml").absolute())
+    # A check whose child was stopped (reaped) is still told if asked for:
+    # worked out here.
+    ahead.clear()
+    patches_from_folder(folder, ahead=ahead)
+    ahead[0].stop()
+    with pytest.raises(DeepstackError, match="its edits do not turn"):
+        ahead[0].refuse()
+    # A file that does not load is told at once, those before it checked.
+    (folder / "c.toml").write_text("[[")
+    with pytest.raises(DeepstackError) as caught:
+        patches_from_folder(folder, ahead=[])
+    assert caught.value.path == str((folder / "b.toml").absolute())

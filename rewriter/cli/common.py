@@ -21,6 +21,7 @@ from deepstack_patch.engine.errors import (
 if TYPE_CHECKING:
     from deepstack_patch.engine.plan import Plan
     from deepstack_patch.engine.protocol import Patch
+    from deepstack_patch.engine.series import FolderAgreement
     from deepstack_patch.engine.tree import VllmTree
     from rich.console import Console
 
@@ -400,13 +401,26 @@ def fetch_with_progress(version: str, out: Path) -> VllmTree:
 
 #: Where ``patches_option`` keeps the ``--patches`` folders of the command.
 PATCHES_META = "deepstack_patch.patches_folders"
+#: Where :func:`load_series` keeps the agreement checks it left running.
+AGREEMENT_META = "deepstack_patch.agreement"
+#: The commands whose data files' agreement is told once their plan is made
+#: (:func:`told_agreement`), while it is worked out on another core: a first
+#: ``status`` of 40 derived fixes spent 0.2 s of its first second on it,
+#: on the one core the plan and ty start on.
+AGREED_LATER = frozenset({"status"})
 
 
-def load_series(folders: Sequence[Path] | None = None) -> Sequence[Patch]:
+def load_series(
+    folders: Sequence[Path] | None = None, agreed_later: bool = False
+) -> Sequence[Patch]:
     """The patch series: the built-in one, then the patches of installed entry
     points, then those of the ``--patches`` folders in the order given (by
     default the current command's). The one place the command line imports
-    the patches; every layer below gets the series as an argument."""
+    the patches; every layer below gets the series as an argument.
+
+    With ``agreed_later``, whether the folders' data files agree is worked
+    out while the command goes on, and told by :func:`told_agreement`
+    (which the command calls before it reports or writes anything)."""
     context = click.get_current_context(silent=True)
     meta = context.meta if context is not None else {}
     if folders is None:
@@ -427,11 +441,24 @@ def load_series(folders: Sequence[Path] | None = None) -> Sequence[Patch]:
         from deepstack_patch.patches import SERIES
 
         extra = patches_from_entry_points()
+        ahead: list[FolderAgreement] | None = [] if agreed_later else None
+        if ahead is not None and context is not None:
+            meta[AGREEMENT_META] = ahead
+            context.call_on_close(lambda: [each.stop() for each in ahead])
         for folder in folders:
-            extra.extend(patches_from_folder(folder))
+            extra.extend(patches_from_folder(folder, ahead=ahead))
         meta[key] = assemble_series(SERIES, extra) if extra else SERIES
         warn_same_changes(meta[key])
     return meta[key]
+
+
+def told_agreement() -> None:
+    """Raise the first data file that disagrees (as loading would have) of
+    a series loaded ``agreed_later`` (:func:`load_series`); nothing where
+    each agrees, was told already, or the series was checked as it loaded."""
+    context = click.get_current_context(silent=True)
+    for each in context.meta.get(AGREEMENT_META, ()) if context is not None else ():
+        each.refuse()
 
 
 def warn_same_changes(series: Sequence[Patch]) -> None:
@@ -476,7 +503,8 @@ def patches_option(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)
     def wrapper(patches_folders: tuple[Path, ...], **kwargs: Any) -> Any:
         click.get_current_context().meta[PATCHES_META] = patches_folders
-        load_series()  # a bad folder is refused before a release is fetched
+        # A bad folder is refused before a release is fetched.
+        load_series(agreed_later=command.__name__ in AGREED_LATER)
         return command(**kwargs)
 
     return wrapper

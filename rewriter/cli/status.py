@@ -15,6 +15,7 @@ from deepstack_patch.cli.common import (
     select_options,
     selected_drifted,
     stdout_console,
+    told_agreement,
 )
 from deepstack_patch.engine.tree import VllmTree
 
@@ -51,10 +52,15 @@ def status(
     series = load_series()
     selected = select_patches(series, only, skip)
     cache = RecognitionCache.for_series(series)
-    with files_read() as read:
-        plan = plan_tree(
-            tree, series, selected, rewrite=False, cache=cache, progress=read
-        )
+    try:
+        with files_read() as read:
+            plan = plan_tree(
+                tree, series, selected, rewrite=False, cache=cache, progress=read
+            )
+    except Exception:
+        told_agreement()  # a data file that disagrees is the error to tell
+        raise
+    told_agreement()
     if output_format == "json":
         from deepstack_patch.output.documents import (
             dump_json,

@@ -29,9 +29,11 @@ class Forked:
         self._reading: int | None = reading
 
     @classmethod
-    def start(cls, work: Callable[[], object]) -> Forked | None:
+    def start(cls, work: Callable[[], object], nice: int = 0) -> Forked | None:
         """A child that answers ``work()`` (made of JSON's types); None where
-        none can be started (no ``fork``, another thread, a failed fork)."""
+        none can be started (no ``fork``, another thread, a failed fork).
+        With ``nice``, the child yields its core to this process and the
+        others at their priority (it works where a core would wait)."""
         if not hasattr(os, "fork") or threading.active_count() != 1:
             return None
         reading, writing = os.pipe()
@@ -45,6 +47,8 @@ class Forked:
             code = 1
             try:
                 os.close(reading)
+                if nice:
+                    os.nice(nice)
                 answer = json.dumps(work()).encode()
                 with os.fdopen(writing, "wb") as pipe:
                     pipe.write(answer)

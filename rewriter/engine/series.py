@@ -37,7 +37,7 @@ from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import Patch
 
 if TYPE_CHECKING:
-    from deepstack_patch.engine.derived.truth import Agreement
+    from deepstack_patch.engine.derived.truth import Agreement, AgreementAhead
 
 #: The entry-point group a vendor's package of patches declares.
 ENTRY_POINT_GROUP = "deepstack_patch.patches"
@@ -56,11 +56,17 @@ _SOURCES: dict[str, dict[str, str]] = {}
 _MODULES: dict[Path, list[Patch]] = {}
 
 
-def patches_from_folder(folder: Path, given_by: str = "--patches") -> list[Patch]:
+def patches_from_folder(
+    folder: Path,
+    given_by: str = "--patches",
+    ahead: list[FolderAgreement] | None = None,
+) -> list[Patch]:
     """The patches of a ``--patches`` folder, in the order of their file names.
 
     ``given_by`` says where the folder was named (an entry point's errors
-    say it themselves: ``""``).
+    say it themselves: ``""``). Given ``ahead``, whether the data files'
+    units agree is worked out while the command goes on, and told when it
+    asks (:class:`FolderAgreement`, appended there); else now.
     """
     folder = Path(folder)
     # The folder is the error's place (path=): the message does not repeat it.
@@ -98,14 +104,38 @@ def patches_from_folder(folder: Path, given_by: str = "--patches") -> list[Patch
         except DeepstackError:
             _refuse_disagreements(files, agreement)
             raise
-    _refuse_disagreements(files, agreement)
     if not patches:
+        _refuse_disagreements(files, agreement)
         raise DeepstackError(
             f"the folder holds no patch{said}",
             FOLDER_HINT + "; give the folder `derive --out` wrote",
             path=str(folder),
         )
+    if ahead is None:
+        _refuse_disagreements(files, agreement)
+    elif agreement:
+        from deepstack_patch.engine.derived.truth import agreement_ahead
+
+        ahead.append(FolderAgreement(files, agreement_ahead(agreement)))
     return patches
+
+
+class FolderAgreement:
+    """Whether a folder's data files agree (:mod:`.derived.truth`), worked out
+    while the command goes on: :meth:`refuse` tells it as loading would
+    have, the folder's broken file named."""
+
+    def __init__(self, files: Sequence[Path], checking: AgreementAhead) -> None:
+        self.files, self._checking = files, checking
+
+    def refuse(self) -> None:
+        try:
+            self._checking.refuse()
+        except DeepstackError as exc:
+            raise _named(self.files, exc) from exc
+
+    def stop(self) -> None:
+        self._checking.stop()
 
 
 def _from_folder_file(path: Path, agreement: list[Agreement]) -> list[Patch]:
@@ -128,9 +158,14 @@ def _refuse_disagreements(files: Sequence[Path], agreement: list[Agreement]) -> 
     try:
         refuse_disagreements(agreement)
     except DeepstackError as exc:
-        told = Path(str(exc.path)).absolute()
-        (path,) = [path for path in files if path.absolute() == told]
-        raise _left_out(path, exc) from exc
+        raise _named(files, exc) from exc
+
+
+def _named(files: Sequence[Path], exc: DeepstackError) -> DeepstackError:
+    """A data file's disagreement told as the folder's broken file."""
+    told = Path(str(exc.path)).absolute()
+    (path,) = [path for path in files if path.absolute() == told]
+    return _left_out(path, exc)
 
 
 def _left_out(path: Path, exc: DeepstackError) -> DeepstackError:
