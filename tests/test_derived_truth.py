@@ -383,22 +383,10 @@ def test_an_edit_moved_to_another_class_is_refused(tmp_path: Path) -> None:
     assert caught.value.message.endswith("its edits lead to Cache, not to Buffer.read")
 
 
-def test_a_folder_is_checked_side_by_side_and_its_first_disagreement_told(
-    data_file: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A folder's data files are checked for agreement together, the later
-    ones in a forked child: the error is the one a check of each file in
-    turn gives (the first file that disagrees, named with the way to leave
-    it out; an earlier one's before a later file's own error), whichever
-    process found it, and also where the child gives no answer."""
+def forks_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each fork of a forked child, counted (:mod:`.engine.forked`)."""
     from deepstack_patch.engine import forked
-    from deepstack_patch.engine.series import patches_from_folder
 
-    monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
-    folder = data_file.parent / "batch"
-    folder.mkdir()
-    text = data_file.read_text()
-    hacked = text.replace(inserted("return max(n, 0)"), inserted('print("HACKED")'))
     forks: list[int] = []
     real_fork = forked.os.fork
 
@@ -409,14 +397,52 @@ def test_a_folder_is_checked_side_by_side_and_its_first_disagreement_told(
     monkeypatch.setattr(forked.os, "fork", fork)
     # Another test may leave a thread behind; these children take no lock.
     monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+    return forks
+
+
+def lay_data_files(
+    folder: Path, text: str, hacked: str, names: str, hacks: str, broken: str = ""
+) -> None:
+    """``folder`` holding a data file of ``text`` for each of ``names``
+    (``hacked`` for those in ``hacks``; one that does not parse for
+    ``broken``), each with an id of its own."""
+    for old in folder.iterdir():
+        old.unlink()
+    for number, name in enumerate(names, 1):
+        body = hacked if name in hacks else text
+        body = body.replace('id = "acme#7"', f'id = "acme#{number}"')
+        (folder / f"{name}.toml").write_text("[[" if name == broken else body)
+
+
+@pytest.fixture
+def batch(
+    data_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, str, str, list[int]]:
+    """A folder for data files made of ``data_file``'s text and of that text
+    with a hand-made edit, each fork counted, no agreement kept."""
+    monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
+    folder = data_file.parent / "batch"
+    folder.mkdir()
+    text = data_file.read_text()
+    hacked = text.replace(inserted("return max(n, 0)"), inserted('print("HACKED")'))
+    return folder, text, hacked, forks_counted(monkeypatch)
+
+
+def test_a_folder_is_checked_side_by_side_and_its_first_disagreement_told(
+    batch: tuple[Path, str, str, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder's data files are checked for agreement together, the later
+    ones in a forked child: the error is the one a check of each file in
+    turn gives (the first file that disagrees, named with the way to leave
+    it out; an earlier one's before a later file's own error), whichever
+    process found it, and also where the child gives no answer."""
+    from deepstack_patch.engine import forked
+    from deepstack_patch.engine.series import patches_from_folder
+
+    folder, text, hacked, forks = batch
 
     def lay(*names: str, broken: str = "") -> None:
-        for old in folder.iterdir():
-            old.unlink()
-        for number, name in enumerate("abcd", 1):
-            body = hacked if name in names else text
-            body = body.replace('id = "acme#7"', f'id = "acme#{number}"')
-            (folder / f"{name}.toml").write_text("[[" if name == broken else body)
+        lay_data_files(folder, text, hacked, "abcd", "".join(names), broken)
 
     def told() -> DeepstackError:
         forks.clear()
@@ -463,7 +489,7 @@ def test_status_tells_a_disagreement_found_while_it_planned(
 
 
 def test_a_folder_checked_while_the_command_goes_on_tells_what_a_load_would(
-    data_file: Path, monkeypatch: pytest.MonkeyPatch
+    batch: tuple[Path, str, str, list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Given ``ahead``, a folder's data files are checked by one niced forked
     child, and :meth:`refuse` tells what loading tells (the first that
@@ -473,26 +499,8 @@ def test_a_folder_checked_while_the_command_goes_on_tells_what_a_load_would(
     from deepstack_patch.engine import forked
     from deepstack_patch.engine.series import patches_from_folder
 
-    monkeypatch.setenv("DEEPSTACK_PATCH_NO_CACHE", "1")
-    folder = data_file.parent / "batch"
-    folder.mkdir()
-    text = data_file.read_text()
-    hacked = text.replace(inserted("return max(n, 0)"), inserted('print("HACKED")'))
-    niced: list[int] = []
-    monkeypatch.setattr(forked.os, "nice", niced.append)  # in the child: unseen
-    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
-    forks: list[int] = []
-    real_fork = forked.os.fork
-
-    def fork() -> int:
-        forks.append(1)
-        return real_fork()
-
-    monkeypatch.setattr(forked.os, "fork", fork)
-    for number, name in enumerate("abc", 1):
-        body = hacked if name in "bc" else text
-        body = body.replace('id = "acme#7"', f'id = "acme#{number}"')
-        (folder / f"{name}.toml").write_text(body)
+    folder, text, hacked, forks = batch
+    lay_data_files(folder, text, hacked, "abc", "bc")
     ahead: list = []
     assert len(patches_from_folder(folder, ahead=ahead)) == 3  # nothing told yet
     assert forks == [1] and len(ahead) == 1
