@@ -93,7 +93,7 @@ def ty_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         runs.append([word for word in command if word.endswith(".py")])
         return real(command, **options)  # type: ignore[call-overload]
 
-    monkeypatch.setattr(typecheck.subprocess, "Popen", counted)
+    monkeypatch.setattr(subprocess, "Popen", counted)
     return runs
 
 

@@ -19,7 +19,8 @@ The package's modules, in the order a fix travels through them:
   names a module ``__getattr__`` declares (``vllm.envs``);
 - :mod:`.runtime`: only code whose attributes are there at run time (ty on
   the fixed file, run and cached by :mod:`.typecheck`, through
-  :mod:`.tyserver` or in folders of links, :mod:`.tyfolders`; attribute
+  :mod:`.tyserver` or in folders of links, :mod:`.tyfolders`; what another
+  function sees of a module, its bodies left out, :mod:`.interface`; attribute
   names the release defines or reads somewhere; :mod:`.outside`, the attributes
   there at run time from outside vLLM; a verdict keyed by the modules ty can
   reach, :mod:`.closure`, over each file's imports, :mod:`.import_lists`);

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -44,7 +43,7 @@ from pathlib import Path
 
 from deepstack_patch.engine.derived import tyserver
 from deepstack_patch.engine.derived.interface import outline, same_interface
-from deepstack_patch.engine.derived.tyfolders import Folder
+from deepstack_patch.engine.derived.tyfolders import RUNS_AT_ONCE, RunFailed, run_all
 
 #: The Python version the target is checked for (vLLM's oldest supported).
 PYTHON_VERSION = "3.10"
@@ -427,7 +426,7 @@ def _served(
     views = _views(sides, disk)
     if not views:
         return {}
-    count = min(_RUNS_AT_ONCE, len(views))
+    count = min(RUNS_AT_ONCE, len(views))
     stretches = [
         views[len(views) * n // count : len(views) * (n + 1) // count]
         for n in range(count)
@@ -470,47 +469,18 @@ def _run(
     binary: str, work: Path, views: list[_View], root: Path
 ) -> dict[tuple[int, str], list[Diagnostic] | CheckerFailed]:
     """The views' diagnostics, each view one run of ``ty check``, run side
-    by side."""
+    by side (:func:`.tyfolders.run_all`)."""
     found: dict[tuple[int, str], list[Diagnostic] | CheckerFailed] = {}
-
-    def start(view: _View, folder: Folder) -> subprocess.Popen[bytes]:
-        folder.lay(view.files)
-        paths = sorted({side.path for side in view.sides})
-        command = [
-            binary, "check", "--config-file", str(work / "ty.toml"),
-            "--output-format", "concise", "--no-progress", "--color", "never",
-            *paths,
-        ]  # fmt: skip
-        return subprocess.Popen(
-            command,
-            cwd=folder.out,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-        )
-
-    # A few folders, each laid over again for the next run it takes: a
-    # folder of links per run cost a fifth of a first status of 40
-    # derived fixes (27,000 links made and removed on 0.20.2).
-    free = [Folder(root, work / f"view{n}") for n in range(_RUNS_AT_ONCE)]
-    running: list[tuple[_View, subprocess.Popen[bytes], Folder]] = []
-    waiting = list(views)
-    while waiting or running:
-        while waiting and free:
-            view, folder = waiting.pop(0), free.pop()
-            running.append((view, start(view, folder), folder))
-        view, run, folder = running.pop(0)
-        try:
-            by_path = _read(run)
-        except CheckerFailed as failed:
-            by_path = failed
-        free.append(folder)
+    runs = [(view.files, sorted({side.path for side in view.sides})) for view in views]
+    outputs = run_all(binary, work / "ty.toml", root, work, runs, TIMEOUT_S)
+    for view, output in zip(views, outputs, strict=True):
+        if isinstance(output, RunFailed):
+            for side in view.sides:
+                found[side.check, side.state] = CheckerFailed(str(output))
+            continue
+        by_path = _parsed(output)
         for side in view.sides:
-            found[side.check, side.state] = (
-                by_path
-                if isinstance(by_path, CheckerFailed)
-                else by_path.get(side.path, [])
-            )
+            found[side.check, side.state] = by_path.get(side.path, [])
     return found
 
 
@@ -591,19 +561,10 @@ def _joined(
     return joined
 
 
-def _read(run: subprocess.Popen[bytes]) -> dict[str, list[Diagnostic]]:
+def _parsed(output: str) -> dict[str, list[Diagnostic]]:
     """A run's diagnostics, by the file they are on."""
-    try:
-        out, err = run.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        run.kill()
-        run.communicate()
-        raise CheckerFailed(f"ty took more than {TIMEOUT_S} s") from None
-    if run.returncode not in (0, 1):  # 1: diagnostics found
-        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
-        raise CheckerFailed(f"ty exited {run.returncode}: {tail[0]}")
     found: dict[str, list[Diagnostic]] = {}
-    for line in out.decode(errors="replace").splitlines():
+    for line in output.splitlines():
         if m := _DIAGNOSTIC.fullmatch(line):
             found.setdefault(m["path"], []).append(
                 Diagnostic(int(m["line"]), m["rule"], m["message"])
@@ -615,10 +576,6 @@ def _read(run: subprocess.Popen[bytes]) -> dict[str, list[Diagnostic]]:
 _DIAGNOSTIC = re.compile(
     r"(?P<path>[^:]+\.pyi?):(?P<line>\d+):\d+: \w+\[(?P<rule>[\w-]+)\] (?P<message>.*)"
 )
-
-
-#: How many runs of ty at once (each uses every core it finds).
-_RUNS_AT_ONCE = max(2, os.cpu_count() or 2)
 
 
 def _ty_binary() -> str:
