@@ -13,15 +13,17 @@ import click
 from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
-    load_series,
-    patches_option,
     refuse_drifted,
-    select_options,
     stderr_console,
     stdout_console,
     tree_options,
     warn,
     warn_hard_links,
+)
+from deepstack_patch.cli.series import (
+    load_series,
+    patches_option,
+    select_options,
 )
 from deepstack_patch.engine.errors import DeepstackError
 from deepstack_patch.engine.protocol import Patch

@@ -9,12 +9,14 @@ import click
 from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
-    load_series,
-    patches_option,
     refuse_drifted,
-    select_options,
     stderr_console,
     stdout_console,
+)
+from deepstack_patch.cli.series import (
+    load_series,
+    patches_option,
+    select_options,
 )
 
 

@@ -7,9 +7,11 @@ from pathlib import Path
 import click
 from deepstack_patch.cli.common import (
     format_option,
+    stdout_console,
+)
+from deepstack_patch.cli.series import (
     load_series,
     patches_option,
-    stdout_console,
 )
 
 
@@ -170,8 +172,8 @@ def derive(
 
         click.echo(dump_json(derive_json(result)))
         return
-    from deepstack_patch.cli.common import warn
     from deepstack_patch.output.derived import print_derived
+    from deepstack_patch.output.progress import warn
 
     for text in result.warnings:
         warn(text)

@@ -11,11 +11,13 @@ from deepstack_patch.cli.common import (
     EXIT_NEEDED,
     EXIT_OK,
     format_option,
-    load_series,
-    patches_option,
     print_error,
     python_option,
     stdout_console,
+)
+from deepstack_patch.cli.series import (
+    load_series,
+    patches_option,
 )
 
 

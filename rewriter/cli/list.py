@@ -7,9 +7,11 @@ from pathlib import Path
 import click
 from deepstack_patch.cli.common import (
     format_option,
+    stdout_console,
+)
+from deepstack_patch.cli.series import (
     load_series,
     patches_option,
-    stdout_console,
 )
 from deepstack_patch.engine.errors import DeepstackError
 

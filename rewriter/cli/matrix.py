@@ -11,11 +11,13 @@ import click
 from deepstack_patch.cli.common import (
     EXIT_OK,
     format_option,
+    stderr_console,
+    stdout_console,
+)
+from deepstack_patch.cli.series import (
     load_series,
     patches_option,
     select_options,
-    stderr_console,
-    stdout_console,
 )
 from deepstack_patch.engine.errors import DeepstackError
 

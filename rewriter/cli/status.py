@@ -9,12 +9,14 @@ from deepstack_patch.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     format_option,
-    load_series,
-    patches_option,
     read_tree_options,
-    select_options,
     selected_drifted,
     stdout_console,
+)
+from deepstack_patch.cli.series import (
+    load_series,
+    patches_option,
+    select_options,
     told_agreement,
 )
 from deepstack_patch.engine.tree import VllmTree

@@ -14,13 +14,15 @@ from typing import Any
 import click
 from deepstack_patch.cli.common import (
     format_option,
-    load_series,
-    patches_option,
     python_option,
-    select_options,
     stderr_console,
     stdout_console,
     tree_options,
+)
+from deepstack_patch.cli.series import (
+    load_series,
+    patches_option,
+    select_options,
 )
 from deepstack_patch.engine.installed import InstalledTree
 from deepstack_patch.engine.tree import VllmTree

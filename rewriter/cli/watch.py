@@ -10,9 +10,11 @@ from deepstack_patch.cli.common import (
     EXIT_NEEDED,
     EXIT_OK,
     format_option,
+    stdout_console,
+)
+from deepstack_patch.cli.series import (
     load_series,
     patches_option,
-    stdout_console,
 )
 
 

@@ -54,6 +54,13 @@ def note(text: str) -> None:
     sys.stderr.flush()
 
 
+def warn(text: str) -> None:
+    """A warning on stderr (yellow on a terminal)."""
+    from deepstack_patch.output.plain import escape
+
+    console_for(sys.stderr).print(f"[yellow]warning:[/] {escape(text)}")
+
+
 @contextlib.contextmanager
 def progress(
     label: str, unit: Literal["bytes", "items"] = "bytes", after: float = 0.0
