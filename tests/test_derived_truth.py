@@ -493,36 +493,70 @@ def test_a_folder_checked_while_the_command_goes_on_tells_what_a_load_would(
 ) -> None:
     """Given ``ahead``, a folder's data files are checked by one niced forked
     child, and :meth:`refuse` tells what loading tells (the first that
-    disagrees, named with the way to leave it out), once; also where the
-    child gives no answer. A file's own error is told at once, the files
-    before it checked first, as loading does."""
+    disagrees, named with the way to leave it out), once. Where the child
+    has not answered by then (starved on a busy host, gone, stopped) the
+    check is worked out here, the child stopped. A file's own error is
+    told at once, the files before it checked first, as loading does."""
+    import os
+    import time
+
     from deepstack_patch.engine import forked
+    from deepstack_patch.engine.derived import truth
     from deepstack_patch.engine.series import patches_from_folder
 
     folder, text, hacked, forks = batch
     lay_data_files(folder, text, hacked, "abc", "bc")
-    ahead: list = []
-    assert len(patches_from_folder(folder, ahead=ahead)) == 3  # nothing told yet
-    assert forks == [1] and len(ahead) == 1
+
+    def checked(**child: object) -> truth.AgreementAhead:
+        """A folder's check started (``child``: what its child is given in
+        place of ``os``'s functions), its child's answer here already where
+        it gives one in time; nothing worked out here unless it must be."""
+        ahead: list = []
+        with monkeypatch.context() as patched:
+            for name, value in child.items():  # the child inherits them
+                patched.setattr(os, name, value)
+            assert len(patches_from_folder(folder, ahead=ahead)) == 3  # nothing told
+        checking = ahead[0]._checking
+        deadline = time.monotonic() + 60
+        while checking._child and not checking._child.ready():
+            if child or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        return ahead[0]
+
+    here: list[int] = []
+    real = truth._first_disagreement
+    monkeypatch.setattr(
+        truth, "_first_disagreement", lambda units: here.append(1) or real(units)
+    )
+    # The child's answer: nothing worked out here.
+    forks.clear()
+    first = checked()
+    assert forks == [1]
     with pytest.raises(DeepstackError) as caught:
-        ahead[0].refuse()
+        first.refuse()
     assert caught.value.path == str((folder / "b.toml").absolute())
     assert "rename it to _b.toml" in str(caught.value.hint)
-    ahead[0].refuse()  # told once
-    # A child that answers nothing: its files are checked here.
-    monkeypatch.setattr(forked.json, "dumps", lambda _: 1 / 0)
-    ahead.clear()
-    patches_from_folder(folder, ahead=ahead)
-    with pytest.raises(DeepstackError, match="its edits do not turn") as caught:
-        ahead[0].refuse()
-    assert caught.value.path == str((folder / "b.toml").absolute())
-    # A check whose child was stopped (reaped) is still told if asked for:
-    # worked out here.
-    ahead.clear()
-    patches_from_folder(folder, ahead=ahead)
-    ahead[0].stop()
-    with pytest.raises(DeepstackError, match="its edits do not turn"):
-        ahead[0].refuse()
+    assert here == []
+    first.refuse()  # told once
+    # A child not done (it waits), one whose parent is gone (its ppid
+    # another: it ends at once), one stopped: worked out here, the same.
+    stopped: list[int] = []
+    real_stop = forked.Forked.stop
+    monkeypatch.setattr(
+        forked.Forked, "stop", lambda self: stopped.append(1) or real_stop(self)
+    )
+    slow = checked(nice=lambda _: time.sleep(120))
+    gone = checked(getppid=lambda: -1)
+    cut = checked()
+    cut.stop()
+    for each in (slow, gone, cut):
+        here.clear()
+        with pytest.raises(DeepstackError, match="its edits do not turn") as caught:
+            each.refuse()
+        assert caught.value.path == str((folder / "b.toml").absolute())
+        assert here
+    assert len(stopped) >= 2  # the slow one's and the cut one's
     # A file that does not load is told at once, those before it checked.
     (folder / "c.toml").write_text("[[")
     with pytest.raises(DeepstackError) as caught:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import threading
 from collections.abc import Callable
@@ -77,6 +78,14 @@ class Forked:
             return json.loads(text)
         except ValueError:
             return None
+
+    def ready(self) -> bool:
+        """Whether the child has begun its answer, or ended: :meth:`answer`
+        would then wait no longer than it takes to read it."""
+        if self._reading is None:
+            return True
+        readable, _, _ = select.select([self._reading], [], [], 0)
+        return bool(readable)
 
     def stop(self) -> None:
         """The child killed where its answer was not taken, and reaped."""

@@ -75,13 +75,19 @@ class AgreementAhead:
     def __init__(self, todo: list[tuple[Sequence[Unit], object, Path | None]]) -> None:
         self._todo: list[tuple[Sequence[Unit], object, Path | None]] | None = todo
         units = [each for each, _, _ in todo]
+        parent = os.getpid()
+
+        def work() -> list[tuple[str, str] | None]:
+            found = []
+            for each in units:
+                if os.getppid() != parent:  # the command ended meanwhile
+                    os._exit(1)
+                found.append(_first_disagreement(each))
+            return found
+
         # Niced: it takes the cores the plan and ty leave (a first status of
         # 40 derived fixes spent 0.2 s of its first second on this check).
-        self._child = (
-            Forked.start(lambda: [_first_disagreement(u) for u in units], nice=10)
-            if todo
-            else None
-        )
+        self._child = Forked.start(work, nice=10) if todo else None
 
     def refuse(self) -> None:
         """Raise the first data file's disagreement, as
@@ -91,6 +97,11 @@ class AgreementAhead:
         if todo is None:
             return
         child, self._child = self._child, None
+        if child is not None and not child.ready():
+            # Not done: niced on a busy host, it may be starved for seconds;
+            # worked out here, it takes what it took before it was niced.
+            child.stop()
+            child = None
         found = _answered(child.answer() if child is not None else None, len(todo))
         if found is None:
             found = [_first_disagreement(units) for units, _, _ in todo]
