@@ -519,3 +519,22 @@ def test_a_state_never_joins_a_run_the_server_took_meanwhile(
         free.set()
         ahead.close()
     assert laid == [["vllm/a.py"], ["vllm/b.py"], ["vllm/c.py"]]
+
+
+def test_an_interrupt_as_the_servers_start_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the servers that check ahead start (their folder made,
+    the servers not yet kept by the plan): the folder goes with them."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tyserver, "Ahead", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        typecheck.ChecksAhead.start(toy(tmp_path / "tree"))
+    assert list((tmp_path / "tmp").iterdir()) == []

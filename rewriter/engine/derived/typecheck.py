@@ -27,12 +27,11 @@ The file as it is is checked only where its check asks, once its file as
 fixed is answered (``Check.needs_before``): :mod:`.runtime` reads the old
 diagnostics only to excuse a new "cannot run" one on the fix's lines, and
 most fixed files hold none. That is about half the files ty checks, and a
-quarter of its work, on a first ``status`` of 40 derived fixes. For the
-same reason a server checks the file as fixed as its outline first (the
-bodies of the functions the fix did not write left out,
-:func:`.interface.outline`: ty infers each body it checks), and the whole
-file only where that answer asks for the file as it is (``Check.written``):
-ty's work on that batch fell by a third.
+quarter of its work, on a first ``status`` of 40 derived fixes. So a
+server checks the file as fixed as its outline first (the bodies the fix
+did not write left out, :func:`.interface.outline`), and the whole file
+only where that answer asks for it as it is (``Check.written``): ty's work
+on that batch fell by a third.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -194,24 +194,28 @@ class ChecksAhead:
     to :func:`diagnostics_of`), nor is one whose server failed."""
 
     def __init__(self, root: Path, binary: str) -> None:
-        work = Path(tempfile.mkdtemp(prefix="deepstack-runtime-"))
         self._disk = _Disk(root)
-        self._servers = tyserver.Ahead(
-            binary,
-            root,
-            work,
-            _settings(work),
-            _SERVERS_AHEAD,
-            self._disk,  # type: ignore[arg-type]
-            self._join,
-            self._answered,
-        )
         self._count = 0
         self._checks: dict[int, Check] = {}
         #: The checks asked for their file as it is of their answer as fixed.
         self._asked_before: set[int] = set()
         #: The checks whose file as fixed was checked as its outline first.
         self._outlined: set[int] = set()
+        work = Path(tempfile.mkdtemp(prefix="deepstack-runtime-"))
+        try:
+            self._servers = tyserver.Ahead(
+                binary,
+                root,
+                work,
+                _settings(work),
+                _SERVERS_AHEAD,
+                self._disk,  # type: ignore[arg-type]
+                self._join,
+                self._answered,
+            )
+        except BaseException:  # an interrupt as it starts: no folder left
+            shutil.rmtree(work, ignore_errors=True)
+            raise
 
     @classmethod
     def start(cls, root: Path) -> ChecksAhead | None:
