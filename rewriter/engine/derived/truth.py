@@ -56,12 +56,27 @@ def refuse_disagreements(files: Sequence[Agreement]) -> None:
     before are checked in two processes side by side where there are
     several: a first command on a folder of 40 derived fixes spent half a
     second on one core here, while ty had yet to start on the other."""
-    todo = [
+    todo = _not_found_agreeing(files)
+    _told(todo, _side_by_side([units for units, _, _ in todo]))
+
+
+#: A data file to check: its units, its path, and where its agreement is
+#: recorded (None: nowhere).
+_ToCheck = tuple[Sequence[Unit], object, Path | None]
+
+
+def _not_found_agreeing(files: Sequence[Agreement]) -> list[_ToCheck]:
+    """The files of ``files`` not found in agreement before (their marks)."""
+    return [
         (units, path, marker)
         for units, path, data in files
         if (marker := _agreement_marker(data)) is None or not marker.exists()
     ]
-    found = _side_by_side([units for units, _, _ in todo])
+
+
+def _told(todo: list[_ToCheck], found: list[tuple[str, str] | None]) -> None:
+    """The first of ``todo`` that disagrees (``found``: each one's first
+    disagreement) raised; each before it marked as agreeing."""
     for (_, path, marker), disagreeing in zip(todo, found, strict=True):
         _refused(disagreeing, path)
         _record(marker)
@@ -72,8 +87,8 @@ class AgreementAhead:
     child while the command goes on (:func:`agreement_ahead`), told by
     :meth:`refuse`."""
 
-    def __init__(self, todo: list[tuple[Sequence[Unit], object, Path | None]]) -> None:
-        self._todo: list[tuple[Sequence[Unit], object, Path | None]] | None = todo
+    def __init__(self, todo: list[_ToCheck]) -> None:
+        self._todo: list[_ToCheck] | None = todo
         units = [each for each, _, _ in todo]
         parent = os.getpid()
 
@@ -105,9 +120,7 @@ class AgreementAhead:
         found = _answered(child.answer() if child is not None else None, len(todo))
         if found is None:
             found = [_first_disagreement(units) for units, _, _ in todo]
-        for (_, path, marker), disagreeing in zip(todo, found, strict=True):
-            _refused(disagreeing, path)
-            _record(marker)
+        _told(todo, found)
 
     def stop(self) -> None:
         """The child stopped and reaped where its answer was not taken (a
@@ -123,13 +136,7 @@ def agreement_ahead(files: Sequence[Agreement]) -> AgreementAhead:
     told by :meth:`AgreementAhead.refuse` (``status`` takes it once its plan
     is made: its first second is spent on one core while ty has yet to
     start on the other)."""
-    return AgreementAhead(
-        [
-            (units, path, marker)
-            for units, path, data in files
-            if (marker := _agreement_marker(data)) is None or not marker.exists()
-        ]
-    )
+    return AgreementAhead(_not_found_agreeing(files))
 
 
 def _answered(answer: object, count: int) -> list[tuple[str, str] | None] | None:
