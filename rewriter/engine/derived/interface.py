@@ -34,6 +34,7 @@ import hashlib
 from collections.abc import Collection, Iterator
 
 from deepstack_patch.engine.source import parsed
+from deepstack_patch.engine.syntax import span
 
 
 @functools.lru_cache(maxsize=4096)
@@ -95,8 +96,7 @@ def outline(raw: bytes, kept: Collection[int]) -> bytes | None:
     lines = raw.splitlines(keepends=True)
     spans = []
     for function in _unseen_functions(tree.body):
-        first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
-        last = function.end_lineno or function.body[-1].lineno
+        first, last = span(function)  # its decorators included
         if not any(first <= line <= last for line in kept):
             spans.append(_body_lines(function))
     for first, last in sorted(spans, reverse=True):
